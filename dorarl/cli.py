@@ -1,0 +1,57 @@
+"""The `dorarl` command: dispatches sub-commands to their modules, imported lazily.
+
+Every sub-command is `main(argv) -> int`. User errors (`ConfigError`, `UserInputError`)
+print one line and exit 2; nothing else is swallowed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from dorarl.config import ConfigError
+from dorarl.errors import UserInputError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("dorarl.train", "run an RL training job (default: built-in task, dora mode, local Ray)"),
+    "bench engine": ("dorarl.bench.engine", "rollout engine throughput vs Hugging Face peers"),
+    "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
+    "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
+    "simulate": ("dorarl.sim.cli", "the controller at cluster scale on a cost model"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: dorarl COMMAND [args...]", "", "commands:"]
+    lines += [f"  {name:<20} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:
+    for words in (2, 1):
+        name = " ".join(argv[:words])
+        if name in COMMANDS:
+            return COMMANDS[name][0], argv[words:]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    resolved = _resolve(argv)
+    if resolved is None:
+        print(f"dorarl: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, rest = resolved
+    try:
+        module = importlib.import_module(module_name)
+        return int(module.main(rest) or 0)
+    except (ConfigError, UserInputError) as exc:
+        print(f"dorarl: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
