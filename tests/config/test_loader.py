@@ -1,0 +1,65 @@
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from dorarl.config import ConfigError, describe, load_config
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+
+
+@dataclass
+class Root:
+    mode: Literal["sync", "dora"] = "dora"
+    K: int = 1
+    name: str | None = None
+    inner: Inner = field(default_factory=Inner)
+
+    def validate(self) -> None:
+        if self.K < 0:
+            raise ConfigError("K: must be >= 0")
+
+
+def test_defaults_and_dotted_overrides():
+    cfg = load_config(Root, overrides=["mode=sync", "inner.lr=0.5", "K=3", "inner.betas=[0.1,0.2]"])
+    assert (cfg.mode, cfg.K, cfg.inner.lr, cfg.inner.betas) == ("sync", 3, 0.5, [0.1, 0.2])
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("K: 2\ninner:\n  lr: 0.01\n")
+    cfg = load_config(Root, path, ["K=4"])
+    assert cfg.K == 4 and cfg.inner.lr == 0.01
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("bogus=1", "unknown config key bogus"),
+        ("inner.nope=1", "unknown config key inner.nope"),
+        ("mode=fast", "mode: must be one of"),
+        ("K=abc", "K: expected int"),
+        ("K=-1", "K: must be >= 0"),
+        ("inner.lr=x", "inner.lr: expected float"),
+        ("noequals", "not of the form key=value"),
+    ],
+)
+def test_errors_name_the_key(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(Root, overrides=[override])
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("K: 1\ninner: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml:\d+"):
+        load_config(Root, path)
+
+
+def test_describe_lists_dotted_keys():
+    keys = [row[0] for row in describe(Root)]
+    assert keys == ["mode", "K", "name", "inner.lr", "inner.betas"]
