@@ -13,7 +13,10 @@ from dorarl.config import ConfigError
 from dorarl.errors import UserInputError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("dorarl.train", "run an RL training job (default: built-in task, dora mode, local Ray)"),
+    "train": (
+        "dorarl.train",
+        "run an RL training job (default: built-in task, dora mode, local Ray)",
+    ),
     "bench engine": ("dorarl.bench.engine", "rollout engine throughput vs Hugging Face peers"),
     "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
     "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
