@@ -1,0 +1,114 @@
+"""Engine and per-request sampling configuration, validated on construction.
+
+`EngineConfig` errors are `ConfigError`s naming the `engine.<field>` key; `SamplingParams`
+errors are `UserInputError`s naming the request, because they arrive with a request.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dorarl.config import ConfigError
+from dorarl.errors import UserInputError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(kw_only=True)
+class EngineConfig:
+    """Capacity and placement of one rollout engine (one instance)."""
+
+    max_num_seqs: int = field(default=64, metadata={"help": "slot budget: max running sequences"})
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    num_blocks: int | None = field(
+        default=None,
+        metadata={"help": "KV blocks on the device; None: max_num_seqs full-length sequences"},
+    )
+    max_model_len: int = field(default=2048, metadata={"help": "max prompt + output tokens"})
+    prefill_chunk_size: int = field(
+        default=512,
+        metadata={"help": "max prefill tokens per step (long prompts prefill in chunks)"},
+    )
+    host_blocks: int = field(
+        default=0, metadata={"help": "host-memory KV blocks for offload; 0: recompute instead"}
+    )
+    offload_threshold: float = field(
+        default=0.95, metadata={"help": "offload running requests above this share of used blocks"}
+    )
+    device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
+    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
+
+    def __post_init__(self) -> None:
+        if self.num_blocks is None:
+            self.num_blocks = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
+        self.validate()
+
+    def validate(self) -> None:
+        for key in (
+            "max_num_seqs",
+            "block_size",
+            "num_blocks",
+            "max_model_len",
+            "prefill_chunk_size",
+        ):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"engine.{key}: must be > 0, got {getattr(self, key)}")
+        if self.host_blocks < 0:
+            raise ConfigError(f"engine.host_blocks: must be >= 0, got {self.host_blocks}")
+        if not 0.0 < self.offload_threshold <= 1.0:
+            raise ConfigError(
+                f"engine.offload_threshold: must be in (0, 1], got {self.offload_threshold}"
+            )
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
+        if self.num_blocks * self.block_size < self.max_model_len:
+            raise ConfigError(
+                f"engine.num_blocks: {self.num_blocks} blocks of {self.block_size} tokens cannot hold "
+                f"one request of max_model_len={self.max_model_len} tokens"
+            )
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples. temperature 0 is greedy; top_k 0 and top_p 1 disable filtering.
+
+    stop_token_ids None means the model's EOS ids; [] means no stop ids. target_len forces the
+    response length (benchmarks): stop ids are ignored and the request stops at exactly
+    target_len tokens, overriding max_new_tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    target_len: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def filtered(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0
+
+    @property
+    def max_output(self) -> int:
+        return self.target_len if self.target_len is not None else self.max_new_tokens
+
+    def validate(self, request_id: str) -> None:
+        where = f"request {request_id!r}: sampling"
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise UserInputError(f"{where}.temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserInputError(f"{where}.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise UserInputError(f"{where}.top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens <= 0:
+            raise UserInputError(f"{where}.max_new_tokens must be > 0, got {self.max_new_tokens}")
+        if self.target_len is not None and self.target_len <= 0:
+            raise UserInputError(f"{where}.target_len must be > 0, got {self.target_len}")

@@ -1,0 +1,387 @@
+"""The rollout engine: continuous batching over a paged KV pool, one weights version at a time.
+
+A step reads as schedule, move KV, run, postprocess. Between steps the engine accepts new
+requests, exports and imports requests with their KV (same version only), resumes requests
+from tokens (any version), offloads KV to host memory, and swaps weights. Invariants: every
+sampled token is tagged with the version of the weights that sampled it; a bad request or
+a bad weight update raises `UserInputError` and leaves every other request and the current
+weights untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig
+
+from dorarl.engine.block_manager import BlockManager, blocks_for
+from dorarl.engine.config import EngineConfig, SamplingParams
+from dorarl.engine.kv_cache import KVCache, KVShape
+from dorarl.engine.model import Transformer
+from dorarl.engine.model_runner import ModelRunner
+from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
+from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+from dorarl.engine.scheduler import Batch, Scheduler
+from dorarl.engine.sequence import KVPlace, Sequence
+from dorarl.engine.weights import check_named, load_folder, pack, random_named, unpack
+from dorarl.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        hf_config: PretrainedConfig,
+        config: EngineConfig,
+        named_weights: dict[str, torch.Tensor],
+        version: int = 0,
+        where: str = "hf_config",
+    ) -> None:
+        self.config = config
+        self.hf_config = hf_config
+        self.spec: ModelSpec = spec_from_hf(hf_config, where)
+        self.device = torch.device(config.device)
+        self.dtype: torch.dtype = getattr(torch, config.dtype)
+        check_named(self.spec, named_weights, f"{where}: weights")
+        cos, sin = rope_tables(hf_config, self.spec, config.max_model_len)
+        weights = pack(self.spec, named_weights, self.device, self.dtype)
+        self.model = Transformer(
+            self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+        )
+        shape = KVShape(
+            self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
+        )
+        self.kv = KVCache(shape, config.num_blocks, config.host_blocks, self.device, self.dtype)
+        self.blocks = BlockManager(config.num_blocks, config.host_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
+        )
+        self.runner = ModelRunner(self.model, self.kv)
+        self.version = version
+        self._seqs: dict[str, Sequence] = {}
+        self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks
+        self._seed_rng = random.Random(config.seed)
+        self._counters = dict.fromkeys(
+            (
+                "tokens",
+                "steps",
+                "offloads",
+                "restores",
+                "preemptions",
+                "migrations_in",
+                "migrations_out",
+            ),
+            0,
+        )
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, config: EngineConfig, version: int = 0) -> Engine:
+        """Load a local Hugging Face folder (config.json + *.safetensors)."""
+        hf_config = read_hf_config(folder)
+        return cls(
+            hf_config, config, load_folder(folder), version, where=str(Path(folder) / "config.json")
+        )
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        hf_config: PretrainedConfig,
+        config: EngineConfig,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        version: int = 0,
+        seed: int = 0,
+    ) -> Engine:
+        """Build from a transformers config, with its state dict or a seeded random init."""
+        if state_dict is None:
+            std = getattr(hf_config, "initializer_range", 0.02)
+            state_dict = random_named(spec_from_hf(hf_config), seed, std)
+        return cls(hf_config, config, state_dict, version)
+
+    # --- requests ---------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None
+    ) -> None:
+        params = params or SamplingParams()
+        self._check_new(request_id, list(prompt_ids), params)
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        seq = Sequence(request_id, list(prompt_ids), params, seed, self._stop_ids(params))
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        ids = self.spec.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
+        return frozenset(ids)
+
+    def _check_new(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._seqs:
+            raise UserInputError(
+                f"request {request_id!r}: a request with this id is already in the engine"
+            )
+        params.validate(request_id)
+        limit = self.config.max_model_len
+        if not prompt_ids:
+            raise UserInputError(f"request {request_id!r}: empty prompt")
+        if len(prompt_ids) >= limit:
+            raise UserInputError(
+                f"request {request_id!r}: prompt has {len(prompt_ids)} tokens, max_model_len is {limit} "
+                "(the prompt must leave room for at least one new token)"
+            )
+        if params.target_len is not None and len(prompt_ids) + params.target_len > limit:
+            raise UserInputError(
+                f"request {request_id!r}: prompt {len(prompt_ids)} + target_len {params.target_len} tokens "
+                f"exceeds max_model_len {limit}"
+            )
+        bad = [t for t in prompt_ids if not 0 <= t < self.spec.vocab_size]
+        if bad:
+            raise UserInputError(
+                f"request {request_id!r}: token id {bad[0]} is outside the vocabulary (size {self.spec.vocab_size})"
+            )
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def request_ids(self) -> list[str]:
+        return list(self._seqs)
+
+    # --- one step ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished requests."""
+        batch = self.scheduler.schedule()
+        assert not (batch.empty and self.scheduler.num_unfinished), (
+            "scheduler stalled with unfinished requests"
+        )
+        self._move_kv(batch)
+        sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
+        self._counters["steps"] += 1
+        return self._postprocess(batch, sampled)
+
+    def _move_kv(self, batch: Batch) -> None:
+        # Offloads first: a restore may reuse device blocks an offload just vacated.
+        for off in batch.offloads:
+            self.kv.offload(off.device_blocks, off.host_blocks)
+        for res in batch.restores:
+            if res.source is KVPlace.HOST:
+                self.kv.restore(res.host_blocks, res.device_blocks)
+            else:
+                self.kv.load(self._detached.pop(res.seq.request_id), res.device_blocks)
+        self._counters["offloads"] += len(batch.offloads)
+        self._counters["restores"] += sum(r.source is KVPlace.HOST for r in batch.restores)
+        self._counters["preemptions"] += len(batch.preempted)
+
+    def _postprocess(
+        self, batch: Batch, sampled: list[tuple[Sequence, int, float]]
+    ) -> list[RequestOutput]:
+        for seq, n in batch.items:
+            seq.num_computed += n
+        finished = []
+        for seq, token, logprob in sampled:
+            seq.append(token, logprob, self.version, self.config.max_model_len)
+            if seq.finished:
+                self.scheduler.finish(seq)
+                del self._seqs[seq.request_id]
+                finished.append(_output(seq))
+        self._counters["tokens"] += len(sampled)
+        return finished
+
+    # --- leaving and joining ------------------------------------------------------------
+    def export_request(self, request_id: str) -> RequestSnapshot:
+        """Remove a request and return its full state with its KV (no re-prefill needed)."""
+        seq = self._get(request_id)
+        kv = self._export_kv(seq)
+        snap = _snapshot(seq, self.version, kv)
+        self._drop(seq)
+        self._counters["migrations_out"] += 1
+        return snap
+
+    def _export_kv(self, seq: Sequence) -> torch.Tensor | None:
+        if seq.num_computed == 0:
+            return None
+        if seq.kv_place is KVPlace.DEVICE:
+            return self.kv.export(seq.block_table, seq.num_computed)
+        if seq.kv_place is KVPlace.HOST:
+            return self.kv.export_host(seq.host_table, seq.num_computed)
+        return self._detached[seq.request_id]
+
+    def import_request(self, snap: RequestSnapshot) -> None:
+        """Continue a request exported by an engine of the same version, reusing its KV."""
+        if snap.version != self.version:
+            raise UserInputError(
+                f"request {snap.request_id!r}: snapshot of version {snap.version} cannot be imported into an "
+                f"engine of version {self.version} (its KV belongs to other weights; use resume_request)"
+            )
+        self._check_snapshot_kv(snap)
+        seq = self._sequence_from(snap)
+        seq.migrations += 1
+        snap.migrations = seq.migrations
+        if snap.kv is not None and snap.num_computed > 0:
+            seq.num_computed = snap.num_computed
+            seq.kv_place = KVPlace.DETACHED
+            self._detached[seq.request_id] = snap.kv
+        self._enqueue(seq)
+        self._counters["migrations_in"] += 1
+
+    def resume_request(self, snap: RequestSnapshot) -> None:
+        """Continue a request from its tokens by re-prefill, under this engine's version.
+
+        Earlier tokens keep their versions and logprobs (partial rollout); new ones get
+        this engine's version."""
+        seq = self._sequence_from(snap)
+        seq.reprefill_tokens += max(0, seq.num_tokens - 1)
+        self._enqueue(seq)
+
+    def abort(self, request_id: str) -> RequestSnapshot:
+        """Interrupt a request; returns its tokens-only snapshot (KV dropped)."""
+        seq = self._get(request_id)
+        snap = _snapshot(seq, self.version, None)
+        self._drop(seq)
+        return snap
+
+    def _sequence_from(self, snap: RequestSnapshot) -> Sequence:
+        self._check_new(snap.request_id, list(snap.prompt_ids), snap.params)
+        if not len(snap.output_ids) == len(snap.logprobs) == len(snap.versions):
+            raise UserInputError(
+                f"request {snap.request_id!r}: output_ids, logprobs and versions differ in length"
+            )
+        if snap.num_tokens >= self.config.max_model_len:
+            raise UserInputError(
+                f"request {snap.request_id!r}: {snap.num_tokens} tokens leave no room under "
+                f"max_model_len {self.config.max_model_len}"
+            )
+        seq = Sequence(
+            snap.request_id, list(snap.prompt_ids), snap.params, snap.seed, frozenset(snap.stop_token_ids),
+            token_ids=list(snap.prompt_ids) + list(snap.output_ids), logprobs=list(snap.logprobs),
+            versions=list(snap.versions), migrations=snap.migrations, offloads=snap.offloads,
+            reprefill_tokens=snap.reprefill_tokens,
+        )  # fmt: skip
+        return seq
+
+    def _check_snapshot_kv(self, snap: RequestSnapshot) -> None:
+        if snap.kv is None:
+            return
+        s = self.spec
+        expected = (2, s.num_layers, s.num_kv_heads, snap.num_computed, s.head_dim)
+        if tuple(snap.kv.shape) != expected:
+            raise UserInputError(
+                f"request {snap.request_id!r}: snapshot KV has shape {tuple(snap.kv.shape)}, "
+                f"this engine expects {expected}"
+            )
+        if snap.num_computed >= snap.num_tokens:
+            raise UserInputError(
+                f"request {snap.request_id!r}: snapshot KV covers more tokens than it holds"
+            )
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def _drop(self, seq: Sequence) -> None:
+        self.scheduler.remove(seq)
+        self._detached.pop(seq.request_id, None)
+        del self._seqs[seq.request_id]
+
+    def _get(self, request_id: str) -> Sequence:
+        if request_id not in self._seqs:
+            raise UserInputError(f"request {request_id!r} is not in this engine")
+        return self._seqs[request_id]
+
+    # --- memory ---------------------------------------------------------------------------
+    def offload(self, request_id: str) -> bool:
+        """Move a running request's KV to the host pool now; False if it is not running or
+        the host pool lacks room. It is restored when the scheduler readmits it."""
+        seq = self._get(request_id)
+        batch = Batch()
+        if not self.scheduler.offload(seq, batch):
+            return False
+        self._move_kv(batch)
+        return True
+
+    def stats(self) -> EngineStats:
+        waiting = self.scheduler.waiting()
+        offloaded = sum(seq.kv_place is KVPlace.HOST for seq in waiting)
+        c = self._counters
+        return EngineStats(
+            version=self.version,
+            running=len(self.scheduler.running),
+            waiting=len(waiting) - offloaded,
+            offloaded=offloaded,
+            kv_blocks_used=self.blocks.device.num_used,
+            kv_blocks_free=self.blocks.device.num_free,
+            kv_blocks_total=self.blocks.device.num_total,
+            host_blocks_used=self.blocks.host.num_used,
+            host_blocks_total=self.blocks.host.num_total,
+            max_num_seqs=self.config.max_num_seqs,
+            tokens_generated=c["tokens"],
+            steps=c["steps"],
+            offloads=c["offloads"],
+            restores=c["restores"],
+            preemptions=c["preemptions"],
+            migrations_in=c["migrations_in"],
+            migrations_out=c["migrations_out"],
+        )
+
+    def kv_tokens_capacity(self) -> int:
+        return self.config.num_blocks * self.config.block_size
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return blocks_for(num_tokens, self.config.block_size)
+
+    # --- weights ------------------------------------------------------------------------
+    def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
+        """Swap in another version's weights between steps (all tensors, checked first).
+
+        Requests still in the engine continue on their existing KV under the new weights
+        and their new tokens carry the new version; callers that need one version per
+        trajectory migrate or abort them first."""
+        check_named(self.spec, named_tensors, f"load_weights(version={version})")
+        self.model.weights = pack(self.spec, named_tensors, self.device, self.dtype)
+        if self._seqs:
+            logger.warning(
+                "version %d -> %d with %d requests in flight",
+                self.version,
+                version,
+                len(self._seqs),
+            )
+        self.version = version
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights by Hugging Face name (read-only views)."""
+        return unpack(self.spec, self.model.weights)
+
+
+def _output(seq: Sequence) -> RequestOutput:
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt_ids=list(seq.prompt_ids),
+        output_ids=seq.output_ids,
+        logprobs=list(seq.logprobs),
+        versions=list(seq.versions),
+        finish_reason=seq.finish_reason or "length",
+        migrations=seq.migrations,
+        offloads=seq.offloads,
+        reprefill_tokens=seq.reprefill_tokens,
+    )
+
+
+def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSnapshot:
+    return RequestSnapshot(
+        request_id=seq.request_id,
+        prompt_ids=list(seq.prompt_ids),
+        output_ids=seq.output_ids,
+        logprobs=list(seq.logprobs),
+        versions=list(seq.versions),
+        params=seq.params,
+        seed=seq.seed,
+        version=version,
+        num_computed=seq.num_computed if kv is not None else 0,
+        kv=kv,
+        migrations=seq.migrations,
+        offloads=seq.offloads,
+        reprefill_tokens=seq.reprefill_tokens,
+        stop_token_ids=sorted(seq.stop_ids),
+    )

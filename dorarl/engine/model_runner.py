@@ -1,0 +1,102 @@
+"""Turns a scheduled batch into tensors, runs the forward pass, samples the finished rows.
+
+Row order is decode rows (sorted by context length, longest first, so length buckets are
+contiguous slices) and then one chunk per prefill row. A row samples only when its chunk
+reaches the end of its sequence's tokens; earlier prefill chunks just fill the KV pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dorarl.engine.attention import GroupInput, PagedAttention, bucket_by_length, build_group
+from dorarl.engine.kv_cache import KVCache
+from dorarl.engine.model import Transformer
+from dorarl.engine.sampler import SampleRow, sample
+from dorarl.engine.scheduler import Batch
+from dorarl.engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attention: PagedAttention
+    sample_rows: torch.Tensor
+    samplers: list[Sequence]  # the sequence of each sampled row
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, cache: KVCache) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = cache.device
+
+    def run(self, batch: Batch) -> list[tuple[Sequence, int, float]]:
+        """(sequence, token, logprob) for each row that sampled this step."""
+        items = self.order(batch)
+        inputs = self.prepare(items)
+        logits = self.model.forward(
+            inputs.input_ids, inputs.positions, inputs.attention, inputs.sample_rows
+        )
+        if not inputs.samplers:
+            return []
+        rows = [SampleRow(s.params, s.seed, s.num_output) for s in inputs.samplers]
+        tokens, logprobs = sample(logits, rows)
+        return list(zip(inputs.samplers, tokens, logprobs, strict=True))
+
+    @staticmethod
+    def order(batch: Batch) -> list[tuple[Sequence, int]]:
+        decode = sorted(batch.decode, key=lambda s: -s.num_computed)
+        return [(seq, 1) for seq in decode] + batch.prefill
+
+    def prepare(self, items: list[tuple[Sequence, int]]) -> StepInputs:
+        ids, positions, blocks, sample_rows, samplers = [], [], [], [], []
+        bs = self.cache.shape.block_size
+        for seq, n in items:
+            start = seq.num_computed
+            ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            blocks.extend(seq.block_table[p // bs] for p in range(start, start + n))
+            if start + n == seq.num_tokens:
+                sample_rows.append(len(ids) - 1)
+                samplers.append(seq)
+        dev = self.device
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        attention = PagedAttention(self.cache, self._write_rows(blocks, pos), self._groups(items))
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=pos,
+            attention=attention,
+            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            samplers=samplers,
+        )
+
+    def _write_rows(self, blocks: list[int], positions: torch.Tensor) -> torch.Tensor:
+        """Flat pool row of each (token, kv head), in the order of k.reshape(-1, head_dim)."""
+        s = self.cache.shape
+        block = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        heads = torch.arange(s.num_kv_heads, device=self.device)
+        tile = block[:, None] * s.num_kv_heads + heads[None, :]
+        return (tile * s.block_size + (positions % s.block_size)[:, None]).reshape(-1)
+
+    def _groups(self, items: list[tuple[Sequence, int]]) -> list:
+        s = self.cache.shape
+        per_kv = self.model.spec.num_heads // s.num_kv_heads
+        decode = [seq for seq, n in items if n == 1 and seq.num_uncomputed == 1]
+        inputs: list[tuple[int, GroupInput]] = []
+        for lo, hi in bucket_by_length([seq.num_computed + 1 for seq in decode]):
+            group = decode[lo:hi]
+            inputs.append(
+                (lo, GroupInput([q.block_table for q in group], [q.num_computed for q in group], 1))
+            )
+        row = len(decode)
+        for seq, n in items[len(decode) :]:
+            inputs.append((row, GroupInput([seq.block_table], [seq.num_computed], n)))
+            row += n
+        return [
+            build_group(start, g, s.num_kv_heads, per_kv, s.block_size, self.device)
+            for start, g in inputs
+        ]

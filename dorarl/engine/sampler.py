@@ -1,0 +1,126 @@
+"""Per-request sampling with a counter-based random stream and exact logprobs.
+
+Randomness: the uniform draw for a request's n-th output token is a pure hash of
+(seed, n), so a request samples the same tokens on any engine, in any batch, after any
+number of migrations; its "RNG state" is just its seed and output length. A token is drawn
+by inverting the CDF of its row's final distribution (vocab order when unfiltered, sorted
+order when top-k/top-p filter), so each row's result depends on that row alone.
+
+Logprobs: for temperature > 0 the logprob is under the exact distribution sampled from
+(softmax of logits / T, restricted to the top-k / top-p set and renormalised). For greedy
+(T = 0) it is the logprob under the unmodified softmax, i.e. the model's own probability of
+the argmax token, which is what an importance ratio against the trainer needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dorarl.engine.config import SamplingParams
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: int, c: int) -> int:
+    return (x * c) & _M32
+
+
+def _mix32(x: int) -> int:
+    """A 32-bit integer hash with good avalanche (lowbias32)."""
+    x ^= x >> 16
+    x = _mul32(x, 0x7FEB352D)
+    x ^= x >> 15
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniform(seed: int, counter: int) -> float:
+    """A uniform draw in (0, 1) from (seed, counter), identical on every machine."""
+    h = _mix32((counter * 0x9E3779B9 + 0x632BE5AB) & _M32)
+    h = _mix32(h ^ (seed & _M32))
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    lo = _mix32(h ^ 0x5BD1E995)
+    # 53 bits from two words, then shifted off 0 so log/inverse-CDF never see an endpoint.
+    bits = (h << 21) ^ (lo >> 11)
+    return (bits + 0.5) / float(1 << 53)
+
+
+@dataclass
+class SampleRow:
+    params: SamplingParams
+    seed: int
+    counter: int  # output tokens already sampled by this request
+
+
+def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
+    """Tokens and their logprobs for logits `[rows, vocab]` (float32)."""
+    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
+    greedy, plain, filtered = [], [], []
+    for i, row in enumerate(rows):
+        p = row.params
+        (greedy if p.greedy else filtered if p.filtered else plain).append(i)
+    for idx, fn in ((greedy, _greedy), (plain, _plain), (filtered, _filtered)):
+        if idx:
+            index = torch.tensor(idx, device=logits.device)
+            tok, lp = fn(logits.index_select(0, index), [rows[i] for i in idx])
+            tokens.index_copy_(0, index, tok)
+            logprobs.index_copy_(0, index, lp)
+    return tokens.tolist(), logprobs.tolist()
+
+
+def _greedy(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    tok = logits.argmax(dim=-1)
+    lp = torch.log_softmax(logits, dim=-1).gather(1, tok[:, None]).squeeze(1)
+    return tok, lp
+
+
+def _scaled_logprobs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
+    temps = torch.tensor([r.params.temperature for r in rows], device=logits.device)
+    return torch.log_softmax(logits / temps[:, None], dim=-1)
+
+
+def _draws(rows: list[SampleRow], device: torch.device) -> torch.Tensor:
+    return torch.tensor(
+        [uniform(r.seed, r.counter) for r in rows], dtype=torch.float64, device=device
+    )
+
+
+def _invert(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index of the first cdf entry >= u * total, per row (float64 cdf, never a zero-mass entry)."""
+    target = (u * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target).squeeze(1)
+    return idx.clamp_(max=cdf.shape[1] - 1)
+
+
+def _plain(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = _scaled_logprobs(logits, rows)
+    cdf = logp.double().exp().cumsum(dim=-1)
+    tok = _invert(cdf, _draws(rows, logits.device))
+    return tok, logp.gather(1, tok[:, None]).squeeze(1)
+
+
+def _filtered(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature, then top-k, then top-p on the renormalised top-k mass (HF/vLLM order)."""
+    logp = _scaled_logprobs(logits, rows)
+    sorted_logp, order = logp.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logp.double().exp()
+    keep = _top_k_mask(rows, probs)
+    probs = probs * keep
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=torch.float64, device=logits.device)
+    mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+    keep &= mass_before < top_p[:, None] * probs.sum(dim=-1, keepdim=True)
+    kept = probs * keep
+    cdf = kept.cumsum(dim=-1)
+    pos = _invert(cdf, _draws(rows, logits.device))
+    tok = order.gather(1, pos[:, None]).squeeze(1)
+    lp = sorted_logp.gather(1, pos[:, None]).squeeze(1).double() - cdf[:, -1].log()
+    return tok, lp.float()
+
+
+def _top_k_mask(rows: list[SampleRow], probs: torch.Tensor) -> torch.Tensor:
+    vocab = probs.shape[1]
+    ks = torch.tensor([r.params.top_k or vocab for r in rows], device=probs.device)
+    return torch.arange(vocab, device=probs.device)[None, :] < ks[:, None]

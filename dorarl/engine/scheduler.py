@@ -1,0 +1,215 @@
+"""Continuous-batching scheduler: which sequences run this step, and which KV moves; torch-free.
+
+Each step: (1) relieve KV pressure by offloading the youngest running sequences to host
+blocks while device usage is above the threshold; (2) give every running sequence its
+next tokens (one for decode, a chunk for prefill), evicting the youngest running
+sequence when the device pool is short (offload to host if it has room, else drop the KV
+and recompute later); (3) if nothing was evicted, admit waiting sequences (in-progress
+ones first, then fresh ones, FCFS) under the slot, block and prefill-token budgets.
+Invariants: a running sequence's KV is on the device; the scheduler only does
+bookkeeping, and the engine performs the returned copies (offloads before restores)
+before the forward pass, so a freed block is never read after it is reused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from dorarl.engine.block_manager import BlockManager, blocks_for
+from dorarl.engine.sequence import KVPlace, Sequence
+
+
+@dataclass
+class Offload:
+    seq: Sequence
+    device_blocks: list[int]
+    host_blocks: list[int]
+
+
+@dataclass
+class Restore:
+    seq: Sequence
+    source: KVPlace  # HOST or DETACHED
+    host_blocks: list[int]  # source blocks when HOST
+    device_blocks: list[int]  # destination blocks, holding seq.num_computed tokens
+
+
+@dataclass
+class Batch:
+    """One step's work. Decode rows run one token each; prefill rows a chunk each."""
+
+    decode: list[Sequence] = field(default_factory=list)
+    prefill: list[tuple[Sequence, int]] = field(default_factory=list)
+    offloads: list[Offload] = field(default_factory=list)
+    restores: list[Restore] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens this step) in row order: decodes first, then prefill chunks."""
+        return [(seq, 1) for seq in self.decode] + self.prefill
+
+    @property
+    def empty(self) -> bool:
+        return not (self.decode or self.prefill or self.offloads or self.restores)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        prefill_chunk_size: int,
+        offload_threshold: float,
+    ) -> None:
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.prefill_chunk_size = prefill_chunk_size
+        self.offload_threshold = offload_threshold
+        self.running: list[Sequence] = []
+        self.resumed: deque[Sequence] = deque()  # in progress: offloaded, preempted, imported
+        self.fresh: deque[Sequence] = deque()
+
+    # --- queue management -------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence; one with progress (KV or output) goes before fresh prompts."""
+        has_progress = seq.num_output > 0 or seq.kv_place is not KVPlace.NONE
+        (self.resumed if has_progress else self.fresh).append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of the engine and release every block it holds."""
+        for queue in (self.running, self.resumed, self.fresh):
+            if seq in queue:
+                queue.remove(seq)
+        self.release(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.blocks.release_device(seq.block_table)
+        self.blocks.release_host(seq.host_table)
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.release(seq)
+        seq.kv_place = KVPlace.NONE
+
+    def waiting(self) -> list[Sequence]:
+        return [*self.resumed, *self.fresh]
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.running) + len(self.resumed) + len(self.fresh)
+
+    # --- one step ---------------------------------------------------------------------
+    def schedule(self) -> Batch:
+        batch = Batch()
+        evicted = self._relieve_pressure(batch)
+        evicted |= self._schedule_running(batch)
+        if not evicted:
+            self._admit(batch)
+        return batch
+
+    def offload(self, seq: Sequence, batch: Batch) -> bool:
+        """Move a running sequence's KV to host blocks; False if the host pool is short."""
+        need = blocks_for(seq.num_computed, self.blocks.block_size)
+        if seq not in self.running or not self.blocks.host.can_allocate(need):
+            return False
+        host = self.blocks.host.allocate(need)
+        batch.offloads.append(Offload(seq, list(seq.block_table[:need]), host))
+        self.blocks.release_device(seq.block_table)
+        seq.host_table = host
+        seq.kv_place = KVPlace.HOST
+        seq.offloads += 1
+        self._requeue(seq)
+        return True
+
+    def _over_threshold(self, extra: int = 0) -> bool:
+        pool = self.blocks.device
+        return pool.num_used + extra > self.offload_threshold * pool.num_total
+
+    def _relieve_pressure(self, batch: Batch) -> bool:
+        evicted = False
+        while self._over_threshold() and len(self.running) > 1:
+            if not self.offload(self.running[-1], batch):
+                break
+            evicted = True
+        return evicted
+
+    def _schedule_running(self, batch: Batch) -> bool:
+        budget, evicted, i = self.prefill_chunk_size, False, 0
+        while i < len(self.running):
+            seq = self.running[i]
+            n = self._tokens_to_run(seq, budget)
+            if n and not self._make_room(seq, n, batch):
+                evicted = True  # seq itself was evicted (it was the youngest)
+                break
+            evicted |= bool(batch.offloads or batch.preempted)
+            if n:
+                budget -= self._add_to_batch(batch, seq, n)
+            i += 1
+        return evicted
+
+    def _make_room(self, seq: Sequence, n: int, batch: Batch) -> bool:
+        """Grow seq's table for n more tokens, evicting the youngest; False if seq was evicted."""
+        while not self.blocks.grow(seq.block_table, seq.num_computed + n):
+            victim = self.running[-1]
+            if not self.offload(victim, batch):
+                self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, batch: Batch) -> None:
+        """Drop a running sequence's KV; it re-prefills its tokens when readmitted."""
+        self.blocks.release_device(seq.block_table)
+        seq.reprefill_tokens += seq.num_computed
+        seq.num_computed = 0
+        seq.kv_place = KVPlace.NONE
+        batch.preempted.append(seq)
+        self._requeue(seq)
+
+    def _requeue(self, seq: Sequence) -> None:
+        # The youngest is evicted first and pushed to the front, so the queue keeps age order.
+        self.running.remove(seq)
+        self.resumed.appendleft(seq)
+
+    def _admit(self, batch: Batch) -> None:
+        budget = self.prefill_chunk_size - sum(n for _, n in batch.prefill)
+        while len(self.running) < self.max_num_seqs and (self.resumed or self.fresh):
+            queue = self.resumed if self.resumed else self.fresh
+            seq = queue[0]
+            n = self._tokens_to_run(seq, budget)
+            need = blocks_for(seq.num_computed + n, self.blocks.block_size)
+            # Keep one block of growth per running sequence, so admission does not thrash.
+            if n == 0 or (self.running and self._over_threshold(need + len(self.running))):
+                return
+            if not self.blocks.device.can_allocate(need):
+                return
+            queue.popleft()
+            self._place_on_device(seq, need, batch)
+            self.running.append(seq)
+            budget -= self._add_to_batch(batch, seq, n)
+
+    def _place_on_device(self, seq: Sequence, need: int, batch: Batch) -> None:
+        table = self.blocks.device.allocate(need)
+        if seq.kv_place in (KVPlace.HOST, KVPlace.DETACHED):
+            held = blocks_for(seq.num_computed, self.blocks.block_size)
+            restore = Restore(seq, seq.kv_place, list(seq.host_table), table[:held])
+            batch.restores.append(restore)
+            self.blocks.release_host(seq.host_table)
+        seq.block_table = table
+        seq.kv_place = KVPlace.DEVICE
+
+    def _tokens_to_run(self, seq: Sequence, budget: int) -> int:
+        """1 for a decode; a prefill chunk within the step's token budget otherwise."""
+        left = seq.num_uncomputed
+        return 1 if left == 1 else min(left, budget)
+
+    @staticmethod
+    def _add_to_batch(batch: Batch, seq: Sequence, n: int) -> int:
+        """Add a row; returns the prefill budget it used."""
+        if n == 1 and seq.num_uncomputed == 1:
+            batch.decode.append(seq)
+            return 0
+        batch.prefill.append((seq, n))
+        return n

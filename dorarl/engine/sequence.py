@@ -1,0 +1,86 @@
+"""One request's execution state inside an engine; torch-free.
+
+Invariants: `token_ids` is prompt + output; the KV of the first `num_computed` tokens is
+held at `kv_place` (device blocks in `block_table`, host blocks in `host_table`, or a
+detached tensor the engine keeps for an imported request); `versions` and `logprobs`
+have one entry per output token. The request's random stream is (seed, len(output_ids)),
+so it travels with the request and is independent of batch neighbours.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from dorarl.engine.config import SamplingParams
+
+
+class KVPlace(enum.Enum):
+    NONE = "none"  # nothing computed yet (or dropped): prefill from token 0
+    DEVICE = "device"
+    HOST = "host"
+    DETACHED = "detached"  # imported tensor not yet copied into the pool
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stop_ids: frozenset[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    kv_place: KVPlace = KVPlace.NONE
+    block_table: list[int] = field(default_factory=list)
+    host_table: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    migrations: int = 0
+    offloads: int = 0
+    reprefill_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt :]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.num_prompt
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, token: int, logprob: float, version: int, max_model_len: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        self.finish_reason = self._finish_reason(token, max_model_len)
+
+    def _finish_reason(self, token: int, max_model_len: int) -> str | None:
+        if self.params.target_len is not None:
+            return "length" if self.num_output >= self.params.target_len else None
+        if token in self.stop_ids:
+            return "stop"
+        if self.num_output >= self.params.max_new_tokens or self.num_tokens >= max_model_len:
+            return "length"
+        return None

@@ -1,0 +1,166 @@
+"""Model weights: checked against the spec, packed for the forward pass, unpacked by HF name.
+
+The forward pass uses fused q|k|v and gate|up matrices (fewer, larger matmuls); the outside
+world only sees Hugging Face state-dict names. `pack` builds new tensors and never writes
+into the live ones, so a failed update leaves the engine's weights untouched. Files are
+read with safetensors only (never pickle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from dorarl.engine.model_spec import ModelSpec
+from dorarl.errors import UserInputError
+
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+
+
+@dataclass
+class ModelWeights:
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    norm: torch.Tensor
+    lm_head: torch.Tensor  # the embedding itself when tied
+
+
+def check_named(spec: ModelSpec, named: dict[str, torch.Tensor], where: str) -> None:
+    """Raise UserInputError unless `named` holds exactly the spec's tensors, shapes included."""
+    expected = spec.weight_shapes()
+    given = {k: v for k, v in named.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if spec.tie_word_embeddings and "lm_head.weight" in given:
+        # Tied checkpoints may carry the alias; it must still match the embedding.
+        expected = {**expected, "lm_head.weight": (spec.vocab_size, spec.hidden_size)}
+    missing = sorted(set(expected) - set(given))
+    unexpected = sorted(set(given) - set(expected))
+    if missing:
+        raise UserInputError(f"{where}: missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    if unexpected:
+        raise UserInputError(
+            f"{where}: unexpected {len(unexpected)} tensor(s), e.g. {unexpected[:3]}"
+        )
+    for name, shape in expected.items():
+        got = tuple(given[name].shape)
+        if got != shape:
+            raise UserInputError(
+                f"{where}: tensor {name!r} has shape {got}, the model expects {shape}"
+            )
+        if not given[name].is_floating_point():
+            raise UserInputError(
+                f"{where}: tensor {name!r} has dtype {given[name].dtype}, not a float"
+            )
+
+
+def pack(
+    spec: ModelSpec, named: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> ModelWeights:
+    """Fresh device tensors in the forward pass's layout (call `check_named` first)."""
+
+    def get(name: str) -> torch.Tensor:
+        return named[name].detach().to(device=device, dtype=dtype).contiguous()
+
+    def cat(*names: str) -> torch.Tensor:
+        return torch.cat([named[n].detach().to(device=device, dtype=dtype) for n in names])
+
+    layers = [_pack_layer(spec, f"model.layers.{i}.", get, cat) for i in range(spec.num_layers)]
+    embed = get("model.embed_tokens.weight")
+    lm_head = embed if spec.tie_word_embeddings else get("lm_head.weight")
+    return ModelWeights(embed, layers, get("model.norm.weight"), lm_head)
+
+
+def _pack_layer(spec: ModelSpec, p: str, get, cat) -> LayerWeights:
+    a, m = f"{p}self_attn.", f"{p}mlp."
+    return LayerWeights(
+        input_norm=get(f"{p}input_layernorm.weight"),
+        qkv_w=cat(f"{a}q_proj.weight", f"{a}k_proj.weight", f"{a}v_proj.weight"),
+        qkv_b=cat(f"{a}q_proj.bias", f"{a}k_proj.bias", f"{a}v_proj.bias")
+        if spec.qkv_bias
+        else None,
+        o_w=get(f"{a}o_proj.weight"),
+        o_b=get(f"{a}o_proj.bias") if spec.o_bias else None,
+        post_norm=get(f"{p}post_attention_layernorm.weight"),
+        gate_up_w=cat(f"{m}gate_proj.weight", f"{m}up_proj.weight"),
+        gate_up_b=cat(f"{m}gate_proj.bias", f"{m}up_proj.bias") if spec.mlp_bias else None,
+        down_w=get(f"{m}down_proj.weight"),
+        down_b=get(f"{m}down_proj.bias") if spec.mlp_bias else None,
+    )
+
+
+def unpack(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:
+    """The weights by Hugging Face name (views of the packed tensors; do not write into them)."""
+    named = {"model.embed_tokens.weight": weights.embed}
+    for i, layer in enumerate(weights.layers):
+        named.update(_unpack_layer(spec, f"model.layers.{i}.", layer))
+    named["model.norm.weight"] = weights.norm
+    if not spec.tie_word_embeddings:
+        named["lm_head.weight"] = weights.lm_head
+    return named
+
+
+def _unpack_layer(spec: ModelSpec, p: str, w: LayerWeights) -> dict[str, torch.Tensor]:
+    a, m = f"{p}self_attn.", f"{p}mlp."
+    qkv = [spec.q_size, spec.kv_size, spec.kv_size]
+    gate_up = [spec.intermediate_size, spec.intermediate_size]
+    named = {
+        f"{p}input_layernorm.weight": w.input_norm,
+        f"{p}post_attention_layernorm.weight": w.post_norm,
+        f"{a}o_proj.weight": w.o_w,
+        f"{m}down_proj.weight": w.down_w,
+    }
+    named |= _split([f"{a}{x}_proj.weight" for x in "qkv"], w.qkv_w, qkv)
+    named |= _split([f"{m}gate_proj.weight", f"{m}up_proj.weight"], w.gate_up_w, gate_up)
+    if w.qkv_b is not None:
+        named |= _split([f"{a}{x}_proj.bias" for x in "qkv"], w.qkv_b, qkv)
+    if w.o_b is not None:
+        named[f"{a}o_proj.bias"] = w.o_b
+    if w.gate_up_b is not None and w.down_b is not None:
+        named |= _split([f"{m}gate_proj.bias", f"{m}up_proj.bias"], w.gate_up_b, gate_up)
+        named[f"{m}down_proj.bias"] = w.down_b
+    return named
+
+
+def _split(names: list[str], fused: torch.Tensor, sizes: list[int]) -> dict[str, torch.Tensor]:
+    return dict(zip(names, fused.split(sizes), strict=True))
+
+
+def random_named(spec: ModelSpec, seed: int, std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Random init like Hugging Face's: normal(0, std) matrices, unit norms, zero biases."""
+    gen = torch.Generator().manual_seed(seed)
+    named = {}
+    for name, shape in spec.weight_shapes().items():
+        if name.endswith("norm.weight"):
+            named[name] = torch.ones(shape)
+        elif name.endswith(".bias"):
+            named[name] = torch.zeros(shape)
+        else:
+            named[name] = torch.randn(shape, generator=gen) * std
+    return named
+
+
+def load_folder(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the *.safetensors files of a model folder (sharded or not)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise UserInputError(f"{folder}: no *.safetensors weight files in the model folder")
+    named: dict[str, torch.Tensor] = {}
+    for path in files:
+        named.update(load_file(str(path), device="cpu"))
+    return named
