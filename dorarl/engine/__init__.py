@@ -4,11 +4,35 @@ Public API: `Engine`, `EngineConfig`, `SamplingParams`, `RequestOutput`, `Reques
 `EngineStats`. Layout: sequence (request state), block_manager (block ids, torch-free),
 scheduler (who runs, torch-free), kv_cache (pool tensors), attention, model, sampler,
 model_runner (batch -> tensors -> tokens), engine (schedule, run, postprocess).
+Importing the package, `SamplingParams`, the outputs or the scheduler does not import torch.
 """
 
-from dorarl.engine.config import EngineConfig, SamplingParams
-from dorarl.engine.engine import Engine
-from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dorarl.engine.config import EngineConfig, SamplingParams
+    from dorarl.engine.engine import Engine
+    from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+
+# Lazy exports: the controller and simulator use the plain types without importing torch.
+_HOMES = {
+    "Engine": "dorarl.engine.engine",
+    "EngineConfig": "dorarl.engine.config",
+    "SamplingParams": "dorarl.engine.config",
+    "EngineStats": "dorarl.engine.outputs",
+    "RequestOutput": "dorarl.engine.outputs",
+    "RequestSnapshot": "dorarl.engine.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'dorarl.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)
+
 
 __all__ = [
     "Engine",

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from dorarl.engine.config import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass

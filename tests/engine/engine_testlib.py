@@ -1,0 +1,104 @@
+"""Shared helpers for the engine tests: tiny seeded HF models, engines, and run loops."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from dorarl.engine import Engine, EngineConfig, RequestOutput, SamplingParams
+
+VOCAB = 128
+
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=VOCAB,
+    max_position_embeddings=1024,
+)
+
+
+def tiny_config(arch: str, **overrides):
+    if arch == "qwen2":
+        return Qwen2Config(**{**TINY, **overrides})
+    return LlamaConfig(**{**TINY, **overrides})
+
+
+VARIANTS = {
+    "qwen2": {},
+    "llama": {},
+    "llama-tied-bias-llama3rope": dict(
+        tie_word_embeddings=True,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 50000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "qwen2-linear-rope-headdim": dict(
+        head_dim=32, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}
+    ),
+}
+
+
+@functools.cache
+def tiny_model(variant: str, seed: int = 0):
+    """A random HF model in float32, fixed by `seed` (cached: tests must not modify it)."""
+    arch = variant.split("-")[0]
+    torch.manual_seed(seed)
+    config = tiny_config(arch, **VARIANTS[variant])
+    cls = Qwen2ForCausalLM if arch == "qwen2" else LlamaForCausalLM
+    model = cls(config).eval()
+    # HF inits biases to zero; random ones make the Qwen2 bias path count in the parity test.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+    return model
+
+
+def make_engine(model, version: int = 0, **cfg) -> Engine:
+    defaults = dict(
+        max_num_seqs=8, block_size=4, num_blocks=128, max_model_len=256, prefill_chunk_size=32
+    )
+    return Engine.from_hf_config(
+        model.config, EngineConfig(**{**defaults, **cfg}), model.state_dict(), version
+    )
+
+
+def prompts(lengths: list[int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=gen).tolist() for n in lengths]
+
+
+def run_all(engine: Engine, max_steps: int = 10_000) -> dict[str, RequestOutput]:
+    done: dict[str, RequestOutput] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return done
+        for out in engine.step():
+            done[out.request_id] = out
+    raise AssertionError("engine did not finish its requests")
+
+
+def run_alone(model, prompt: list[int], params: SamplingParams, **cfg) -> RequestOutput:
+    engine = make_engine(model, **cfg)
+    engine.add_request("alone", prompt, params)
+    return run_all(engine)["alone"]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_new_tokens=n, stop_token_ids=[])
+
+
+def seeded(n: int, seed: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=1.0, max_new_tokens=n, stop_token_ids=[], seed=seed, **kw)

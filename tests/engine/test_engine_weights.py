@@ -1,0 +1,70 @@
+"""Loading from a folder, versioned weight swaps, and per-token version tags."""
+
+import pytest
+import torch
+from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, tiny_model
+
+from dorarl.engine import Engine, EngineConfig
+from dorarl.errors import UserInputError
+
+
+@pytest.mark.parametrize("variant", ["qwen2", "llama-tied-bias-llama3rope"])
+def test_from_pretrained_folder_matches_the_in_memory_model(tmp_path, variant):
+    model = tiny_model(variant, seed=1)
+    model.save_pretrained(tmp_path)
+    assert list(tmp_path.glob("*.safetensors"))
+    engine = Engine.from_pretrained(
+        tmp_path, EngineConfig(max_num_seqs=4, max_model_len=128, block_size=4)
+    )
+    prompt = prompts([7], seed=51)[0]
+    engine.add_request("x", prompt, greedy(15))
+    assert run_all(engine)["x"].output_ids == run_alone(model, prompt, greedy(15)).output_ids
+
+
+def test_load_weights_swaps_version_and_model():
+    old, new = tiny_model("qwen2", seed=1), tiny_model("qwen2", seed=2)
+    engine = make_engine(old, version=0)
+    engine.load_weights(new.state_dict(), version=1)
+    assert engine.version == 1
+    prompt = prompts([6], seed=52)[0]
+    engine.add_request("x", prompt, greedy(12))
+    out = run_all(engine)["x"]
+    want = run_alone(new, prompt, greedy(12))
+    assert out.output_ids == want.output_ids and out.versions == [1] * 12
+    for name, tensor in new.state_dict().items():
+        assert torch.equal(engine.state_dict()[name], tensor)
+
+
+def test_tokens_after_a_swap_carry_the_new_version():
+    old, new = tiny_model("llama", seed=1), tiny_model("llama", seed=2)
+    engine = make_engine(old, version=0)
+    engine.add_request("x", prompts([5], seed=53)[0], greedy(10))
+    for _ in range(4):
+        engine.step()
+    engine.load_weights(new.state_dict(), version=1)
+    out = run_all(engine)["x"]
+    assert out.versions == [0] * 4 + [1] * 6
+
+
+def test_peer_serves_weights_to_another_engine():
+    a, b = (
+        make_engine(tiny_model("qwen2", seed=2), version=7),
+        make_engine(tiny_model("qwen2", seed=1)),
+    )
+    b.load_weights(a.state_dict(), version=a.version)
+    a.add_request("x", [1, 2, 3], greedy(6))
+    a.step()
+    b.import_request(a.export_request("x"))  # same version now: KV reuse is allowed
+    assert run_all(b)["x"].versions == [7] * 6
+
+
+def test_tied_alias_is_accepted_but_must_match():
+    model = tiny_model("llama-tied-bias-llama3rope", seed=1)
+    engine = make_engine(model)
+    named = dict(model.state_dict())
+    assert "lm_head.weight" in named  # HF lists the tied alias
+    engine.load_weights(named, version=1)
+    named["lm_head.weight"] = torch.zeros(3, 3)
+    with pytest.raises(UserInputError, match="lm_head.weight"):
+        engine.load_weights(named, version=2)
+    assert engine.version == 1
