@@ -24,7 +24,7 @@ class AttnGroup:
     batch: int
     q_len: int
     tiles: torch.Tensor  # [batch * kv_heads * blocks] tile ids, ordered (seq, head, block)
-    mask: torch.Tensor  # [batch, 1, q_len * group_size, blocks * block_size], True = attend
+    mask: torch.Tensor | None  # [batch, 1, q_len * group_size or 1, keys], True = attend
 
     @property
     def rows(self) -> int:
@@ -55,13 +55,24 @@ def build_group(
     table = torch.tensor(padded, dtype=torch.long, device=device)
     heads = torch.arange(kv_heads, device=device)
     tiles = (table[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
+    return AttnGroup(
+        start, batch, q_len, tiles, _mask(item, num_blocks * block_size, q_per_kv, device)
+    )
+
+
+def _mask(
+    item: GroupInput, num_keys: int, q_per_kv: int, device: torch.device
+) -> torch.Tensor | None:
+    if item.q_len == 1 and all(s + 1 == num_keys for s in item.starts):
+        return None  # every key is the row's own context: no padding, no future
     starts = torch.tensor(item.starts, dtype=torch.long, device=device)
-    # Query row r of a sequence is token r // q_per_kv (query heads of one kv head are adjacent).
-    offsets = torch.arange(q_len, device=device).repeat_interleave(q_per_kv)
+    # Query row r of a sequence is token r // q_per_kv (query heads of one kv head are adjacent);
+    # a decode row's heads share one mask row, which SDPA broadcasts.
+    rows = q_per_kv if item.q_len > 1 else 1
+    offsets = torch.arange(item.q_len, device=device).repeat_interleave(rows)
     last_key = starts[:, None] + offsets[None, :]
-    keys = torch.arange(num_blocks * block_size, device=device)
-    mask = (keys[None, None, :] <= last_key[:, :, None]).unsqueeze(1)
-    return AttnGroup(start, batch, q_len, tiles, mask)
+    keys = torch.arange(num_keys, device=device)
+    return (keys[None, None, :] <= last_key[:, :, None]).unsqueeze(1)
 
 
 def bucket_by_length(ctx_lens: list[int], min_fill: float = 0.6) -> list[tuple[int, int]]:

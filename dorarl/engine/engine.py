@@ -148,6 +148,10 @@ class Engine:
     def request_ids(self) -> list[str]:
         return list(self._seqs)
 
+    def progress(self, request_id: str) -> int:
+        """Output tokens the request has so far."""
+        return self._get(request_id).num_output
+
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:

@@ -41,6 +41,8 @@ class KVCache:
         # Flat per-layer views: rows of head_dim for writes, tiles of a block for gathers.
         self.rows = self.pool.view(2, s.num_layers, -1, s.head_dim)
         self.tiles = self.pool.view(2, s.num_layers, -1, s.block_size, s.head_dim)
+        # Reused gather buffer: fresh multi-MB tensors per layer cost page faults on the CPU.
+        self._work = torch.empty(0, device=device, dtype=dtype)
 
     @property
     def device(self) -> torch.device:

@@ -78,8 +78,10 @@ def _greedy(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, 
 
 
 def _scaled_logprobs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tensor:
-    temps = torch.tensor([r.params.temperature for r in rows], device=logits.device)
-    return torch.log_softmax(logits / temps[:, None], dim=-1)
+    temps = [r.params.temperature for r in rows]
+    if any(t != 1.0 for t in temps):
+        logits = logits / torch.tensor(temps, device=logits.device)[:, None]
+    return torch.log_softmax(logits, dim=-1)
 
 
 def _draws(rows: list[SampleRow], device: torch.device) -> torch.Tensor:
@@ -89,15 +91,17 @@ def _draws(rows: list[SampleRow], device: torch.device) -> torch.Tensor:
 
 
 def _invert(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index of the first cdf entry >= u * total, per row (float64 cdf, never a zero-mass entry)."""
-    target = (u * cdf[:, -1]).unsqueeze(1)
-    idx = torch.searchsorted(cdf, target).squeeze(1)
-    return idx.clamp_(max=cdf.shape[1] - 1)
+    """Index of the first cdf entry >= u * total, per row (never a zero-mass entry)."""
+    total = cdf[:, -1:]
+    # Rounding may push the target past the total; capped, it lands on the last nonzero entry.
+    target = torch.minimum((u[:, None] * total.double()).to(cdf.dtype), total)
+    return torch.searchsorted(cdf, target).squeeze(1)
 
 
 def _plain(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
     logp = _scaled_logprobs(logits, rows)
-    cdf = logp.double().exp().cumsum(dim=-1)
+    # float32 cumsum: a per-row scan, so a row's draw is still independent of its batch.
+    cdf = logp.exp().cumsum_(dim=-1)
     tok = _invert(cdf, _draws(rows, logits.device))
     return tok, logp.gather(1, tok[:, None]).squeeze(1)
 

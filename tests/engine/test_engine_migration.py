@@ -25,8 +25,7 @@ PARAMS = {
 
 
 def _step_until(engine: Engine, request_id: str, num_output: int) -> None:
-    seq = engine._seqs[request_id]
-    while seq.num_output < num_output:
+    while engine.progress(request_id) < num_output:
         finished = [out.request_id for out in engine.step()]
         assert request_id not in finished, "request finished too early"
 

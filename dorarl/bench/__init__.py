@@ -1,0 +1,1 @@
+"""Benchmarks behind `dorarl bench ...`: each module exposes `main(argv) -> int`."""

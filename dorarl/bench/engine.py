@@ -1,0 +1,537 @@
+"""`dorarl bench engine`: the rollout engine against Hugging Face peers on a long-tailed workload.
+
+Contenders decode the same requests (same prompts, same forced lengths, temperature-1
+sampling, the same maximum batch): `engine` (ours), `hf_static` (HF `generate` on static
+batches), `hf_continuous` (HF's own continuous batching), and `floor` (our forward over a
+dense KV cache at a perfectly packed full batch: an upper bound, not a system). Only useful
+tokens count: a static batch runs to its longest member, its padding work earns nothing.
+Writes DIR/engine.json and prints a table. Figures are wall-clock on this machine's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import pickle
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import torch
+import transformers
+from rich.console import Console
+from rich.table import Table
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+from dorarl.engine import Engine, EngineConfig, SamplingParams
+from dorarl.engine.dense_attention import DenseAttention
+from dorarl.engine.sampler import SampleRow, sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    num_requests: int
+    max_batch: int
+    prompt_len: int
+    median_len: int
+    sigma: float  # lognormal shape: p99 / median = exp(2.326 * sigma)
+    migration_contexts: tuple[int, ...]
+    step_context: int
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 8
+    kv_heads: int = 2
+    intermediate: int = 768
+    vocab: int = 8192
+    block_size: int = 16
+    prefill_chunk: int = 512
+    step_repeats: int = 40
+    migration_repeats: int = 3
+    seed: int = 0
+
+
+FULL = BenchSpec(
+    num_requests=256,
+    max_batch=64,
+    prompt_len=64,
+    median_len=32,
+    sigma=1.05,
+    migration_contexts=(256, 1024, 4096),
+    step_context=256,
+)
+QUICK = BenchSpec(
+    num_requests=96,
+    max_batch=32,
+    prompt_len=64,
+    median_len=16,
+    sigma=1.05,
+    migration_contexts=(256, 1024, 4096),
+    step_context=256,
+    step_repeats=20,
+    migration_repeats=1,
+)
+BARS = {  # name: (what, target)
+    "engine_vs_hf_static": ("tokens_per_s engine / hf_static", 3.0),
+    "engine_vs_hf_continuous": ("tokens_per_s engine / hf_continuous", 1.5),
+    "step_vs_floor": ("step_ms_full_batch engine / floor (at most)", 1.3),
+    "reprefill_vs_migration_4096": ("reprefill_ms / migration_ms at 4096 tokens", 10.0),
+}
+
+
+# --- workload ---------------------------------------------------------------------------
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    lengths: list[int]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def make_workload(spec: BenchSpec) -> Workload:
+    """Stratified lognormal lengths (exact quantiles, shuffled), so the tail is always there."""
+    n, dist = spec.num_requests, NormalDist()
+    mu = math.log(spec.median_len)
+    lengths = [
+        max(1, round(math.exp(mu + spec.sigma * dist.inv_cdf((i + 0.5) / n)))) for i in range(n)
+    ]
+    rng = random.Random(spec.seed)
+    rng.shuffle(lengths)
+    prompts = [[rng.randrange(spec.vocab) for _ in range(spec.prompt_len)] for _ in range(n)]
+    return Workload(prompts, lengths)
+
+
+def length_stats(lengths: list[int]) -> dict[str, float]:
+    ordered = sorted(lengths)
+    median = statistics.median(ordered)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return {
+        "median": median,
+        "p99": p99,
+        "max": ordered[-1],
+        "mean": statistics.fmean(ordered),
+        "p99_over_median": p99 / median,
+    }
+
+
+def build_model(spec: BenchSpec) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        intermediate_size=spec.intermediate,
+        vocab_size=spec.vocab,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(spec.seed)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _params(target: int, seed: int) -> SamplingParams:
+    return SamplingParams(temperature=1.0, target_len=target, seed=seed)
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+# --- contenders -------------------------------------------------------------------------
+def make_engine(
+    model: Qwen2ForCausalLM, spec: BenchSpec, max_len: int, max_seqs: int, chunk: int | None = None
+) -> Engine:
+    config = EngineConfig(
+        max_num_seqs=max_seqs,
+        block_size=spec.block_size,
+        max_model_len=max_len,
+        prefill_chunk_size=chunk or spec.prefill_chunk,
+    )
+    return Engine.from_hf_config(model.config, config, model.state_dict())
+
+
+def run_engine(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict[str, Any]:
+    engine = make_engine(model, spec, spec.prompt_len + max(work.lengths) + 1, spec.max_batch)
+
+    def go() -> int:
+        for i, (prompt, n) in enumerate(zip(work.prompts, work.lengths, strict=True)):
+            engine.add_request(f"r{i}", prompt, _params(n, i))
+        tokens = 0
+        while engine.has_unfinished():
+            tokens += sum(len(out.output_ids) for out in engine.step())
+        return tokens
+
+    tokens, wall = _timed(go)
+    assert tokens == work.total_tokens, "forced lengths were not honoured"
+    stats = engine.stats()
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "steps": stats.steps,
+        "tokens_per_step": tokens / stats.steps,
+    }
+
+
+def run_hf_static(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict[str, Any]:
+    """HF generate on static batches in arrival order; a batch decodes until its longest member."""
+    padded = 0
+
+    def go() -> None:
+        nonlocal padded
+        for lo in range(0, len(work.prompts), spec.max_batch):
+            ids = torch.tensor(work.prompts[lo : lo + spec.max_batch])
+            longest = max(work.lengths[lo : lo + spec.max_batch])
+            padded += longest * len(ids)
+            gen = GenerationConfig(
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+
+    _, wall = _timed(go)
+    return {"wall_s": wall, "tokens": work.total_tokens, "decoded_tokens": padded}
+
+
+def run_hf_continuous(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict[str, Any]:
+    """transformers' continuous batching manager with per-request forced lengths."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=-1)
+    pages = math.ceil((spec.prompt_len + max(work.lengths) + 1) / spec.block_size)
+    cb = ContinuousBatchingConfig(
+        max_requests_per_batch=spec.max_batch,
+        page_size=spec.block_size,
+        num_blocks=spec.max_batch * pages,
+        max_batch_tokens=spec.prefill_chunk + spec.max_batch,
+    )
+    with torch.inference_mode():
+        manager = model.init_continuous_batching(
+            generation_config=gen, continuous_batching_config=cb
+        )
+        manager.start()
+        try:
+            tokens, wall = _timed(lambda: _drain_hf_manager(manager, work))
+        finally:
+            manager.stop(block=True)
+    if tokens != work.total_tokens:
+        raise RuntimeError(f"hf_continuous produced {tokens} tokens, expected {work.total_tokens}")
+    return {"wall_s": wall, "tokens": tokens}
+
+
+def _drain_hf_manager(manager: Any, work: Workload) -> int:
+    for i, (prompt, n) in enumerate(zip(work.prompts, work.lengths, strict=True)):
+        manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n)
+    done: dict[str, int] = {}
+    while len(done) < len(work.prompts):
+        result = manager.get_result(timeout=5)
+        if result is None and not manager.is_running():
+            raise RuntimeError("the continuous batching thread stopped")
+        if result is not None and result.is_finished():
+            if result.error:
+                raise RuntimeError(f"request {result.request_id} failed: {result.error}")
+            done[result.request_id] = len(result.generated_tokens)
+    return sum(done.values())
+
+
+class Floor:
+    """Our forward over a dense cache, one full batch at a fixed context: no paging, no scheduler."""
+
+    def __init__(self, engine: Engine, batch: int, max_len: int) -> None:
+        self.model = engine.model
+        self.batch = batch
+        self.dense = DenseAttention(engine.spec, batch, max_len, engine.device, engine.dtype)
+        self.rows = [SampleRow(SamplingParams(temperature=1.0), seed, 0) for seed in range(batch)]
+        self.ids = torch.zeros(batch, dtype=torch.long, device=engine.device)
+
+    def prefill(self, prompt_len: int) -> None:
+        ids = torch.zeros(self.batch * prompt_len, dtype=torch.long)
+        positions = torch.arange(prompt_len).repeat(self.batch)
+        self.dense.set_step(0, prompt_len)
+        last = torch.arange(self.batch) * prompt_len + prompt_len - 1
+        sample(self.model.forward(ids, positions, self.dense, last), self.rows)
+
+    def decode(self, context: int, sampling: bool = True) -> None:
+        """One decode step at `context` (overwrites that position: the context stays fixed)."""
+        self.dense.set_step(context - 1, 1)
+        positions = torch.full((self.batch,), context - 1, dtype=torch.long)
+        logits = self.model.forward(self.ids, positions, self.dense)
+        if sampling:
+            sample(logits, self.rows)
+
+
+def run_floor(engine: Engine, spec: BenchSpec, work: Workload) -> dict[str, Any]:
+    """Prefill every prompt in full batches, then total/B decode steps at the token-weighted
+    mean context: the time a perfectly packed batch would take, ignoring the tail."""
+    lengths = work.lengths
+    context = spec.prompt_len + round(sum(n * (n + 1) / 2 for n in lengths) / sum(lengths))
+    floor = Floor(engine, spec.max_batch, spec.prompt_len + max(lengths) + 2)
+    batches = math.ceil(len(lengths) / spec.max_batch)
+    steps = math.ceil(work.total_tokens / spec.max_batch)
+
+    def go() -> None:
+        for _ in range(batches):
+            floor.prefill(spec.prompt_len)
+        for _ in range(steps):
+            floor.decode(context)
+
+    floor.decode(context)  # warm up
+    _, wall = _timed(go)
+    return {
+        "wall_s": wall,
+        "tokens": work.total_tokens,
+        "decode_steps": steps,
+        "mean_context": context,
+    }
+
+
+# --- step time and migration ----------------------------------------------------------------
+def step_ms_full_batch(model: Qwen2ForCausalLM, spec: BenchSpec) -> dict[str, float]:
+    """Median decode step with a full batch at the same context, engine and floor interleaved."""
+    batch, ctx, repeats = spec.max_batch, spec.step_context, spec.step_repeats
+    # One prefill step for the whole batch, so every row then decodes at the same context.
+    engine = make_engine(model, spec, ctx + repeats + 8, batch, chunk=batch * ctx)
+    for i in range(batch):
+        engine.add_request(f"s{i}", [i % spec.vocab] * ctx, _params(repeats + 4, i))
+    while min(engine.progress(f"s{i}") for i in range(batch)) == 0:
+        engine.step()  # prefill every request
+    floor = Floor(engine, batch, ctx + 2)
+    floor.decode(ctx + 1)
+    times: dict[str, list[float]] = {"engine": [], "floor": [], "floor_forward_only": []}
+    for _ in range(repeats):
+        times["engine"].append(_timed(engine.step)[1])
+        times["floor"].append(_timed(lambda: floor.decode(ctx + 1))[1])
+        times["floor_forward_only"].append(_timed(lambda: floor.decode(ctx + 1, sampling=False))[1])
+    result = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
+    return {"batch": batch, "context": ctx, **result}
+
+
+def migration_vs_reprefill(model: Qwen2ForCausalLM, spec: BenchSpec) -> dict[str, Any]:
+    """Time from leaving engine A to the next token on engine B: KV migration vs re-prefill."""
+    max_len = max(spec.migration_contexts) + 16
+    a, b = make_engine(model, spec, max_len, 4), make_engine(model, spec, max_len, 4)
+    out: dict[str, dict[str, float]] = {
+        "migration_ms": {},
+        "reprefill_ms": {},
+        "transfer_ms": {},
+        "kv_mb": {},
+    }
+    for ctx in spec.migration_contexts:
+        runs = [_one_migration(a, b, ctx, spec, rep) for rep in range(spec.migration_repeats)]
+        for key in out:
+            out[key][str(ctx)] = statistics.median(r[key] for r in runs)
+    return out
+
+
+def _one_migration(a: Engine, b: Engine, ctx: int, spec: BenchSpec, rep: int) -> dict[str, float]:
+    prompt = [(7 * i + rep) % spec.vocab for i in range(ctx - 1)]
+    request = f"m{ctx}-{rep}"
+    a.add_request(request, prompt, _params(8, rep))
+    while not a.progress(request):
+        a.step()
+    start = time.perf_counter()
+    snap = pickle.loads(pickle.dumps(a.export_request(request)))
+    b.import_request(snap)
+    transfer = time.perf_counter() - start
+    _step_to_next_token(b, request, 2)
+    migration = time.perf_counter() - start
+    tokens_only = b.abort(request)
+    start = time.perf_counter()
+    a.resume_request(tokens_only)
+    _step_to_next_token(a, request, 3)
+    reprefill = time.perf_counter() - start
+    a.abort(request)
+    kv_mb = snap.kv_bytes / 2**20
+    return {
+        "migration_ms": 1e3 * migration,
+        "reprefill_ms": 1e3 * reprefill,
+        "transfer_ms": 1e3 * transfer,
+        "kv_mb": kv_mb,
+    }
+
+
+def _step_to_next_token(engine: Engine, request: str, num_output: int) -> None:
+    while engine.progress(request) < num_output:
+        engine.step()
+
+
+# --- report -------------------------------------------------------------------------------
+def compute_bars(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    tps, step, mig = report["tokens_per_s"], report["step_ms_full_batch"], report
+    values = {
+        "engine_vs_hf_static": _ratio(tps["engine"], tps["hf_static"]),
+        "engine_vs_hf_continuous": _ratio(tps["engine"], tps["hf_continuous"]),
+        "step_vs_floor": _ratio(step["engine"], step["floor"]),
+        "reprefill_vs_migration_4096": _ratio(
+            mig["reprefill_ms"].get("4096"), mig["migration_ms"].get("4096")
+        ),
+    }
+    bars = {}
+    for name, (what, target) in BARS.items():
+        value = values[name]
+        ok = (
+            None
+            if value is None
+            else (value <= target if name == "step_vs_floor" else value >= target)
+        )
+        bars[name] = {"what": what, "value": value, "target": target, "pass": ok}
+    return bars
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"engine bench ({report['model']['parameters'] / 1e6:.1f}M params, batch {report['workload']['max_batch']})"
+    )
+    for col in ("contender", "tokens/s", "wall s", "engine speedup"):
+        table.add_column(col, justify="right" if col != "contender" else "left")
+    tps = report["tokens_per_s"]
+    for name, value in tps.items():
+        wall = report["wall_s"].get(name)
+        speedup = _ratio(tps["engine"], value)
+        table.add_row(
+            name,
+            "-" if value is None else f"{value:,.0f}",
+            "-" if wall is None else f"{wall:.2f}",
+            "-" if speedup is None else f"{speedup:.2f}x",
+        )
+    console.print(table)
+    if report.get("hf_continuous_error"):
+        console.print(f"hf_continuous did not run: {report['hf_continuous_error']}")
+    lens, step = report["workload"]["lengths"], report["step_ms_full_batch"]
+    console.print(
+        f"lengths: median {lens['median']}, p99 {lens['p99']}, max {lens['max']} "
+        f"(p99/median {lens['p99_over_median']:.1f}); step at batch {step['batch']}, context {step['context']}: "
+        f"engine {step['engine']:.2f} ms, floor {step['floor']:.2f} ms (forward only {step['floor_forward_only']:.2f})"
+    )
+    _print_migration(report, console)
+    _print_bars(report["bars"], console)
+
+
+def _print_migration(report: dict[str, Any], console: Console) -> None:
+    table = Table(title="migration (export + pickle + import + next token) vs re-prefill")
+    for col in ("context", "KV MB", "transfer ms", "migration ms", "reprefill ms", "ratio"):
+        table.add_column(col, justify="right")
+    for ctx, mig in report["migration_ms"].items():
+        re = report["reprefill_ms"][ctx]
+        table.add_row(
+            ctx,
+            f"{report['kv_mb'][ctx]:.1f}",
+            f"{report['transfer_ms'][ctx]:.1f}",
+            f"{mig:.1f}",
+            f"{re:.1f}",
+            f"{re / mig:.1f}x",
+        )
+    console.print(table)
+
+
+def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
+    table = Table(title="bars")
+    for col in ("bar", "value", "target", "result"):
+        table.add_column(col)
+    for bar in bars.values():
+        value = "-" if bar["value"] is None else f"{bar['value']:.2f}"
+        result = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}[bar["pass"]]
+        table.add_row(bar["what"], value, str(bar["target"]), result)
+    console.print(table)
+
+
+# --- entry point ----------------------------------------------------------------------------
+def run(spec: BenchSpec, console: Console, skip_hf: bool = False) -> dict[str, Any]:
+    model, work = build_model(spec), make_workload(spec)
+    report = _header(spec, model, work)
+    results, report["hf_continuous_error"] = _run_contenders(model, spec, work, console, skip_hf)
+    names = ("engine", "hf_static", "hf_continuous", "floor")
+    report["tokens_per_s"] = {
+        n: results[n]["tokens"] / results[n]["wall_s"] if n in results else None for n in names
+    }
+    report["wall_s"] = {n: r["wall_s"] for n, r in results.items()}
+    report["details"] = results
+    console.log("step time at full batch")
+    report["step_ms_full_batch"] = step_ms_full_batch(model, spec)
+    console.log("migration vs re-prefill")
+    report.update(migration_vs_reprefill(model, spec))
+    report["bars"] = compute_bars(report)
+    return report
+
+
+def _header(spec: BenchSpec, model: Qwen2ForCausalLM, work: Workload) -> dict[str, Any]:
+    return {
+        "spec": asdict(spec),
+        "threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "model": {"arch": "qwen2", "parameters": sum(p.numel() for p in model.parameters())},
+        "workload": {
+            "num_requests": spec.num_requests,
+            "prompt_len": spec.prompt_len,
+            "max_batch": spec.max_batch,
+            "total_tokens": work.total_tokens,
+            "lengths": length_stats(work.lengths),
+        },
+    }
+
+
+def _run_contenders(
+    model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload, console: Console, skip_hf: bool
+) -> tuple[dict[str, dict[str, Any]], str | None]:
+    weights_only = make_engine(model, spec, spec.prompt_len + max(work.lengths) + 2, 1)
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "engine": lambda: run_engine(model, spec, work),
+        "floor": lambda: run_floor(weights_only, spec, work),
+    }
+    if not skip_hf:
+        runs["hf_static"] = lambda: run_hf_static(model, spec, work)
+        runs["hf_continuous"] = lambda: run_hf_continuous(model, spec, work)
+    results, error = {}, None
+    for name, fn in runs.items():
+        console.log(f"running {name}")
+        try:
+            results[name] = fn()
+        except Exception as exc:
+            if name != "hf_continuous":
+                raise
+            logger.exception("hf_continuous failed")  # report why the peer could not run, go on
+            error = f"{type(exc).__name__}: {exc}"
+    return results, error
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dorarl bench engine", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", required=True, type=Path, help="folder for engine.json")
+    parser.add_argument("--quick", action="store_true", help="reduced workload, under a minute")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads for every contender"
+    )
+    parser.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face contenders")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    console = Console()
+    report = run(QUICK if args.quick else FULL, Console(stderr=True), skip_hf=args.skip_hf)
+    report["quick"] = args.quick
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
+    print_report(report, console)
+    return 0
