@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from dorarl.engine.block_manager import BlockManager, blocks_for
+from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.kv_cache import KVCache, KVShape
 from dorarl.engine.model import Transformer
@@ -30,6 +30,15 @@ from dorarl.engine.weights import check_named, load_folder, pack, random_named, 
 from dorarl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
+_COUNTERS = (
+    "tokens",
+    "steps",
+    "offloads",
+    "restores",
+    "preemptions",
+    "migrations_in",
+    "migrations_out",
+)
 
 
 class Engine:
@@ -46,12 +55,8 @@ class Engine:
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
         self.dtype: torch.dtype = getattr(torch, config.dtype)
-        check_named(self.spec, named_weights, f"{where}: weights")
-        cos, sin = rope_tables(hf_config, self.spec, config.max_model_len)
-        weights = pack(self.spec, named_weights, self.device, self.dtype)
-        self.model = Transformer(
-            self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
-        )
+        self.version = version
+        self.model = self._build_model(named_weights, where)
         shape = KVShape(
             self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
         )
@@ -61,21 +66,17 @@ class Engine:
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )
         self.runner = ModelRunner(self.model, self.kv)
-        self.version = version
         self._seqs: dict[str, Sequence] = {}
         self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks
         self._seed_rng = random.Random(config.seed)
-        self._counters = dict.fromkeys(
-            (
-                "tokens",
-                "steps",
-                "offloads",
-                "restores",
-                "preemptions",
-                "migrations_in",
-                "migrations_out",
-            ),
-            0,
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+
+    def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
+        check_named(self.spec, named_weights, f"{where}: weights")
+        weights = pack(self.spec, named_weights, self.device, self.dtype)
+        cos, sin = rope_tables(self.hf_config, self.spec, self.config.max_model_len)
+        return Transformer(
+            self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
         )
 
     # --- construction ---------------------------------------------------------------
@@ -107,9 +108,10 @@ class Engine:
         self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None
     ) -> None:
         params = params or SamplingParams()
-        self._check_new(request_id, list(prompt_ids), params)
+        prompt = [int(t) for t in prompt_ids]
+        self._check_new(request_id, prompt, params)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        seq = Sequence(request_id, list(prompt_ids), params, seed, self._stop_ids(params))
+        seq = Sequence(request_id, prompt, params, seed, self._stop_ids(params))
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -328,12 +330,6 @@ class Engine:
             migrations_in=c["migrations_in"],
             migrations_out=c["migrations_out"],
         )
-
-    def kv_tokens_capacity(self) -> int:
-        return self.config.num_blocks * self.config.block_size
-
-    def blocks_for(self, num_tokens: int) -> int:
-        return blocks_for(num_tokens, self.config.block_size)
 
     # --- weights ------------------------------------------------------------------------
     def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:

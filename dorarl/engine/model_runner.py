@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from dorarl.engine.attention import GroupInput, PagedAttention, bucket_by_length, build_group
+from dorarl.engine.attention import (
+    AttnGroup,
+    GroupInput,
+    PagedAttention,
+    bucket_by_length,
+    build_group,
+)
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.model import Transformer
 from dorarl.engine.sampler import SampleRow, sample
@@ -82,7 +88,7 @@ class ModelRunner:
         tile = block[:, None] * s.num_kv_heads + heads[None, :]
         return (tile * s.block_size + (positions % s.block_size)[:, None]).reshape(-1)
 
-    def _groups(self, items: list[tuple[Sequence, int]]) -> list:
+    def _groups(self, items: list[tuple[Sequence, int]]) -> list[AttnGroup]:
         s = self.cache.shape
         per_kv = self.model.spec.num_heads // s.num_kv_heads
         decode = [seq for seq, n in items if n == 1 and seq.num_uncomputed == 1]
