@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, tiny_model
+from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, tiny_config, tiny_model
 
 from dorarl.engine import Engine, EngineConfig
 from dorarl.errors import UserInputError
@@ -68,3 +68,44 @@ def test_tied_alias_is_accepted_but_must_match():
     with pytest.raises(UserInputError, match="lm_head.weight"):
         engine.load_weights(named, version=2)
     assert engine.version == 1
+
+
+def test_random_init_is_seeded():
+    config = tiny_model("llama", seed=1).config
+    cfg = EngineConfig(max_num_seqs=2, max_model_len=64, block_size=4)
+    a, b = Engine.from_hf_config(config, cfg, seed=3), Engine.from_hf_config(config, cfg, seed=3)
+    c = Engine.from_hf_config(config, cfg, seed=4)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(a.state_dict()[name], b.state_dict()[name])
+    assert not torch.equal(a.state_dict()[name], c.state_dict()[name])
+
+
+def test_bfloat16_engine_runs():
+    model = tiny_model("qwen2", seed=1)
+    engine = make_engine(model, dtype="bfloat16")
+    engine.add_request("x", prompts([9], seed=54)[0], greedy(8))
+    out = run_all(engine)["x"]
+    assert len(out.output_ids) == 8 and all(lp <= 0.0 for lp in out.logprobs)
+    assert engine.state_dict()["model.norm.weight"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}),
+            "rope_type 'dynamic'",
+        ),
+        (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+    ],
+)
+def test_unsupported_settings_are_named(overrides, message):
+    config = tiny_config("llama", **overrides)
+    with pytest.raises(UserInputError, match=message):
+        Engine.from_hf_config(config, EngineConfig(max_model_len=64))
+
+
+def test_sliding_window_qwen2_is_refused():
+    config = tiny_config("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
+    with pytest.raises(UserInputError, match="sliding-window"):
+        Engine.from_hf_config(config, EngineConfig(max_model_len=64))
