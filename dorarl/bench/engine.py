@@ -5,7 +5,9 @@ sampling, the same maximum batch): `engine` (ours), `hf_static` (HF `generate` o
 batches), `hf_continuous` (HF's own continuous batching), and `floor` (our forward over a
 dense KV cache at a perfectly packed full batch: an upper bound, not a system). Only useful
 tokens count: a static batch runs to its longest member, its padding work earns nothing.
-Writes DIR/engine.json and prints a table. Figures are wall-clock on this machine's CPU.
+Writes DIR/engine.json and prints a table. Every contender runs with the same torch thread
+count (default 1). Figures are given on the wall clock and on this process's CPU clock: on
+a CPU shared with other jobs the wall clock also measures their load, the CPU clock does not.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import pickle
 import random
 import statistics
@@ -143,10 +146,16 @@ def _params(target: int, seed: int) -> SamplingParams:
     return SamplingParams(temperature=1.0, target_len=target, seed=seed)
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
+@dataclass
+class Elapsed:
+    wall: float
+    cpu: float  # this process's CPU time: robust to other processes sharing the cores
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, Elapsed]:
+    wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
-    return result, time.perf_counter() - start
+    return result, Elapsed(time.perf_counter() - wall, time.process_time() - cpu)
 
 
 # --- contenders -------------------------------------------------------------------------
@@ -173,11 +182,12 @@ def run_engine(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict
             tokens += sum(len(out.output_ids) for out in engine.step())
         return tokens
 
-    tokens, wall = _timed(go)
+    tokens, took = _timed(go)
     assert tokens == work.total_tokens, "forced lengths were not honoured"
     stats = engine.stats()
     return {
-        "wall_s": wall,
+        "wall_s": took.wall,
+        "cpu_s": took.cpu,
         "tokens": tokens,
         "steps": stats.steps,
         "tokens_per_step": tokens / stats.steps,
@@ -207,13 +217,21 @@ def run_hf_static(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> d
             with torch.inference_mode():
                 model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
 
-    _, wall = _timed(go)
-    return {"wall_s": wall, "tokens": work.total_tokens, "decoded_tokens": padded}
+    _, took = _timed(go)
+    return {
+        "wall_s": took.wall,
+        "cpu_s": took.cpu,
+        "tokens": work.total_tokens,
+        "decoded_tokens": padded,
+    }
 
 
 def run_hf_continuous(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict[str, Any]:
     """transformers' continuous batching manager with per-request forced lengths."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    # Its CPU path logs an ERROR when psutil is missing; the figures do not depend on psutil.
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
 
     gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=-1)
     pages = math.ceil((spec.prompt_len + max(work.lengths) + 1) / spec.block_size)
@@ -229,12 +247,12 @@ def run_hf_continuous(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) 
         )
         manager.start()
         try:
-            tokens, wall = _timed(lambda: _drain_hf_manager(manager, work))
+            tokens, took = _timed(lambda: _drain_hf_manager(manager, work))
         finally:
             manager.stop(block=True)
     if tokens != work.total_tokens:
         raise RuntimeError(f"hf_continuous produced {tokens} tokens, expected {work.total_tokens}")
-    return {"wall_s": wall, "tokens": tokens}
+    return {"wall_s": took.wall, "cpu_s": took.cpu, "tokens": tokens}
 
 
 def _drain_hf_manager(manager: Any, work: Workload) -> int:
@@ -294,9 +312,10 @@ def run_floor(engine: Engine, spec: BenchSpec, work: Workload) -> dict[str, Any]
             floor.decode(context)
 
     floor.decode(context)  # warm up
-    _, wall = _timed(go)
+    _, took = _timed(go)
     return {
-        "wall_s": wall,
+        "wall_s": took.wall,
+        "cpu_s": took.cpu,
         "tokens": work.total_tokens,
         "decode_steps": steps,
         "mean_context": context,
@@ -315,13 +334,18 @@ def step_ms_full_batch(model: Qwen2ForCausalLM, spec: BenchSpec) -> dict[str, fl
         engine.step()  # prefill every request
     floor = Floor(engine, batch, ctx + 2)
     floor.decode(ctx + 1)
-    times: dict[str, list[float]] = {"engine": [], "floor": [], "floor_forward_only": []}
-    for _ in range(repeats):
-        times["engine"].append(_timed(engine.step)[1])
-        times["floor"].append(_timed(lambda: floor.decode(ctx + 1))[1])
-        times["floor_forward_only"].append(_timed(lambda: floor.decode(ctx + 1, sampling=False))[1])
-    result = {name: 1e3 * statistics.median(ts) for name, ts in times.items()}
-    return {"batch": batch, "context": ctx, **result}
+    steps = {
+        "engine": engine.step,
+        "floor": lambda: floor.decode(ctx + 1),
+        "floor_forward_only": lambda: floor.decode(ctx + 1, sampling=False),
+    }
+    times: dict[str, list[Elapsed]] = {name: [] for name in steps}
+    for _ in range(repeats):  # interleaved, so a burst of outside load hits all of them
+        for name, fn in steps.items():
+            times[name].append(_timed(fn)[1])
+    wall = {n: 1e3 * statistics.median(t.wall for t in ts) for n, ts in times.items()}
+    cpu = {n: 1e3 * statistics.median(t.cpu for t in ts) for n, ts in times.items()}
+    return {"batch": batch, "context": ctx, **wall, "cpu_ms": cpu}
 
 
 def migration_vs_reprefill(model: Qwen2ForCausalLM, spec: BenchSpec) -> dict[str, Any]:
@@ -375,25 +399,40 @@ def _step_to_next_token(engine: Engine, request: str, num_output: int) -> None:
 
 # --- report -------------------------------------------------------------------------------
 def compute_bars(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    tps, step, mig = report["tokens_per_s"], report["step_ms_full_batch"], report
-    values = {
+    """Each bar on the wall clock and on this process's CPU clock (immune to other load)."""
+    step = report["step_ms_full_batch"]
+    wall = _bar_values(report, report["tokens_per_s"], step)
+    cpu = _bar_values(report, report["tokens_per_cpu_s"], step["cpu_ms"])
+    bars = {}
+    for name, (what, target) in BARS.items():
+        bars[name] = {
+            "what": what,
+            "target": target,
+            "value": wall[name],
+            "pass": _passes(name, wall[name], target),
+            "value_cpu": cpu[name],
+            "pass_cpu": _passes(name, cpu[name], target),
+        }
+    return bars
+
+
+def _bar_values(
+    report: dict[str, Any], tps: dict[str, float | None], step: dict[str, float]
+) -> dict[str, float | None]:
+    return {
         "engine_vs_hf_static": _ratio(tps["engine"], tps["hf_static"]),
         "engine_vs_hf_continuous": _ratio(tps["engine"], tps["hf_continuous"]),
         "step_vs_floor": _ratio(step["engine"], step["floor"]),
         "reprefill_vs_migration_4096": _ratio(
-            mig["reprefill_ms"].get("4096"), mig["migration_ms"].get("4096")
+            report["reprefill_ms"].get("4096"), report["migration_ms"].get("4096")
         ),
     }
-    bars = {}
-    for name, (what, target) in BARS.items():
-        value = values[name]
-        ok = (
-            None
-            if value is None
-            else (value <= target if name == "step_vs_floor" else value >= target)
-        )
-        bars[name] = {"what": what, "value": value, "target": target, "pass": ok}
-    return bars
+
+
+def _passes(name: str, value: float | None, target: float) -> bool | None:
+    if value is None:
+        return None
+    return value <= target if name == "step_vs_floor" else value >= target
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -401,20 +440,21 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def print_report(report: dict[str, Any], console: Console) -> None:
+    params, batch = report["model"]["parameters"] / 1e6, report["workload"]["max_batch"]
     table = Table(
-        title=f"engine bench ({report['model']['parameters'] / 1e6:.1f}M params, batch {report['workload']['max_batch']})"
+        title=f"engine bench ({params:.1f}M params, batch {batch}, {report['threads']} thread)"
     )
-    for col in ("contender", "tokens/s", "wall s", "engine speedup"):
-        table.add_column(col, justify="right" if col != "contender" else "left")
-    tps = report["tokens_per_s"]
-    for name, value in tps.items():
-        wall = report["wall_s"].get(name)
-        speedup = _ratio(tps["engine"], value)
+    for col in ("contender", "tokens/s", "wall s", "speedup", "tokens/cpu-s", "cpu speedup"):
+        table.add_column(col, justify="left" if col == "contender" else "right")
+    tps, cps = report["tokens_per_s"], report["tokens_per_cpu_s"]
+    for name in tps:
         table.add_row(
             name,
-            "-" if value is None else f"{value:,.0f}",
-            "-" if wall is None else f"{wall:.2f}",
-            "-" if speedup is None else f"{speedup:.2f}x",
+            _fmt(tps[name], ",.0f"),
+            _fmt(report["wall_s"].get(name), ".2f"),
+            _fmt(_ratio(tps["engine"], tps[name]), ".2f", "x"),
+            _fmt(cps[name], ",.0f"),
+            _fmt(_ratio(cps["engine"], cps[name]), ".2f", "x"),
         )
     console.print(table)
     if report.get("hf_continuous_error"):
@@ -422,11 +462,20 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     lens, step = report["workload"]["lengths"], report["step_ms_full_batch"]
     console.print(
         f"lengths: median {lens['median']}, p99 {lens['p99']}, max {lens['max']} "
-        f"(p99/median {lens['p99_over_median']:.1f}); step at batch {step['batch']}, context {step['context']}: "
-        f"engine {step['engine']:.2f} ms, floor {step['floor']:.2f} ms (forward only {step['floor_forward_only']:.2f})"
+        f"(p99/median {lens['p99_over_median']:.1f}); load average "
+        f"{report['load_average_start']} -> {report['load_average']}"
+    )
+    console.print(
+        f"decode step, batch {step['batch']}, context {step['context']}: engine {step['engine']:.2f} ms "
+        f"(cpu {step['cpu_ms']['engine']:.2f}), floor {step['floor']:.2f} ms (cpu {step['cpu_ms']['floor']:.2f}), "
+        f"floor forward only {step['floor_forward_only']:.2f} ms"
     )
     _print_migration(report, console)
     _print_bars(report["bars"], console)
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 def _print_migration(report: dict[str, Any], console: Console) -> None:
@@ -447,13 +496,19 @@ def _print_migration(report: dict[str, Any], console: Console) -> None:
 
 
 def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
-    table = Table(title="bars")
-    for col in ("bar", "value", "target", "result"):
+    table = Table(title="bars (wall clock | this process's cpu clock)")
+    for col in ("bar", "target", "wall", "result", "cpu", "result"):
         table.add_column(col)
+    verdict = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}
     for bar in bars.values():
-        value = "-" if bar["value"] is None else f"{bar['value']:.2f}"
-        result = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}[bar["pass"]]
-        table.add_row(bar["what"], value, str(bar["target"]), result)
+        table.add_row(
+            bar["what"],
+            str(bar["target"]),
+            _fmt(bar["value"], ".2f"),
+            verdict[bar["pass"]],
+            _fmt(bar["value_cpu"], ".2f"),
+            verdict[bar["pass_cpu"]],
+        )
     console.print(table)
 
 
@@ -463,9 +518,8 @@ def run(spec: BenchSpec, console: Console, skip_hf: bool = False) -> dict[str, A
     report = _header(spec, model, work)
     results, report["hf_continuous_error"] = _run_contenders(model, spec, work, console, skip_hf)
     names = ("engine", "hf_static", "hf_continuous", "floor")
-    report["tokens_per_s"] = {
-        n: results[n]["tokens"] / results[n]["wall_s"] if n in results else None for n in names
-    }
+    report["tokens_per_s"] = {n: _per(results.get(n), "wall_s") for n in names}
+    report["tokens_per_cpu_s"] = {n: _per(results.get(n), "cpu_s") for n in names}
     report["wall_s"] = {n: r["wall_s"] for n, r in results.items()}
     report["details"] = results
     console.log("step time at full batch")
@@ -473,13 +527,19 @@ def run(spec: BenchSpec, console: Console, skip_hf: bool = False) -> dict[str, A
     console.log("migration vs re-prefill")
     report.update(migration_vs_reprefill(model, spec))
     report["bars"] = compute_bars(report)
+    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+def _per(result: dict[str, Any] | None, clock: str) -> float | None:
+    return None if result is None else result["tokens"] / result[clock]
 
 
 def _header(spec: BenchSpec, model: Qwen2ForCausalLM, work: Workload) -> dict[str, Any]:
     return {
         "spec": asdict(spec),
         "threads": torch.get_num_threads(),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "model": {"arch": "qwen2", "parameters": sum(p.numel() for p in model.parameters())},
         "workload": {

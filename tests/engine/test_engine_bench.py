@@ -44,6 +44,7 @@ def test_micro_run_reports_every_contender_and_bar():
     assert report["hf_continuous_error"] is None, report["hf_continuous_error"]
     assert set(report["tokens_per_s"]) == {"engine", "hf_static", "hf_continuous", "floor"}
     assert all(v > 0 for v in report["tokens_per_s"].values())
+    assert all(v > 0 for v in report["tokens_per_cpu_s"].values())
     assert report["details"]["engine"]["tokens"] == report["workload"]["total_tokens"]
     assert report["details"]["hf_static"]["decoded_tokens"] >= report["workload"]["total_tokens"]
     assert set(report["migration_ms"]) == set(report["reprefill_ms"]) == {"32", "64"}
@@ -60,14 +61,26 @@ def test_bars_compare_in_the_right_direction():
             "hf_continuous": 250.0,
             "floor": 400.0,
         },
-        "step_ms_full_batch": {"engine": 12.0, "floor": 10.0},
+        "tokens_per_cpu_s": {
+            "engine": 300.0,
+            "hf_static": 100.0,
+            "hf_continuous": 150.0,
+            "floor": 400.0,
+        },
+        "step_ms_full_batch": {
+            "engine": 12.0,
+            "floor": 10.0,
+            "cpu_ms": {"engine": 14.0, "floor": 10.0},
+        },
         "migration_ms": {"4096": 10.0},
         "reprefill_ms": {"4096": 50.0},
     }
     bars = bench.compute_bars(report)
     assert bars["engine_vs_hf_static"]["pass"] is True
     assert bars["engine_vs_hf_continuous"]["pass"] is False
+    assert bars["engine_vs_hf_continuous"]["pass_cpu"] is True
     assert bars["step_vs_floor"]["pass"] is True
+    assert bars["step_vs_floor"]["pass_cpu"] is False
     assert bars["reprefill_vs_migration_4096"]["pass"] is False
 
 
