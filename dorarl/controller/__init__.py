@@ -1,0 +1,61 @@
+"""Sans-IO controller: rollout manager, staleness window, transfer queue and orchestrator.
+
+Runtimes feed `Controller.handle(event)` and execute the returned commands (see
+`commands.py` for each command's obligations). Imports neither torch nor Ray.
+"""
+
+from dorarl.controller.commands import (
+    TRAINER,
+    Command,
+    Dispatch,
+    Finish,
+    Interrupt,
+    LoadWeights,
+    Migrate,
+    Offload,
+    Resume,
+    SetTimer,
+    Train,
+    parse_request_id,
+    request_id,
+)
+from dorarl.controller.config import MODES, ControllerConfig, Mode
+from dorarl.controller.controller import Controller
+from dorarl.controller.events import (
+    Event,
+    InstanceStats,
+    MigrationDone,
+    SampleDone,
+    Start,
+    Timer,
+    TrainDone,
+    WeightsLoaded,
+)
+
+__all__ = [
+    "MODES",
+    "TRAINER",
+    "Command",
+    "Controller",
+    "ControllerConfig",
+    "Dispatch",
+    "Event",
+    "Finish",
+    "InstanceStats",
+    "Interrupt",
+    "LoadWeights",
+    "Migrate",
+    "MigrationDone",
+    "Mode",
+    "Offload",
+    "Resume",
+    "SampleDone",
+    "SetTimer",
+    "Start",
+    "Timer",
+    "Train",
+    "TrainDone",
+    "WeightsLoaded",
+    "parse_request_id",
+    "request_id",
+]

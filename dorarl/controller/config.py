@@ -1,0 +1,115 @@
+"""`ControllerConfig`: the rollout/training schedule shared by every runtime.
+
+`validate()` raises `ConfigError("key: reason")`. Modes fix some knobs (sync: K=0 and
+RBS=TBS; one_step_off: K=1 and RBS=TBS); `staleness_bound` and `rollout_batch` give the
+values in force, and `ignored_settings()` names the knobs a mode overrides.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dorarl.config import ConfigError
+
+Mode = Literal["sync", "one_step_off", "partial_rollout", "dora"]
+MODES: tuple[str, ...] = ("sync", "one_step_off", "partial_rollout", "dora")
+
+
+@dataclass(kw_only=True)
+class ControllerConfig:
+    mode: Mode = field(
+        default="dora", metadata={"help": "sync | one_step_off | partial_rollout | dora"}
+    )
+    k: int = field(
+        default=2, metadata={"help": "staleness bound K of Eq. 1 (dora, partial_rollout)"}
+    )
+    rbs: int = field(
+        default=48,
+        metadata={"help": "RBS: target groups in rollout (dispatched, not yet complete)"},
+    )
+    tbs: int = field(default=32, metadata={"help": "TBS: groups consumed by one training step"})
+    group_size: int = field(default=8, metadata={"help": "G: samples per group (prompt)"})
+    num_instances: int = field(default=4, metadata={"help": "rollout instances (one version each)"})
+    slots_per_instance: int = field(
+        default=64, metadata={"help": "max running requests per instance"}
+    )
+    total_steps: int = field(default=10, metadata={"help": "training steps of the run"})
+    max_groups: int | None = field(
+        default=None,
+        metadata={"help": "cap on dispatched groups (dataset passes); None: unbounded"},
+    )
+    kv_offload_threshold: float = field(
+        default=0.9,
+        metadata={"help": "KV usage fraction that triggers relief (migrate or offload)"},
+    )
+    rebalance_period_s: float = field(
+        default=30.0, metadata={"help": "temporal re-balance period (dora)"}
+    )
+    p2p_weights: bool = field(
+        default=True, metadata={"help": "load weights from peer instances when possible"}
+    )
+    trainer_fanout: int = field(
+        default=1, metadata={"help": "concurrent weight loads served by one source"}
+    )
+    legacy_fill: bool = field(
+        default=True, metadata={"help": "fill idle legacy slots with new groups (dora)"}
+    )
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        _at_least("k", self.k, 0)
+        for key in ("tbs", "group_size", "num_instances", "slots_per_instance", "total_steps"):
+            _at_least(key, getattr(self, key), 1)
+        _at_least("trainer_fanout", self.trainer_fanout, 1)
+        if self.rbs < self.tbs:
+            raise ConfigError(f"rbs: must be >= tbs ({self.tbs}), got {self.rbs}")
+        if self.group_size > self.num_instances * self.slots_per_instance:
+            raise ConfigError(
+                f"group_size: {self.group_size} samples do not fit in "
+                f"{self.num_instances} x {self.slots_per_instance} slots"
+            )
+        if self.max_groups is not None and self.max_groups < self.total_steps * self.tbs:
+            raise ConfigError(
+                f"max_groups: {self.max_groups} < total_steps x tbs = {self.total_steps * self.tbs}"
+            )
+        if not 0.0 < self.kv_offload_threshold <= 1.0:
+            raise ConfigError(
+                f"kv_offload_threshold: must be in (0, 1], got {self.kv_offload_threshold}"
+            )
+        if not (self.rebalance_period_s > 0 and math.isfinite(self.rebalance_period_s)):
+            raise ConfigError(f"rebalance_period_s: must be > 0, got {self.rebalance_period_s}")
+
+    @property
+    def staleness_bound(self) -> int:
+        """K in force: sync 0, one_step_off 1, otherwise `k`."""
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.k)
+
+    @property
+    def rollout_batch(self) -> int:
+        """RBS in force: TBS for the lockstep modes; admission caps it at (K+1) x TBS."""
+        if self.mode in ("sync", "one_step_off"):
+            return self.tbs
+        return min(self.rbs, (self.staleness_bound + 1) * self.tbs)
+
+    @property
+    def lockstep(self) -> bool:
+        """All instances host one version and switch together once the batch is done."""
+        return self.mode in ("sync", "one_step_off")
+
+    def ignored_settings(self) -> list[str]:
+        """Human-readable notes on settings the mode overrides (for warnings)."""
+        notes = []
+        if self.k != self.staleness_bound:
+            notes.append(f"k={self.k} ignored: {self.mode} uses K={self.staleness_bound}")
+        if self.rbs != self.rollout_batch:
+            why = "lockstep mode" if self.lockstep else "admission caps it at (K+1) x tbs"
+            notes.append(f"rbs={self.rbs} ignored: {why}, effective {self.rollout_batch}")
+        return notes
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key}: must be >= {low}, got {value}")

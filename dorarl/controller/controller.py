@@ -1,0 +1,182 @@
+"""The sans-IO controller: `handle(event) -> list[Command]`, nothing else (h11 style).
+
+No clocks, threads, Ray or torch here; time arrives as `event.now`. Protocol guarantees,
+with K the staleness bound and t the version the next training step updates:
+
+Invariant (INV): for every published version w,
+    out(<= w) <= (w + K - t + 1)^+ x TBS,
+where out(<= w) counts outstanding (dispatched, not consumed) groups of version <= w.
+
+- Dispatch keeps INV: a group goes out under w only if every prefix w' >= w stays within
+  its capacity (`staleness.headroom`). Dispatch happens only on published versions, so w <= t.
+- A step at t starts only when the oldest-first pick of TBS complete groups takes, for
+  every w, at least need(w) = out(<= w) - (w + K - t) x TBS groups of version <= w
+  (`staleness.batch_ready`). Since need(w) <= TBS by INV, oldest-first meets all needs as
+  soon as enough of them are complete; after the step, t+1 satisfies INV again. For
+  w = t - K the need is every remaining group of that version (SPEC 4.3).
+- Eq. 1: INV at t gives out(<= t-K-1) = 0, so a group consumed by step t has
+  t - K <= w <= newest <= t, i.e. 0 <= t - w <= K. No group is ever removed otherwise.
+- No deadlock: if the trainer is idle and not ready, either some group is in flight (its
+  requests sit on instances of their own version, which never switch while holding a
+  request: they migrate them first, to instances that keep the version) and will finish,
+  or nothing is in flight and out < TBS <= RBS, so the newest version may admit a group
+  ((K+1) x TBS capacity), every instance is free to host it, and the trainer holds it as a
+  weight source. A busy trainer always answers TrainDone.
+- Versions: instances host window versions (newest-K .. newest); work exists only there
+  (INV), and out-of-window instances are re-assigned at the TrainDone that pushed them out.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dorarl.controller.commands import Command, Finish, Train, parse_request_id, request_id
+from dorarl.controller.config import ControllerConfig
+from dorarl.controller.dora import DoraOrchestrator
+from dorarl.controller.events import (
+    Event,
+    InstanceStats,
+    MigrationDone,
+    SampleDone,
+    Start,
+    Timer,
+    TrainDone,
+    WeightsLoaded,
+)
+from dorarl.controller.lockstep import LockstepOrchestrator
+from dorarl.controller.orchestrator import Orchestrator
+from dorarl.controller.partial import PartialRolloutOrchestrator
+from dorarl.controller.rollout import RolloutManager
+from dorarl.controller.staleness import batch_ready, select_batch
+from dorarl.controller.state import Ledger
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Controller", "parse_request_id", "request_id"]
+
+
+class Controller:
+    def __init__(self, config: ControllerConfig) -> None:
+        config.validate()
+        for note in config.ignored_settings():
+            log.warning("%s", note)
+        self.config = config
+        self.ledger = Ledger(config)
+        self.rollout = RolloutManager(self.ledger)
+        self.orchestrator = _make_orchestrator(config, self.ledger, self.rollout)
+        self.finished = False
+        self._handlers = {
+            Start: self._on_start,
+            SampleDone: self._on_sample_done,
+            InstanceStats: self._on_stats,
+            WeightsLoaded: self._on_loaded,
+            MigrationDone: self._on_migrated,
+            TrainDone: self._on_train_done,
+            Timer: self._on_timer,
+        }
+
+    def handle(self, event: Event) -> list[Command]:
+        """Consume one event; return the commands it calls for, in execution order."""
+        if self.finished:
+            return []
+        commands = self._handlers[type(event)](event)
+        if not self.finished:
+            commands += self._maybe_train()
+            if self.rollout.demand():
+                commands += self.rollout.supplement(self.orchestrator.dispatch_versions())
+        return commands
+
+    # ---- read-only views for runtimes and tests ------------------------------------------
+    @property
+    def version(self) -> int:
+        """Newest published version."""
+        return self.ledger.newest
+
+    def instance_versions(self) -> dict[int, int]:
+        """Instance id -> assigned version (hosted, or being loaded)."""
+        return {i.instance_id: i.version for i in self.ledger.instances}
+
+    def counts(self) -> dict[str, int]:
+        ledger = self.ledger
+        return {
+            "dispatched": ledger.dispatched,
+            "completed": ledger.completed,
+            "consumed": ledger.consumed,
+            "queued": ledger.completed - ledger.consumed,
+            "in_flight": ledger.dispatched - ledger.completed,
+            "steps_started": ledger.t,
+            "steps_done": ledger.steps_done,
+        }
+
+    # ---- handlers -------------------------------------------------------------------------
+    def _on_start(self, event: Start) -> list[Command]:
+        return self.orchestrator.on_start(event.now)
+
+    def _on_sample_done(self, event: SampleDone) -> list[Command]:
+        rid = request_id(event.group_id, event.sample_index)
+        req = self.ledger.requests.get(rid)
+        if req is None:
+            return []
+        inst = self.ledger.instances[req.instance_id]
+        self.ledger.finish_sample(rid, event.num_tokens)
+        return self.orchestrator.on_sample_done(inst)
+
+    def _on_stats(self, event: InstanceStats) -> list[Command]:
+        inst = self.ledger.instances[event.instance_id]
+        inst.kv_used_frac = event.kv_used_frac
+        if event.kv_used_frac >= self.config.kv_offload_threshold and inst.ready:
+            return self.orchestrator.on_kv_pressure(inst)
+        if event.kv_used_frac < self.config.kv_offload_threshold:
+            inst.offloaded.clear()  # the engine restores offloaded KV once under the threshold
+        return []
+
+    def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
+        inst = self.ledger.instances[event.instance_id]
+        assert not inst.ready and inst.version == event.version, f"unexpected {event}"
+        self.ledger.loaded(inst)
+        return self.orchestrator.on_loaded(inst) + self.orchestrator.start_loads()
+
+    def _on_migrated(self, event: MigrationDone) -> list[Command]:
+        for rid in event.request_ids:
+            self.ledger.arrived(rid)
+        return []
+
+    def _on_train_done(self, event: TrainDone) -> list[Command]:
+        ledger = self.ledger
+        assert ledger.training and event.new_version == ledger.t, f"unexpected {event}"
+        ledger.newest = event.new_version
+        ledger.training = False
+        ledger.steps_done += 1
+        if ledger.steps_done >= self.config.total_steps:
+            self.finished = True
+            return [Finish(f"{ledger.steps_done} training steps done")]
+        return self.orchestrator.on_train_done()
+
+    def _on_timer(self, event: Timer) -> list[Command]:
+        return self.orchestrator.on_timer(event.now)
+
+    def _maybe_train(self) -> list[Command]:
+        ledger, cfg = self.ledger, self.config
+        if ledger.training or ledger.t >= cfg.total_steps:
+            return []
+        if ledger.completed - ledger.consumed < cfg.tbs:
+            return []
+        out, done = ledger.out_counts(), ledger.done_counts()
+        if not batch_ready(out, done, cfg.staleness_bound, ledger.t, cfg.tbs):
+            return []
+        group_ids = select_batch(ledger.done, cfg.tbs)
+        ledger.consume(group_ids)
+        version = ledger.t
+        ledger.t += 1
+        ledger.training = True
+        return [Train(tuple(group_ids), version)] + self.orchestrator.on_train_started()
+
+
+def _make_orchestrator(
+    config: ControllerConfig, ledger: Ledger, rollout: RolloutManager
+) -> Orchestrator:
+    if config.lockstep:
+        return LockstepOrchestrator(ledger, rollout)
+    if config.mode == "partial_rollout":
+        return PartialRolloutOrchestrator(ledger, rollout)
+    return DoraOrchestrator(ledger, rollout)

@@ -1,0 +1,135 @@
+"""DORA policy (SPEC 4.2-4.6): versions side by side, proportional partition, migration, tiers.
+
+Re-balance triggers: a training step starting or ending (update-driven), an instance's KV
+usage over the threshold (utilization), a periodic timer (temporal), plus a legacy
+instance running dry. Each cycle: partition plan -> release the cheapest instances of
+shrinking versions, moving their requests (with KV) to instances that keep the version ->
+load the newest version onto released instances from a peer when one holds it.
+"""
+
+from __future__ import annotations
+
+from dorarl.controller.commands import Command, Migrate, SetTimer
+from dorarl.controller.migration import Candidate, choose_releases, plan_migrations
+from dorarl.controller.orchestrator import Orchestrator
+from dorarl.controller.partition import capacity_floor, plan_partition
+from dorarl.controller.state import InstanceState
+
+
+class DoraOrchestrator(Orchestrator):
+    def on_start(self, now: float) -> list[Command]:
+        return [SetTimer(now + self.config.rebalance_period_s)]
+
+    def on_train_started(self) -> list[Command]:
+        return self.rebalance()
+
+    def on_train_done(self) -> list[Command]:
+        return self.rebalance()
+
+    def on_sample_done(self, inst: InstanceState) -> list[Command]:
+        """A legacy instance that runs dry goes to the newest version if the plan shrinks its
+        version (the cheapest release there is: nothing to move)."""
+        ledger = self.ledger
+        if inst.requests or inst.version == ledger.newest or inst.pinned:
+            return []
+        if len(ledger.hosts[inst.version]) > self.partition().get(inst.version, 0):
+            return self.switch([inst], ledger.newest)
+        return []
+
+    def on_loaded(self, inst: InstanceState) -> list[Command]:
+        """A load of an older version ended, or freed a source the window has left: re-plan."""
+        ledger = self.ledger
+        stale = min(ledger.hosts) < ledger.newest - self.config.staleness_bound
+        return self.rebalance() if inst.version != ledger.newest or stale else []
+
+    def on_timer(self, now: float) -> list[Command]:
+        return self.rebalance() + [SetTimer(now + self.config.rebalance_period_s)]
+
+    def on_kv_pressure(self, inst: InstanceState) -> list[Command]:
+        return self.relieve(inst) + self.rebalance()
+
+    def dispatch_versions(self) -> list[int]:
+        """Newest first; then legacy versions (newest to oldest) for residual idle slots,
+        only if a group dispatched now could still wait one more step (w + K >= t + 1),
+        so a fresh group never holds up the very next step."""
+        ledger, bound = self.ledger, self.config.staleness_bound
+        versions = [ledger.newest]
+        if self.config.legacy_fill:
+            oldest = max(ledger.t + 1 - bound, 0)
+            versions += [w for w in range(ledger.newest - 1, oldest - 1, -1) if ledger.hosts.get(w)]
+        return versions
+
+    # ---- re-balance cycle ----------------------------------------------------------------
+    def rebalance(self) -> list[Command]:
+        target = self.partition()
+        commands: list[Command] = []
+        released: list[InstanceState] = []
+        for version in sorted(self.ledger.hosts):
+            if version != self.ledger.newest:
+                moves, freed = self._shrink(version, target.get(version, 0))
+                commands += moves
+                released += freed
+        return commands + self.switch(released, self.ledger.newest)
+
+    def partition(self) -> dict[int, int]:
+        ledger, slots = self.ledger, self.config.slots_per_instance
+        running = {v: ledger.running(v) for v, hosts in ledger.hosts.items() if hosts}
+        workload = {v: n for v, n in running.items() if n}
+        demand = self.rollout.newest_demand() * self.config.group_size
+        if demand:
+            workload[ledger.newest] = workload.get(ledger.newest, 0) + demand
+        floors = {v: capacity_floor(n, slots) for v, n in running.items() if n}
+        caps = {v: len(ledger.hosts[v]) for v in running if v != ledger.newest}
+        return plan_partition(workload, floors, caps, ledger.newest, self.config.num_instances)
+
+    def _shrink(self, version: int, target: int) -> tuple[list[Command], list[InstanceState]]:
+        """Release instances of `version` down to `target`; move their requests to the rest."""
+        ledger = self.ledger
+        hosts = [ledger.instances[i] for i in ledger.hosts[version]]
+        excess = len(hosts) - target
+        if excess <= 0:
+            return [], []
+        cands = [
+            Candidate(i.instance_id, len(i.requests), ledger.free_slots(i), i.ready, i.pinned)
+            for i in hosts
+        ]
+        released = set(choose_releases(cands, excess))
+        moving = {
+            i.instance_id: list(i.requests)
+            for i in hosts
+            if i.instance_id in released and i.requests
+        }
+        keep_free = {
+            i.instance_id: ledger.free_slots(i)
+            for i in hosts
+            if i.ready and i.instance_id not in released
+        }
+        commands: list[Command] = []
+        for rids, src, dst in plan_migrations(moving, keep_free):
+            for rid in rids:
+                ledger.move(rid, ledger.instances[dst])
+            commands.append(Migrate(rids, src, dst))
+        return commands, [ledger.instances[i] for i in sorted(released)]
+
+    # ---- KV pressure -----------------------------------------------------------------------
+    def relieve(self, inst: InstanceState) -> list[Command]:
+        """Move the youngest request to a same-version peer under the threshold, else offload."""
+        ledger = self.ledger
+        threshold = self.config.kv_offload_threshold
+        peers = [
+            p
+            for p in ledger.open_instances(inst.version)
+            if p is not inst and p.kv_used_frac < threshold
+        ]
+        youngest = self._youngest_active(inst)
+        if not peers or youngest is None or len(inst.requests) < 2:
+            return self.offload_youngest(inst)
+        dst = min(peers, key=lambda p: (p.kv_used_frac, -ledger.free_slots(p), p.instance_id))
+        ledger.move(youngest, dst)
+        return [Migrate((youngest,), inst.instance_id, dst.instance_id)]
+
+    def _youngest_active(self, inst: InstanceState) -> str | None:
+        for rid in reversed(inst.requests):
+            if not self.ledger.requests[rid].moving:
+                return rid
+        return None

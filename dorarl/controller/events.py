@@ -1,0 +1,77 @@
+"""Events: what a runtime tells the controller. Plain frozen dataclasses; time is data.
+
+`now` is seconds since run start on the runtime's clock (virtual in the simulator, wall
+in the Ray runtime). Events from one instance must reach the controller in the order the
+instance produced them; the controller tolerates events about requests it has already
+moved or finished (e.g. a SampleDone that raced a Migrate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """The run begins; every instance hosts version 0 and is ready."""
+
+    now: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SampleDone:
+    """One sample (request `request_id(group_id, sample_index)`) finished on `instance_id`."""
+
+    group_id: int
+    sample_index: int
+    instance_id: int
+    num_tokens: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStats:
+    """Load report; required at least when `kv_used_frac` crosses the relief threshold."""
+
+    instance_id: int
+    running: int
+    waiting: int
+    kv_used_frac: float
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsLoaded:
+    """Answer to `LoadWeights`: the instance now serves `version`."""
+
+    instance_id: int
+    version: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationDone:
+    """Answer to `Migrate`: `request_ids` now run on `dst` (ones that had finished are left out)."""
+
+    request_ids: tuple[str, ...]
+    src: int
+    dst: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrainDone:
+    """Answer to `Train`: the trainer published `new_version` (= the Train's version + 1)."""
+
+    new_version: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """Answer to `SetTimer`, delivered at or after the requested time."""
+
+    now: float
+
+
+Event = Start | SampleDone | InstanceStats | WeightsLoaded | MigrationDone | TrainDone | Timer

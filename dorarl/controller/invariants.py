@@ -1,0 +1,89 @@
+"""Checks of the controller's protocol invariants on its ledger (for tests and debugging).
+
+`violations(ledger)` returns human-readable breaches, empty when all hold: the admission
+invariant (INV, hence Eq. 1 for any future step), ready instances host window versions
+only (a weight source may finish an in-flight transfer first), every in-flight request sits on an instance of its own version (so no version with
+work has zero instances), slot capacity, and the derived counters match a recount.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from dorarl.controller.staleness import capacity, window
+from dorarl.controller.state import Ledger
+
+
+def violations(ledger: Ledger) -> list[str]:
+    return _admission(ledger) + _instances(ledger) + _requests(ledger) + _counters(ledger)
+
+
+def _admission(ledger: Ledger) -> list[str]:
+    cfg = ledger.config
+    bound, problems, below = cfg.staleness_bound, [], 0
+    for w in range(min(ledger.out, default=0), ledger.newest + 1):
+        below += ledger.out.get(w, 0)
+        cap = capacity(w, bound, ledger.t, cfg.tbs)
+        if below > cap:
+            problems.append(f"INV: out(<={w})={below} > capacity {cap} at t={ledger.t}")
+    if any(w > ledger.newest for w in ledger.out):
+        problems.append(f"groups of unpublished versions: {sorted(ledger.out)}")
+    return problems
+
+
+def _instances(ledger: Ledger) -> list[str]:
+    allowed = window(ledger.newest, ledger.config.staleness_bound)
+    problems = []
+    for inst in ledger.instances:
+        # a weight source may finish serving a transfer of a version that just left the
+        # window (it holds no request and admission gives that version no room)
+        finishing = inst.serving > 0 and not inst.requests
+        if inst.ready and inst.version not in allowed and not finishing:
+            problems.append(f"instance {inst.instance_id} hosts v{inst.version} outside {allowed}")
+        if len(inst.requests) > ledger.slots:
+            problems.append(
+                f"instance {inst.instance_id} holds {len(inst.requests)} > {ledger.slots}"
+            )
+    return problems
+
+
+def _requests(ledger: Ledger) -> list[str]:
+    partial = ledger.config.mode == "partial_rollout"
+    problems = []
+    for rid, req in ledger.requests.items():
+        inst = ledger.instances[req.instance_id]
+        group = ledger.groups[req.group_id]
+        if rid not in inst.requests:
+            problems.append(f"request {rid} not on its instance {inst.instance_id}")
+        if not partial and inst.version != group.version:
+            problems.append(f"request {rid} of v{group.version} on instance of v{inst.version}")
+        if not inst.ready and not req.parked:
+            problems.append(f"live request {rid} on instance {inst.instance_id} loading weights")
+    return problems
+
+
+def _counters(ledger: Ledger) -> list[str]:
+    out = Counter(g.version for g in ledger.groups.values())
+    problems = []
+    if dict(out) != ledger.out_counts():
+        problems.append(f"out counters {ledger.out_counts()} != recount {dict(out)}")
+    free: Counter = Counter()
+    for inst in ledger.instances:
+        if inst.ready:
+            free[inst.version] += ledger.free_slots(inst)
+    if +free != +Counter(ledger.free):
+        problems.append(f"free slots {dict(ledger.free)} != recount {dict(free)}")
+    load = Counter()
+    for inst in ledger.instances:
+        load[inst.version] += len(inst.requests)
+    if +load != +Counter(ledger.load):
+        problems.append(f"load {dict(ledger.load)} != recount {dict(load)}")
+    for version, buckets in ledger.buckets.items():
+        for n, bucket in enumerate(buckets):
+            for i in bucket:
+                inst = ledger.instances[i]
+                if not inst.ready or inst.version != version or ledger.free_slots(inst) != n:
+                    problems.append(f"instance {i} filed under v{version} with {n} free slots")
+    if ledger.dispatched - ledger.consumed != len(ledger.groups):
+        problems.append("dispatched - consumed != outstanding groups")
+    return problems

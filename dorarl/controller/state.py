@@ -1,0 +1,253 @@
+"""The controller's ledger: groups, requests, instances and the counters derived from them.
+
+Every mutation goes through a method here so the derived counters (outstanding groups per
+version, free slots per version on ready instances, instances per version) stay exact.
+A request always sits on exactly one instance until its SampleDone; a group is outstanding
+from its first Dispatch until a Train consumes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from dorarl.controller.commands import request_id
+from dorarl.controller.config import ControllerConfig
+
+
+@dataclass(slots=True, eq=False)
+class InstanceState:
+    instance_id: int
+    version: int
+    ready: bool = True
+    requests: dict[str, None] = field(default_factory=dict)  # placement order, oldest first
+    incoming: int = 0  # requests migrating in
+    serving: int = 0  # weight loads this instance is the source of
+    source: int | None = None  # source of its own weight load; None while waiting for one
+    kv_used_frac: float = 0.0
+    offloaded: set[str] = field(default_factory=set)
+
+    @property
+    def pinned(self) -> bool:
+        """Must keep its version for now (loading, receiving requests, or serving weights)."""
+        return not self.ready or self.incoming > 0 or self.serving > 0
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    group_id: int
+    sample_index: int
+    instance_id: int
+    moving: bool = False
+    parked: bool = False  # interrupted, waiting for Resume (partial rollout)
+
+
+@dataclass(slots=True, eq=False)
+class GroupState:
+    group_id: int
+    prompt_index: int
+    version: int
+    remaining: int
+    tokens: int = 0
+
+
+class Ledger:
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.slots = config.slots_per_instance
+        self.instances = [InstanceState(i, 0) for i in range(config.num_instances)]
+        self.groups: dict[int, GroupState] = {}
+        self.requests: dict[str, RequestState] = {}
+        self.out: dict[int, int] = defaultdict(int)
+        self.done: dict[int, deque[int]] = defaultdict(deque)
+        self.hosts: dict[int, dict[int, None]] = defaultdict(dict)  # assigned, ready or not
+        self.load: dict[int, int] = defaultdict(int)  # requests on instances assigned to v
+        self.free: dict[int, int] = defaultdict(int)  # free slots on ready instances of v
+        self.buckets: dict[int, list[dict[int, None]]] = {}  # v -> free count -> ready instances
+        self.sources: dict[int, dict[int, None]] = defaultdict(dict)  # ready, can serve weights
+        self.awaiting: dict[int, None] = {}  # assigned, waiting for a weight source
+        self.t = 0  # version the next training step updates
+        self.newest = 0  # newest published version
+        self.training = False
+        self.steps_done = 0
+        self.next_group = 0
+        self.trainer_loads = 0
+        self.dispatched = self.completed = self.consumed = 0
+        for inst in self.instances:
+            self.hosts[0][inst.instance_id] = None
+            self._index(inst)
+            self._update_source(inst)
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def out_total(self) -> int:
+        return self.dispatched - self.consumed
+
+    def running(self, version: int) -> int:
+        return self.load.get(version, 0)
+
+    def most_free(self, version: int) -> InstanceState | None:
+        """A ready instance of `version` with the most free slots (lowest id on ties)."""
+        buckets = self.buckets.get(version, ())
+        for free in range(len(buckets) - 1, 0, -1):
+            if buckets[free]:
+                return self.instances[min(buckets[free])]
+        return None
+
+    def open_instances(self, version: int) -> list[InstanceState]:
+        """Ready instances of `version` with a free slot."""
+        buckets = self.buckets.get(version, [])
+        return [self.instances[i] for bucket in buckets[1:] for i in bucket]
+
+    def done_counts(self) -> dict[int, int]:
+        return {v: len(q) for v, q in self.done.items() if q}
+
+    def out_counts(self) -> dict[int, int]:
+        return {v: n for v, n in self.out.items() if n}
+
+    def free_slots(self, inst: InstanceState) -> int:
+        return self.slots - len(inst.requests)
+
+    # ---- groups and requests -------------------------------------------------------------
+    def new_group(self, version: int) -> GroupState:
+        gid = self.next_group
+        self.next_group += 1
+        group = GroupState(gid, gid, version, remaining=self.config.group_size)
+        self.groups[gid] = group
+        self.out[version] += 1
+        self.dispatched += 1
+        return group
+
+    def place(self, group: GroupState, inst: InstanceState, samples: range | tuple) -> None:
+        assert inst.ready and inst.version == group.version
+        for s in samples:
+            rid = request_id(group.group_id, s)
+            self.requests[rid] = RequestState(group.group_id, s, inst.instance_id)
+            self._add(inst, rid)
+
+    def finish_sample(self, rid: str, tokens: int) -> GroupState | None:
+        """Record a finished sample; returns its group when that completes the group."""
+        req = self.requests.pop(rid, None)
+        if req is None:
+            return None  # already finished (duplicate report)
+        inst = self.instances[req.instance_id]
+        if req.moving:
+            inst.incoming -= 1
+        self._remove(inst, rid)
+        group = self.groups[req.group_id]
+        group.remaining -= 1
+        group.tokens += tokens
+        if group.remaining:
+            return None
+        self.done[group.version].append(group.group_id)
+        self.completed += 1
+        return group
+
+    def move(self, rid: str, dst: InstanceState) -> None:
+        req = self.requests[rid]
+        self._remove(self.instances[req.instance_id], rid)
+        req.instance_id = dst.instance_id
+        req.moving = True
+        dst.incoming += 1
+        self._add(dst, rid)
+
+    def arrived(self, rid: str) -> None:
+        req = self.requests.get(rid)
+        if req is not None and req.moving:
+            req.moving = False
+            self.instances[req.instance_id].incoming -= 1
+
+    def consume(self, group_ids: list[int]) -> None:
+        for gid in group_ids:
+            group = self.groups.pop(gid)
+            # batches are picked from the head of each version's completion queue
+            assert self.done[group.version][0] == gid, "batch not taken oldest first"
+            self.done[group.version].popleft()
+            self.out[group.version] -= 1
+            if not self.out[group.version]:
+                del self.out[group.version]
+                del self.done[group.version]
+        self.consumed += len(group_ids)
+
+    # ---- instances -----------------------------------------------------------------------
+    def assign(self, inst: InstanceState, version: int) -> None:
+        """Point an instance at another version; it must hold no live request."""
+        assert all(self.requests[r].parked for r in inst.requests), "assign with live requests"
+        assert inst.ready or inst.source is None, "assign while a weight load is in flight"
+        self._unindex(inst)
+        self.sources[inst.version].pop(inst.instance_id, None)
+        self.load[inst.version] -= len(inst.requests)
+        self._unhost(inst)
+        inst.version = version
+        inst.ready = False
+        inst.offloaded.clear()
+        self.hosts[version][inst.instance_id] = None
+        self.load[version] += len(inst.requests)
+        self.awaiting[inst.instance_id] = None
+
+    def start_load(self, inst: InstanceState, source: int) -> None:
+        self.awaiting.pop(inst.instance_id, None)
+        inst.source = source
+        if source >= 0:
+            self.instances[source].serving += 1
+            self._update_source(self.instances[source])
+        else:
+            self.trainer_loads += 1
+
+    def loaded(self, inst: InstanceState) -> None:
+        if inst.source is not None and inst.source >= 0:
+            self.instances[inst.source].serving -= 1
+            self._update_source(self.instances[inst.source])
+        elif inst.source is not None:
+            self.trainer_loads -= 1
+        inst.source = None
+        inst.ready = True
+        self._index(inst)
+        self._update_source(inst)
+
+    def _update_source(self, inst: InstanceState) -> None:
+        if inst.ready and inst.serving < self.config.trainer_fanout:
+            self.sources[inst.version][inst.instance_id] = None
+        else:
+            self.sources[inst.version].pop(inst.instance_id, None)
+
+    def _unhost(self, inst: InstanceState) -> None:
+        old = inst.version
+        self.hosts[old].pop(inst.instance_id, None)
+        if not self.hosts[old]:  # keep per-version maps as small as the window
+            del self.hosts[old]
+            assert not self.free.pop(old, 0), f"free slots left on unhosted version {old}"
+            assert not self.load.pop(old, 0), f"requests left on unhosted version {old}"
+            self.buckets.pop(old, None)
+            self.sources.pop(old, None)
+
+    # ---- slot bookkeeping ----------------------------------------------------------------
+    def _add(self, inst: InstanceState, rid: str) -> None:
+        self._unindex(inst)
+        inst.requests[rid] = None
+        self.load[inst.version] += 1
+        self._index(inst)
+
+    def _remove(self, inst: InstanceState, rid: str) -> None:
+        self._unindex(inst)
+        del inst.requests[rid]
+        inst.offloaded.discard(rid)
+        self.load[inst.version] -= 1
+        self._index(inst)
+
+    def _index(self, inst: InstanceState) -> None:
+        """Count a ready instance's free slots and file it under its free count."""
+        if not inst.ready:
+            return
+        free = self.free_slots(inst)
+        self.free[inst.version] += free
+        if inst.version not in self.buckets:
+            self.buckets[inst.version] = [{} for _ in range(self.slots + 1)]
+        self.buckets[inst.version][free][inst.instance_id] = None
+
+    def _unindex(self, inst: InstanceState) -> None:
+        if not inst.ready:
+            return
+        free = self.free_slots(inst)
+        self.free[inst.version] -= free
+        del self.buckets[inst.version][free][inst.instance_id]

@@ -1,0 +1,105 @@
+"""Cost model of one rollout instance, the links and the trainer: a dataclass of parameters.
+
+Decode is memory-bound: a step reads the weights once (`decode_fixed_s`) plus the KV of
+every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. Presets
+are plain functions returning a `CostModel`; the field defaults are the `local()` preset
+(a 7B-class model in bf16 on one 80 GB accelerator per instance, trainer on 4 at ~35% MFU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from dorarl.config import ConfigError
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+    """K and V of one token across all layers."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+@dataclass(kw_only=True)
+class CostModel:
+    decode_fixed_s: float = field(default=8e-3, metadata={"help": "decode step: weight read"})
+    decode_per_seq_s: float = field(
+        default=2e-5, metadata={"help": "decode step: per running sequence"}
+    )
+    decode_per_kv_token_s: float = field(
+        default=3e-8, metadata={"help": "decode step: per resident KV token"}
+    )
+    prefill_per_token_s: float = field(default=4e-5, metadata={"help": "prefill compute per token"})
+    kv_bytes_per_token: float = field(
+        default=float(kv_bytes_per_token(28, 4, 128)), metadata={"help": "KV bytes of one token"}
+    )
+    kv_capacity_tokens: int = field(
+        default=600_000, metadata={"help": "KV pool per instance (tokens)"}
+    )
+    kv_link_bytes_per_s: float = field(
+        default=25e9, metadata={"help": "request migration bandwidth"}
+    )
+    kv_link_latency_s: float = field(
+        default=2e-3, metadata={"help": "request migration latency (RPC)"}
+    )
+    host_link_bytes_per_s: float = field(
+        default=20e9, metadata={"help": "device<->host KV offload"}
+    )
+    weight_bytes: float = field(default=15.2e9, metadata={"help": "bytes of one set of weights"})
+    peer_link_bytes_per_s: float = field(
+        default=25e9, metadata={"help": "instance -> instance weights"}
+    )
+    trainer_link_bytes_per_s: float = field(
+        default=25e9, metadata={"help": "trainer -> instance weights"}
+    )
+    weight_latency_s: float = field(default=0.05, metadata={"help": "fixed cost of a weight load"})
+    free_cache_s: float = field(
+        default=0.01, metadata={"help": "freeing the KV cache on a version change"}
+    )
+    train_fixed_s: float = field(default=2.0, metadata={"help": "per training step"})
+    train_per_token_s: float = field(
+        default=3.3e-5, metadata={"help": "per trained token (prompt + response)"}
+    )
+
+    def validate(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not value >= 0:
+                raise ConfigError(f"{f.name}: must be >= 0, got {value}")
+        for key in (
+            "kv_link_bytes_per_s",
+            "host_link_bytes_per_s",
+            "peer_link_bytes_per_s",
+            "trainer_link_bytes_per_s",
+            "kv_capacity_tokens",
+        ):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key}: must be > 0")
+        if self.decode_fixed_s + self.decode_per_seq_s <= 0:
+            raise ConfigError("decode_fixed_s: a decode step must take time")
+
+    def decode_step_s(self, batch: int, resident_tokens: float) -> float:
+        return (
+            self.decode_fixed_s
+            + self.decode_per_seq_s * batch
+            + self.decode_per_kv_token_s * resident_tokens
+        )
+
+    def weight_load_s(self, from_trainer: bool) -> float:
+        bandwidth = self.trainer_link_bytes_per_s if from_trainer else self.peer_link_bytes_per_s
+        return self.weight_latency_s + self.weight_bytes / bandwidth
+
+    def migration_s(self, tokens: float) -> float:
+        return self.kv_link_latency_s + tokens * self.kv_bytes_per_token / self.kv_link_bytes_per_s
+
+    def host_transfer_s(self, tokens: float) -> float:
+        return tokens * self.kv_bytes_per_token / self.host_link_bytes_per_s
+
+    def train_s(self, tokens: int) -> float:
+        return self.train_fixed_s + self.train_per_token_s * tokens
+
+
+def local() -> CostModel:
+    """The default preset (see the module docstring)."""
+    return CostModel()
+
+
+PRESETS = {"local": local}

@@ -1,0 +1,148 @@
+"""A simulated rollout instance: continuous batching under the cost model, in closed form.
+
+All active requests advance together. `progress` counts (fractional) decode steps since the
+batch last emptied; a request that joined at progress p0 with g tokens has g + (P - p0).
+Resident KV is `kv_base + B * P`, so a step costs A + D * P' as P' grows and the time of
+any future progress point is a quadratic: no per-token events, O(log B) per change.
+Prefill, offload and restore stall the whole instance (no compute/transfer overlap).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from dorarl.sim.cost import CostModel
+
+FINISH_TOL = 1e-3  # tokens: float slack when a wake lands on a completion
+RESTORE_LEVEL = 0.9  # restore offloaded KV once it fits under this share of the threshold
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    rid: str
+    group_id: int
+    sample_index: int
+    prompt_len: int
+    target_len: int
+    gen: float = 0.0  # tokens generated as of the last join/leave
+    pjoin: float = 0.0
+    seq: int = 0  # join counter: validates finish-heap entries
+    segments: list[tuple[int, int]] = field(default_factory=list)  # (version, first token)
+    migrations: int = 0
+    offloads: int = 0
+
+    @property
+    def context(self) -> float:
+        return self.prompt_len + self.gen
+
+
+class SimInstance:
+    def __init__(self, instance_id: int, cost: CostModel, slots: int, kv_threshold: float) -> None:
+        self.instance_id = instance_id
+        self.cost = cost
+        self.slots = slots
+        self.kv_limit = kv_threshold * cost.kv_capacity_tokens
+        self.kv_cap = float(cost.kv_capacity_tokens)
+        self.version = 0
+        self.ready = True
+        self.active: dict[str, SimRequest] = {}
+        self.offloaded: dict[str, SimRequest] = {}
+        self.incoming = 0
+        self.progress = 0.0
+        self.kv_base = 0.0
+        self.clock = 0.0
+        self.stall_until = 0.0
+        self.busy_until = 0.0  # exporting KV: a weight load waits for it
+        self.kv_above = False
+        self.epoch = 0
+        self._finish: list[tuple[float, int, str]] = []
+        self._joins = 0
+
+    # ---- state ---------------------------------------------------------------------------
+    @property
+    def holding(self) -> int:
+        return len(self.active) + len(self.offloaded) + self.incoming
+
+    def resident(self) -> float:
+        return self.kv_base + len(self.active) * self.progress
+
+    def advance(self, now: float) -> None:
+        start = max(self.clock, self.stall_until)
+        if now > start and self.active:
+            self.progress += self._steps_in(now - start)
+        self.clock = max(self.clock, now)
+
+    def stall(self, now: float, seconds: float) -> None:
+        self.stall_until = max(self.stall_until, now) + seconds
+
+    def join(self, req: SimRequest) -> None:
+        self._joins += 1
+        req.pjoin, req.seq = self.progress, self._joins
+        self.kv_base += req.context - self.progress
+        self.active[req.rid] = req
+        heapq.heappush(self._finish, (self.progress + req.target_len - req.gen, req.seq, req.rid))
+
+    def leave(self, rid: str) -> SimRequest:
+        req = self.active.pop(rid)
+        self.kv_base -= req.context - req.pjoin
+        req.gen = min(float(req.target_len), req.gen + self.progress - req.pjoin)
+        if not self.active:  # a fresh origin keeps float error from accumulating
+            self.progress = self.kv_base = 0.0
+            self._finish.clear()
+        return req
+
+    def pop_finished(self) -> list[SimRequest]:
+        done = []
+        while (top := self._valid_top()) is not None and top[0] - self.progress <= FINISH_TOL:
+            heapq.heappop(self._finish)
+            req = self.leave(top[2])
+            req.gen = float(req.target_len)
+            done.append(req)
+        return done
+
+    # ---- timing --------------------------------------------------------------------------
+    def next_wake(self) -> float | None:
+        """When this instance next needs attention: a completion, a KV crossing, a restore."""
+        resident = self.resident()
+        if self.kv_above != (resident >= self.kv_limit - 1e-6 * self.kv_cap):
+            return self.clock
+        if self.offloaded and self.can_restore():
+            return self.clock
+        top = self._valid_top()
+        if top is None:
+            return None
+        steps = [max(0.0, top[0] - self.progress)]
+        batch = len(self.active)
+        if not self.kv_above:
+            steps.append((self.kv_limit - resident) / batch)
+        elif batch >= 2:
+            steps.append(max(0.0, (self.kv_cap - resident) / batch))
+        return max(self.clock, self.stall_until) + self._time_for(min(steps))
+
+    def can_restore(self) -> bool:
+        first = next(iter(self.offloaded.values()))
+        return self.resident() + first.context <= RESTORE_LEVEL * self.kv_limit or not self.active
+
+    def _rates(self) -> tuple[float, float]:
+        batch = len(self.active)
+        a = self.cost.decode_step_s(batch, self.resident())
+        return a, self.cost.decode_per_kv_token_s * batch
+
+    def _steps_in(self, dt: float) -> float:
+        a, d = self._rates()
+        return 2.0 * dt / (a + math.sqrt(a * a + 2.0 * d * dt))
+
+    def _time_for(self, steps: float) -> float:
+        a, d = self._rates()
+        return a * steps + 0.5 * d * steps * steps
+
+    def _valid_top(self) -> tuple[float, int, str] | None:
+        while self._finish:
+            top = self._finish[0]
+            req = self.active.get(top[2])
+            if req is not None and req.seq == top[1]:
+                return top
+            heapq.heappop(self._finish)
+        return None

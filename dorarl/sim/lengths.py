@@ -1,0 +1,57 @@
+"""Long-tailed response lengths: lognormal with a chosen median and p99/median ratio.
+
+Samples of one group share a per-group factor (their prompt makes them long or short
+together); `group_corr` is the share of log-variance it carries, so the marginal stays
+lognormal(median, sigma) for any correlation. Lengths of group g depend only on
+(seed, g): the same group gets the same lengths whatever the schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dorarl.config import ConfigError
+
+Z99 = 2.3263478740408408  # standard normal 99th percentile
+
+
+@dataclass(kw_only=True)
+class LengthDist:
+    median: float = field(default=512.0, metadata={"help": "median response length (tokens)"})
+    p99_ratio: float = field(default=12.0, metadata={"help": "p99 / median of response lengths"})
+    group_corr: float = field(
+        default=0.5, metadata={"help": "share of log-variance shared in a group"}
+    )
+    min_len: int = field(default=1, metadata={"help": "shortest response"})
+    max_len: int = field(default=16384, metadata={"help": "longest response (cap)"})
+    prompt_len: int = field(default=256, metadata={"help": "prompt tokens per group"})
+
+    def validate(self) -> None:
+        if not self.median >= 1:
+            raise ConfigError(f"median: must be >= 1, got {self.median}")
+        if not self.p99_ratio >= 1:
+            raise ConfigError(f"p99_ratio: must be >= 1, got {self.p99_ratio}")
+        if not 0.0 <= self.group_corr <= 1.0:
+            raise ConfigError(f"group_corr: must be in [0, 1], got {self.group_corr}")
+        if not 1 <= self.min_len <= self.max_len:
+            raise ConfigError(
+                f"max_len: need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}"
+            )
+        if self.prompt_len < 1:
+            raise ConfigError(f"prompt_len: must be >= 1, got {self.prompt_len}")
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p99_ratio) / Z99
+
+    def group_lengths(self, seed: int, group_id: int, group_size: int) -> list[int]:
+        """Forced response lengths of the G samples of group `group_id`."""
+        rng = np.random.default_rng([seed, group_id])
+        shared = rng.standard_normal()
+        own = rng.standard_normal(group_size)
+        z = math.sqrt(self.group_corr) * shared + math.sqrt(1.0 - self.group_corr) * own
+        lengths = np.rint(self.median * np.exp(self.sigma * z))
+        return [int(n) for n in np.clip(lengths, self.min_len, self.max_len)]

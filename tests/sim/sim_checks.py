@@ -1,0 +1,121 @@
+"""Checks of a finished simulation from its output files and from the controller's state."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from dorarl.controller import Controller, ControllerConfig
+from dorarl.controller.invariants import violations
+from dorarl.sim import RunResult
+
+
+class InvariantWatch:
+    """Observer: runs the controller's invariant checks after every event."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.events = 0
+
+    def __call__(self, controller: Controller, event, commands) -> None:
+        self.events += 1
+        if controller.finished or len(self.problems) > 5:
+            return
+        found = violations(controller.ledger)
+        if found:
+            self.problems.append(f"after {event}: {found}")
+
+
+def check_run(result: RunResult, cfg: ControllerConfig) -> None:
+    out = Path(result.out_dir)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary == result.summary
+    _check_summary(summary, result.controller, cfg)
+    _check_metrics(out, cfg)
+    _check_trajectories(out, cfg)
+    _check_trace(out, cfg)
+
+
+def _check_summary(summary: dict, controller: Controller, cfg: ControllerConfig) -> None:
+    counts = controller.counts()
+    assert summary["steps"] == cfg.total_steps
+    assert summary["dropped_total"] == 0, summary["dropped"]
+    assert summary["consumed"] == cfg.total_steps * cfg.tbs == counts["consumed"]
+    assert summary["dispatched"] == counts["dispatched"]
+    assert summary["completed"] == counts["completed"]
+    assert summary["in_flight_at_end"] == counts["in_flight"]
+    assert summary["queued_at_end"] == counts["queued"]
+    parts = summary["consumed"] + summary["in_flight_at_end"] + summary["queued_at_end"]
+    assert summary["dispatched"] == parts
+
+
+def _check_metrics(out: Path, cfg: ControllerConfig) -> None:
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == list(range(cfg.total_steps))
+    for m in lines:
+        assert m["consumed_groups"] == cfg.tbs
+        assert all(0 <= int(s) <= cfg.staleness_bound for s in m["staleness"])
+        assert sum(m["staleness"].values()) == cfg.tbs
+        assert m["new_version"] == m["version"] + 1 == m["step"] + 1
+        assert abs(m["rollout_only_s"] + m["train_time_s"] - m["step_time_s"]) < 1e-6
+        assert 0.0 <= m["slot_utilization"] <= 1.0 + 1e-9
+        assert sum(m["instances_per_version"].values()) == cfg.num_instances
+
+
+def _check_trajectories(out: Path, cfg: ControllerConfig) -> None:
+    bound = cfg.staleness_bound
+    groups: dict[int, list[dict]] = defaultdict(list)
+    for line in (out / "trajectories.jsonl").read_text().splitlines():
+        t = json.loads(line)
+        groups[t["group_id"]].append(t)
+        versions = t["behavior_version"]
+        if cfg.mode == "partial_rollout":
+            assert len(versions) == t["response_tokens"] and versions == sorted(versions)
+            assert 0 <= t["train_version"] - min(versions) <= bound
+            assert max(versions) <= t["train_version"]
+        else:
+            assert isinstance(versions, int), "one-version modes must record one version"
+            assert 0 <= t["train_version"] - versions <= bound
+    assert len(groups) == cfg.total_steps * cfg.tbs
+    for trajectories in groups.values():
+        assert sorted(t["sample_index"] for t in trajectories) == list(range(cfg.group_size))
+        assert len({t["train_version"] for t in trajectories}) == 1
+        if cfg.mode != "partial_rollout":
+            assert len({t["behavior_version"] for t in trajectories}) == 1
+
+
+def _check_trace(out: Path, cfg: ControllerConfig) -> None:
+    events = json.loads((out / "trace.json").read_text())["traceEvents"]
+    published = sorted(
+        (e["ts"] + e["dur"], int(m.group(1)))
+        for e in events
+        if e.get("pid") == 0 and (m := re.search(r"-> v(\d+)\)", e["name"]))
+    )
+    times = [t for t, _ in published]
+
+    def newest(ts: float, strictly_before: bool = False) -> int:
+        idx = bisect.bisect_left(times, ts) if strictly_before else bisect.bisect_right(times, ts)
+        return published[idx - 1][1] if idx else 0
+
+    hosted = defaultdict(list)  # pid -> [(start, end, version)]
+    busy = defaultdict(list)  # pid -> [(ts, value)]
+    for e in events:
+        if e["ph"] == "X" and e.get("tid") == 0 and e["pid"] > 0:
+            hosted[e["pid"]].append((e["ts"], e["ts"] + e["dur"], int(e["name"][1:])))
+        elif e["ph"] == "C":
+            busy[e["pid"]].append((e["ts"], e["args"]["busy_slots"]))
+    for pid, slices in hosted.items():
+        for start, _, version in slices:
+            assert version <= newest(start), f"instance {pid - 1} hosted unpublished v{version}"
+        points = busy[pid]
+        for idx, (ts, value) in enumerate(points):
+            if value == 0:
+                continue
+            end = points[idx + 1][0] if idx + 1 < len(points) else ts
+            version = next((v for s, e, v in slices if s <= ts < e or s <= ts == e), None)
+            assert version is not None, f"instance {pid - 1} busy at {ts} with no hosted version"
+            low = newest(end, strictly_before=True) - cfg.staleness_bound
+            assert version >= low, f"instance {pid - 1} ran v{version} outside the window at {end}"

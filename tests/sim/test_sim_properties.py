@@ -1,0 +1,90 @@
+"""Property tests: random clusters, lengths and timings, every mode, checked from files and state.
+
+For every consumed trajectory 0 <= train_version - behavior_version <= K (partial rollout:
+the oldest token; the newest token is never ahead of the trainer); every dispatched group is
+consumed once or still in flight/queued at the end; a group's samples share one version
+(except partial rollout); the run finishes all its steps; ready instances host window
+versions only; no request sits on an instance of another version.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_checks import InvariantWatch, check_run
+
+from dorarl.controller import MODES, ControllerConfig
+from dorarl.sim import CostModel, LengthDist, SimRuntime
+
+
+@st.composite
+def scenarios(draw, mode: str | None = None, max_steps: int = 12):
+    mode = mode or draw(st.sampled_from(MODES))
+    k = draw(st.integers(1, 4))
+    tbs = draw(st.integers(1, 6))
+    group_size = draw(st.integers(1, 4))
+    num_instances = draw(st.integers(1, 8))
+    slots = draw(st.integers(max(1, -(-group_size // num_instances)), 12))
+    cfg = ControllerConfig(
+        mode=mode,
+        k=k,
+        tbs=tbs,
+        rbs=draw(st.integers(tbs, (k + 2) * tbs)),
+        group_size=group_size,
+        num_instances=num_instances,
+        slots_per_instance=slots,
+        total_steps=draw(st.integers(2, max_steps)),
+        kv_offload_threshold=draw(st.sampled_from([0.5, 0.8, 0.95, 1.0])),
+        rebalance_period_s=draw(st.sampled_from([0.5, 3.0, 30.0])),
+        p2p_weights=draw(st.booleans()),
+        legacy_fill=draw(st.booleans()),
+    )
+    max_len = draw(st.sampled_from([32, 128, 512]))
+    lengths = LengthDist(
+        median=draw(st.sampled_from([2.0, 8.0, 24.0])),
+        p99_ratio=draw(st.sampled_from([1.0, 5.0, 20.0, 60.0])),
+        group_corr=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        max_len=max_len,
+        prompt_len=draw(st.integers(1, 32)),
+    )
+    kv_room = draw(st.sampled_from([1.0, 1.5, 4.0, 1000.0]))  # small pools force offloads
+    cost = CostModel(
+        decode_fixed_s=draw(st.sampled_from([1e-3, 1e-2])),
+        decode_per_kv_token_s=draw(st.sampled_from([0.0, 1e-5])),
+        prefill_per_token_s=draw(st.sampled_from([0.0, 1e-4])),
+        kv_capacity_tokens=int((lengths.prompt_len + max_len) * kv_room) + 1,
+        weight_bytes=draw(st.sampled_from([0.0, 1e8, 1e10])),
+        train_fixed_s=draw(st.sampled_from([0.01, 0.3, 3.0])),
+        train_per_token_s=draw(st.sampled_from([0.0, 1e-4])),
+    )
+    return cfg, cost, lengths, draw(st.integers(0, 2**16))
+
+
+def run_and_check(scenario, out_dir) -> int:
+    cfg, cost, lengths, seed = scenario
+    watch = InvariantWatch()
+    result = SimRuntime(cfg, cost, lengths, seed=seed, out_dir=out_dir, observer=watch).run()
+    assert watch.problems == []
+    check_run(result, cfg)
+    return cfg.total_steps
+
+
+SETTINGS = dict(
+    deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=25, **SETTINGS)
+@given(data=st.data())
+def test_invariants_hold_in_every_mode(mode, data, tmp_path_factory):
+    scenario = data.draw(scenarios(mode))
+    run_and_check(scenario, tmp_path_factory.mktemp(mode))
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **SETTINGS)
+@given(scenario=scenarios(max_steps=40))
+def test_invariants_sweep_thousands_of_steps(scenario, tmp_path_factory):
+    run_and_check(scenario, tmp_path_factory.mktemp("sweep"))
