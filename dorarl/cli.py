@@ -14,7 +14,7 @@ from dorarl.errors import UserInputError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
-        "dorarl.train",
+        "dorarl.jobs.train",
         "run an RL training job (default: built-in task, dora mode, local Ray)",
     ),
     "bench engine": ("dorarl.bench.engine", "rollout engine throughput vs Hugging Face peers"),

@@ -24,7 +24,7 @@ class ConfigError(ValueError):
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
     """Load `cls` from an optional YAML file, then apply dotted overrides, then validate."""
     raw: dict[str, Any] = {}
-    source = "defaults"
+    source = "command line" if overrides else "defaults"
     if path is not None:
         source = str(path)
         raw = _read_yaml(Path(path))
@@ -117,10 +117,17 @@ def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str) -> T:
             kwargs[f.name] = _coerce(ftype, raw[f.name], key, source)
     try:
         config = cls(**kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{_prefixed(prefix, str(exc))} ({source})") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {exc} ({source})") from None
     _run_checks(config, prefix, source)
     return config
+
+
+def _prefixed(prefix: str, message: str) -> str:
+    """Qualify a component's `key: reason` with its section, unless it already names it."""
+    return message if not prefix or message.startswith(prefix) else f"{prefix}{message}"
 
 
 def _run_checks(config: Any, prefix: str, source: str) -> None:
@@ -131,7 +138,7 @@ def _run_checks(config: Any, prefix: str, source: str) -> None:
     try:
         validate()
     except ConfigError as exc:
-        raise ConfigError(f"{prefix}{exc} ({source})") from None
+        raise ConfigError(f"{_prefixed(prefix, str(exc))} ({source})") from None
 
 
 def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:

@@ -1,0 +1,1 @@
+"""Entry jobs behind the `dorarl` command: one module per job, each `main(argv) -> int`."""

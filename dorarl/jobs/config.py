@@ -1,0 +1,175 @@
+"""`TrainConfig`: the root configuration of `dorarl train`, one section per component.
+
+The main knobs sit at the top level (mode, K, runtime, steps, instances, rbs, tbs,
+group_size, seed); components keep their own dataclasses (engine, trainer) as sections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dorarl.config import ConfigError
+from dorarl.controller import ControllerConfig, Mode
+from dorarl.engine import EngineConfig
+from dorarl.sim.lengths import LengthDist
+from dorarl.trainer import LossConfig, TrainerConfig
+
+
+@dataclass(kw_only=True)
+class TaskSection:
+    name: str = field(default="running_sum", metadata={"help": "running_sum | jsonl"})
+    path: str | None = field(default=None, metadata={"help": "jsonl: data file"})
+    reward: str = field(default="exact", metadata={"help": "jsonl: exact | math"})
+
+
+@dataclass(kw_only=True)
+class SamplingSection:
+    temperature: float = field(default=1.0, metadata={"help": "rollout sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1: off)"})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling (0: off)"})
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "response cap (None: the task's own)"}
+    )
+
+    def validate(self) -> None:
+        if self.temperature <= 0:
+            raise ConfigError("temperature: must be > 0 for RL rollouts")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p: must be in (0, 1]")
+
+
+@dataclass(kw_only=True)
+class ForcedLengthsSection:
+    """Benchmarks and tests: force response lengths (ignore EOS) from a long-tailed lognormal."""
+
+    enabled: bool = field(default=False, metadata={"help": "force response lengths"})
+    median: float = field(default=16.0, metadata={"help": "median forced length (tokens)"})
+    p99_ratio: float = field(default=10.0, metadata={"help": "p99 / median of forced lengths"})
+    max_len: int = field(default=200, metadata={"help": "longest forced length"})
+    group_corr: float = field(default=0.5, metadata={"help": "share of log-variance per group"})
+
+    def dist(self, prompt_len: int = 16) -> LengthDist:
+        return LengthDist(
+            median=self.median,
+            p99_ratio=self.p99_ratio,
+            max_len=self.max_len,
+            group_corr=self.group_corr,
+            prompt_len=prompt_len,
+        )
+
+    def validate(self) -> None:
+        self.dist().validate()
+
+
+@dataclass(kw_only=True)
+class OrchestratorSection:
+    kv_offload_threshold: float = field(
+        default=0.9, metadata={"help": "KV usage share that triggers relief (migrate/offload)"}
+    )
+    rebalance_period_s: float = field(default=5.0, metadata={"help": "temporal re-balance period"})
+    p2p_weights: bool = field(default=True, metadata={"help": "load weights from peer instances"})
+    legacy_fill: bool = field(
+        default=True, metadata={"help": "fill idle legacy-version slots with new groups"}
+    )
+
+
+@dataclass(kw_only=True)
+class EvalSection:
+    every: int = field(default=10, metadata={"help": "evaluate every N versions (0: first/last)"})
+    max_prompts: int = field(default=200, metadata={"help": "held-out prompts per evaluation"})
+
+
+@dataclass(kw_only=True)
+class RaySection:
+    address: str | None = field(
+        default=None, metadata={"help": "Ray cluster address (None: start local Ray)"}
+    )
+    threads_per_actor: int = field(default=1, metadata={"help": "torch threads in each actor"})
+
+
+def _default_engine() -> EngineConfig:
+    return EngineConfig(max_num_seqs=64, max_model_len=256, block_size=16)
+
+
+def _default_trainer() -> TrainerConfig:
+    return TrainerConfig(lr=1e-3, micro_batch_tokens=8192, loss=LossConfig())
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    mode: Mode = field(
+        default="dora", metadata={"help": "sync | one_step_off | partial_rollout | dora"}
+    )
+    K: int = field(default=1, metadata={"help": "staleness bound (dora, partial_rollout)"})
+    runtime: Literal["ray", "sim"] = field(default="ray", metadata={"help": "ray | sim"})
+    steps: int = field(default=20, metadata={"help": "training steps"})
+    instances: int = field(default=2, metadata={"help": "rollout instances"})
+    rbs: int = field(default=24, metadata={"help": "groups outstanding (dispatched, not consumed)"})
+    tbs: int = field(default=16, metadata={"help": "groups per training step"})
+    group_size: int = field(default=8, metadata={"help": "responses per prompt (G)"})
+    seed: int = field(default=0, metadata={"help": "seed of data order, sampling and init"})
+    model: str | None = field(
+        default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
+    )
+    checkpoint_every: int = field(
+        default=0, metadata={"help": "checkpoint every N steps (0: at the end only)"}
+    )
+    wandb: bool = field(default=False, metadata={"help": "also log to Weights & Biases"})
+    progress: bool = field(default=True, metadata={"help": "live progress display"})
+    task: TaskSection = field(default_factory=TaskSection)
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+    forced_lengths: ForcedLengthsSection = field(default_factory=ForcedLengthsSection)
+    orchestrator: OrchestratorSection = field(default_factory=OrchestratorSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    ray: RaySection = field(default_factory=RaySection)
+    engine: EngineConfig = field(default_factory=_default_engine)
+    trainer: TrainerConfig = field(default_factory=_default_trainer)
+
+    def validate(self) -> None:
+        self.controller_config().validate()
+        if self.engine.max_num_seqs < 1:
+            raise ConfigError("engine.max_num_seqs: must be >= 1")
+        if self.eval.every < 0 or self.eval.max_prompts < 1:
+            raise ConfigError("eval: every must be >= 0 and max_prompts >= 1")
+        if self.forced_lengths.enabled and self.forced_lengths.max_len >= self.engine.max_model_len:
+            raise ConfigError(
+                f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "
+                f"prompt under engine.max_model_len={self.engine.max_model_len}"
+            )
+
+    def controller_config(self) -> ControllerConfig:
+        """The controller's view; its errors name its own keys, which map one to one."""
+        try:
+            return ControllerConfig(
+                mode=self.mode,
+                k=self.K,
+                rbs=self.rbs,
+                tbs=self.tbs,
+                group_size=self.group_size,
+                num_instances=self.instances,
+                slots_per_instance=self.engine.max_num_seqs,
+                total_steps=self.steps,
+                kv_offload_threshold=self.orchestrator.kv_offload_threshold,
+                rebalance_period_s=self.orchestrator.rebalance_period_s,
+                p2p_weights=self.orchestrator.p2p_weights,
+                legacy_fill=self.orchestrator.legacy_fill,
+            )
+        except ConfigError as exc:
+            raise ConfigError(_controller_key(str(exc))) from None
+
+
+_CONTROLLER_KEYS = {
+    "k": "K",
+    "num_instances": "instances",
+    "slots_per_instance": "engine.max_num_seqs",
+    "total_steps": "steps",
+    "kv_offload_threshold": "orchestrator.kv_offload_threshold",
+    "rebalance_period_s": "orchestrator.rebalance_period_s",
+}
+
+
+def _controller_key(message: str) -> str:
+    """Rename a controller key in an error to the key the user typed."""
+    key, _, rest = message.partition(":")
+    return f"{_CONTROLLER_KEYS.get(key, key)}:{rest}"

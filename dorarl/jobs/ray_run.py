@@ -1,0 +1,160 @@
+"""`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
+
+Evaluation runs in its own actor on the versions it is asked for (the base, every
+`eval.every` versions, the last), so it never stalls rollout or training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from dorarl.engine import EngineConfig
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.progress import TrainProgress
+from dorarl.jobs.train import finish_outputs
+from dorarl.report.tensorboard import ScalarLogger
+from dorarl.runtime.eval_worker import EvalWorker
+from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
+from dorarl.runtime.recorder import Recorder
+from dorarl.tasks import Task, make_task
+from dorarl.tasks.assets import shipped_base_model
+
+
+def build_task(config: TrainConfig, model_folder: str) -> Task:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    section = config.task
+    if section.name == "jsonl":
+        return make_task("jsonl", path=section.path, reward=section.reward, tokenizer=tokenizer)
+    return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
+
+
+def eval_versions(config: TrainConfig) -> set[int]:
+    """The base, every `eval.every`-th version (the first row already shows the base), the last."""
+    every = config.eval.every
+    periodic = {v for v in range(2, config.steps + 1) if every and v % every == 0}
+    return {0, config.steps} | periodic
+
+
+def run_ray(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
+    model_folder = str(config.model or shipped_base_model())
+    task = build_task(config, model_folder)
+    _init_ray(config)
+    try:
+        return _run(config, out_dir, model_folder, task)
+    finally:
+        ray.shutdown()
+
+
+def _init_ray(config: TrainConfig) -> None:
+    if config.ray.address:
+        ray.init(address=config.ray.address, log_to_driver=False)
+        return
+    ray.init(
+        num_cpus=os.cpu_count() or 2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+
+
+def _run(config: TrainConfig, out_dir: Path, model_folder: str, task: Task) -> dict[str, Any]:
+    controller_config = config.controller_config()
+    threads = config.ray.threads_per_actor
+    trainer_args = (model_folder, config.trainer, threads)
+    workers, trainer = start_workers(
+        config.instances, model_folder, config.engine, trainer_args, threads
+    )
+    evaluator = _start_evaluator(config, model_folder, task, threads)
+    recorder = Recorder(
+        out_dir,
+        mode=config.mode,
+        k=controller_config.staleness_bound,
+        num_instances=config.instances,
+        slots_per_instance=config.engine.max_num_seqs,
+    )
+    wanted = eval_versions(config)
+    evals: dict[int, ray.ObjectRef] = {0: evaluator.evaluate.remote(None, 0)}
+    scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
+    runtime = RayRuntime(
+        controller_config, task, _rollout(config, task), workers, trainer, recorder
+    )
+    with TrainProgress(config.steps, enabled=config.progress) as progress:
+
+        def on_step(row: dict[str, Any], groups: list) -> None:
+            version = row["new_version"]
+            if version in wanted and version not in evals:
+                evals[version] = evaluator.evaluate.remote(runtime.weights_ref[version], version)
+            if config.checkpoint_every and version % config.checkpoint_every == 0:
+                _checkpoint(trainer, out_dir, version)
+            scalars.log(row)
+            progress.update(row, _ready_accuracy(evals))
+
+        runtime.on_step = on_step
+        summary = runtime.run()
+        progress.note("final evaluation and checkpoint")
+        results = {v: ray.get(ref) for v, ref in evals.items()}
+    _checkpoint(trainer, out_dir, runtime.published, wait=True)
+    rows = finish_outputs(
+        out_dir, results, f"{config.mode} (K={controller_config.staleness_bound})"
+    )
+    for row in rows:
+        if "eval_accuracy" in row:
+            scalars.log({"step": row["step"], "eval_accuracy": row["eval_accuracy"]})
+    scalars.close()
+    return _final_summary(out_dir, summary, results, runtime)
+
+
+def _start_evaluator(config: TrainConfig, model_folder: str, task: Task, threads: int) -> Any:
+    engine = EngineConfig(
+        max_num_seqs=config.engine.max_num_seqs,
+        max_model_len=config.engine.max_model_len,
+        block_size=config.engine.block_size,
+    )
+    actor = ray.remote(num_cpus=0)(EvalWorker)
+    return actor.remote(model_folder, engine, task, config.eval.max_prompts, threads)
+
+
+def _rollout(config: TrainConfig, task: Task) -> RolloutSettings:
+    s = config.sampling
+    return RolloutSettings(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens or task.max_new_tokens,
+        stop_token_ids=list(task.stop_token_ids),
+        seed=config.seed,
+        forced_lengths=config.forced_lengths.dist() if config.forced_lengths.enabled else None,
+    )
+
+
+def _checkpoint(trainer: Any, out_dir: Path, version: int, wait: bool = False) -> None:
+    folder = out_dir / "checkpoints" / f"version_{version:05d}"
+    ref = trainer.save_checkpoint.remote(str(folder), {"version": version})
+    if wait:
+        ray.get(ref)
+
+
+def _ready_accuracy(evals: dict[int, ray.ObjectRef]) -> dict[int, float]:
+    ready, _ = ray.wait(list(evals.values()), num_returns=len(evals), timeout=0)
+    done = {ref: v for v, ref in evals.items() if ref in ready}
+    return {done[ref]: ray.get(ref)["accuracy"] for ref in ready}
+
+
+def _final_summary(
+    out_dir: Path, summary: dict[str, Any], evals: dict[int, dict[str, Any]], runtime: RayRuntime
+) -> dict[str, Any]:
+    ordered = [evals[v] for v in sorted(evals)]
+    summary = dict(summary)
+    summary["reward_errors"] = runtime.reward_errors
+    summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
+    summary["eval_accuracy_first"] = ordered[0]["accuracy"]
+    summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,14 @@
+"""`dorarl train runtime=sim`: the same controller on cost-model instances (no learning)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dorarl.jobs.config import TrainConfig
+from dorarl.sim.runtime import SimRuntime
+
+
+def run_sim(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
+    runtime = SimRuntime(config.controller_config(), seed=config.seed, out_dir=out_dir)
+    return runtime.run().summary

@@ -1,0 +1,138 @@
+"""`dorarl train`: load and validate the config, start the runtime, write the run folder.
+
+Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key.
+The run folder holds metrics.jsonl, trajectories.jsonl, summary.json, trace.json,
+reward_curve.png, tensorboard/ and checkpoints/.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dorarl.config import ConfigError, describe, load_config
+from dorarl.jobs.config import TrainConfig
+from dorarl.report.plots import plot_training_curve
+from dorarl.report.tensorboard import ScalarLogger
+
+log = logging.getLogger(__name__)
+
+
+def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(_help())
+        return 0
+    config_path, out, overrides = _parse_args(argv)
+    config = load_config(TrainConfig, config_path, overrides)
+    out_dir = Path(out) if out else _default_out(config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if config.runtime == "sim":
+        from dorarl.jobs.sim_run import run_sim
+
+        summary = run_sim(config, out_dir)
+    else:
+        from dorarl.jobs.ray_run import run_ray
+
+        summary = run_ray(config, out_dir)
+    _print_summary(summary, out_dir)
+    return 0 if summary.get("dropped_total", 0) == 0 else 1
+
+
+def _parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    config_path = out = None
+    overrides: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--config", "--out"):
+            value = next(args, None)
+            if value is None:
+                raise ConfigError(f"{arg} needs a value")
+            config_path, out = (value, out) if arg == "--config" else (config_path, value)
+        elif arg.startswith("--"):
+            raise ConfigError(f"unknown option {arg} (use key=value for settings)")
+        else:
+            overrides.append(arg)
+    return config_path, out, overrides
+
+
+def _default_out(config: TrainConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{config.mode}-{os.getpid()}"
+
+
+def _help() -> str:
+    rows = describe(TrainConfig)
+    width = max(len(key) for key, _, _ in rows)
+    lines = [
+        "usage: dorarl train [--config FILE] [--out DIR] [key=value ...]",
+        "",
+        "Runs RL training (default: the built-in running_sum task, dora mode, local Ray,",
+        "the shipped base model). Settings, as key=value or in a YAML file:",
+        "",
+    ]
+    lines += [f"  {key:<{width}}  {default:<14} {help_}" for key, default, help_ in rows]
+    return "\n".join(lines)
+
+
+def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"dorarl train: {summary.get('mode')} (K={summary.get('K')})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in (
+        "steps",
+        "dispatched",
+        "completed",
+        "consumed",
+        "in_flight_at_end",
+        "dropped_total",
+        "wall_time_s",
+        "throughput_tokens_per_s",
+        "mean_step_time_s",
+        "rollout_only_share",
+        "migrations",
+        "eval_accuracy_first",
+        "eval_accuracy_last",
+    ):
+        if key in summary:
+            value = summary[key]
+            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+    console = Console()
+    console.print(table)
+    console.print(f"run folder: {out_dir}")
+
+
+def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) -> list[dict]:
+    """Merge evaluations into metrics.jsonl, then draw the curve and fill TensorBoard."""
+    path = out_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in rows:
+        _attach_eval(row, evals)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    plot_training_curve(rows, out_dir / "reward_curve.png", title=title)
+    return rows
+
+
+def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]]) -> None:
+    """Row of the first step carries the base model's evaluation; others the version they made."""
+    version = 0 if row["step"] == 0 and 0 in evals else row.get("new_version")
+    result = evals.get(version)
+    if result is not None:
+        row["eval_accuracy"] = result["accuracy"]
+        row["eval_version"] = version
+
+
+def log_scalars(out_dir: Path, rows: list[dict[str, Any]], use_wandb: bool, name: str) -> None:
+    logger = ScalarLogger(out_dir, use_wandb=use_wandb, run_name=name)
+    for row in rows:
+        logger.log(row)
+    logger.close()

@@ -1,0 +1,126 @@
+"""One rollout instance: a plain class around `Engine` that a Ray actor wraps thinly.
+
+Every method returns plain picklable data. Calls on one worker run in submission order
+(a Ray actor with one thread), which is what the controller's command ordering needs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dorarl.engine import (
+    Engine,
+    EngineConfig,
+    EngineStats,
+    RequestOutput,
+    RequestSnapshot,
+    SamplingParams,
+)
+
+
+@dataclass
+class NewRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class RunReport:
+    """What a burst of engine steps produced, with wall-clock spans for the timeline."""
+
+    instance_id: int
+    finished: list[RequestOutput]
+    stats: EngineStats
+    steps: int
+    started_at: float
+    ended_at: float
+    busy_slots: list[int] = field(default_factory=list)  # running requests at each step
+
+
+@dataclass
+class WeightsReport:
+    instance_id: int
+    version: int
+    free_cache_s: float
+    load_s: float
+    ended_at: float
+
+
+class EngineWorker:
+    """Hosts one engine (one version at a time) and executes the runtime's calls on it."""
+
+    def __init__(self, instance_id: int, model_folder: str, config: EngineConfig, threads: int = 1):
+        torch.set_num_threads(threads)
+        self.instance_id = instance_id
+        self.engine = Engine.from_pretrained(model_folder, config, version=0)
+
+    def add(self, requests: list[NewRequest]) -> int:
+        for req in requests:
+            self.engine.add_request(req.request_id, req.prompt_ids, req.params)
+        return len(requests)
+
+    def run(self, max_steps: int, until_finished: bool = True) -> RunReport:
+        """Step up to `max_steps` times; stop early once a request finished (to report it)."""
+        started = time.time()
+        finished: list[RequestOutput] = []
+        busy: list[int] = []
+        steps = 0
+        while steps < max_steps and self.engine.has_unfinished():
+            busy.append(len(self.engine.scheduler.running))
+            finished.extend(self.engine.step())
+            steps += 1
+            if finished and until_finished:
+                break
+        return RunReport(
+            self.instance_id, finished, self.engine.stats(), steps, started, time.time(), busy
+        )
+
+    def export(self, request_ids: list[str]) -> list[RequestSnapshot]:
+        """Full state with KV of the requests still here (finished ones were reported already)."""
+        present = set(self.engine.request_ids())
+        return [self.engine.export_request(rid) for rid in request_ids if rid in present]
+
+    def import_(self, snapshots: list[RequestSnapshot]) -> list[str]:
+        for snap in snapshots:
+            self.engine.import_request(snap)
+        return [snap.request_id for snap in snapshots]
+
+    def abort(self, request_ids: list[str]) -> list[RequestSnapshot]:
+        present = set(self.engine.request_ids())
+        return [self.engine.abort(rid) for rid in request_ids if rid in present]
+
+    def resume(self, request_ids: list[str], *aborted: list[RequestSnapshot]) -> list[str]:
+        """Re-prefill `request_ids` from the snapshots of earlier `abort` calls (any version).
+
+        A request missing from them finished before its abort ran and was reported then."""
+        wanted = set(request_ids)
+        snaps = [snap for batch in aborted for snap in batch if snap.request_id in wanted]
+        for snap in snaps:
+            self.engine.resume_request(snap.tokens_only())
+        return [snap.request_id for snap in snaps]
+
+    def offload(self, request_id: str) -> bool:
+        return request_id in self.engine.request_ids() and self.engine.offload(request_id)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """This instance's weights, to serve a peer that switches to its version."""
+        return {name: t.detach().to("cpu") for name, t in self.engine.state_dict().items()}
+
+    def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> WeightsReport:
+        """Swap weights; the controller moved every request off first, so the KV pool is free."""
+        t0 = time.time()
+        left = self.engine.request_ids()
+        if left:
+            raise RuntimeError(
+                f"instance {self.instance_id}: load_weights with requests {left} in flight"
+            )
+        t1 = time.time()
+        self.engine.load_weights(named_tensors, version)
+        return WeightsReport(self.instance_id, version, t1 - t0, time.time() - t1, time.time())
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()

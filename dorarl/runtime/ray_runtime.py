@@ -1,0 +1,378 @@
+"""Ray runtime: executes the controller's commands with engine actors and a trainer actor.
+
+The driver loop owns the `Controller` and the `Recorder`, exactly as the simulator does,
+and adds no policy: it places, moves, interrupts and trains what it is told. Weights and
+KV travel as object references handed from actor to actor (the object store moves them
+peer to peer; on a cluster the driver never touches the bytes). Each actor runs one call
+at a time in submission order, which gives the per-instance command ordering the
+controller relies on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from dorarl.controller import (
+    TRAINER,
+    Controller,
+    ControllerConfig,
+    Dispatch,
+    Event,
+    Finish,
+    InstanceStats,
+    Interrupt,
+    LoadWeights,
+    Migrate,
+    MigrationDone,
+    Offload,
+    Resume,
+    SampleDone,
+    SetTimer,
+    Start,
+    Timer,
+    Train,
+    TrainDone,
+    WeightsLoaded,
+    parse_request_id,
+    request_id,
+)
+from dorarl.data import Group, Sample
+from dorarl.engine import EngineConfig, RequestOutput, SamplingParams
+from dorarl.runtime.engine_worker import EngineWorker, NewRequest, RunReport, WeightsReport
+from dorarl.runtime.recorder import Recorder
+from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.sim.lengths import LengthDist
+from dorarl.tasks import Prompt, Task, score
+
+log = logging.getLogger(__name__)
+
+STEPS_PER_CALL = 8
+"""Engine steps per remote call: long enough to amortise the call, short enough to react."""
+
+
+@dataclass
+class RolloutSettings:
+    """What the runtime needs beyond the controller: sampling and the seed."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int = 0
+    forced_lengths: LengthDist | None = None  # benchmarks: target lengths, EOS ignored
+
+
+@dataclass
+class _Pending:
+    kind: str
+    args: tuple[Any, ...] = ()
+    started: float = 0.0
+    seq: int = 0
+
+
+class RayRuntime:
+    """Runs one training job on Ray; `run()` returns the recorder's summary."""
+
+    def __init__(
+        self,
+        controller_config: ControllerConfig,
+        task: Task,
+        rollout: RolloutSettings,
+        engine_workers: list[Any],
+        trainer: Any,
+        recorder: Recorder,
+        *,
+        on_step: Callable[[dict[str, Any], list[Group]], None] | None = None,
+    ) -> None:
+        self.config = controller_config
+        self.controller = Controller(controller_config)
+        self.task, self.rollout = task, rollout
+        self.prompts: list[Prompt] = task.train_prompts()
+        self.workers, self.trainer, self.recorder = engine_workers, trainer, recorder
+        self.on_step = on_step
+        self.t0 = time.monotonic()
+        self.finished = False
+        self.pending: dict[ray.ObjectRef, _Pending] = {}
+        self.running_call: dict[int, ray.ObjectRef] = {}
+        self.held = [0] * controller_config.num_instances  # requests placed on each instance
+        self.where: dict[str, int] = {}  # live request -> instance it was placed on
+        self.kv_above = [False] * controller_config.num_instances
+        self.timers: list[float] = []
+        self.weights_ref: dict[int, ray.ObjectRef] = {}
+        self.published = 0
+        self.groups: dict[int, tuple[int, int]] = {}  # group -> (prompt index, version)
+        self.completed: dict[int, list[Sample]] = defaultdict(list)
+        self.parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> abort result
+        self.reward_errors = 0
+        self._execute = self._executors()
+        self._seq = 0
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    # ---- main loop -----------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Wait for every actor to be up (the clock starts then), run to `Finish`, close."""
+        ray.get([w.stats.remote() for w in self.workers] + [self.trainer.version.remote()])
+        self.weights_ref[0] = self.trainer.weights.remote()
+        self.t0 = time.monotonic()
+        self._deliver(Start(self.now()))
+        while not self.finished:
+            self._fire_timers()
+            ready = self._wait()
+            for ref in ready:
+                self._complete(ref, self.pending.pop(ref))
+        return self.recorder.close(self.now())
+
+    def _wait(self) -> list[ray.ObjectRef]:
+        """Results that are ready, in submission order (an actor's calls finish in order)."""
+        timeout = 1.0 if not self.timers else max(0.0, min(1.0, self.timers[0] - self.now()))
+        if not self.pending:
+            if not self.timers:
+                raise RuntimeError(f"deadlock: nothing in flight, {self.controller.counts()}")
+            time.sleep(timeout)
+            return []
+        refs = list(self.pending)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return sorted(ready, key=lambda ref: self.pending[ref].seq)
+
+    def _fire_timers(self) -> None:
+        while self.timers and self.timers[0] <= self.now() and not self.finished:
+            heapq.heappop(self.timers)
+            self._deliver(Timer(self.now()))
+
+    def _deliver(self, event: Event) -> None:
+        commands = self.controller.handle(event)
+        self.recorder.observe(event, commands)
+        for command in commands:
+            self._execute[type(command)](command)
+
+    def _submit(self, ref: ray.ObjectRef, kind: str, *args: Any) -> None:
+        self._seq += 1
+        self.pending[ref] = _Pending(kind, args, self.now(), self._seq)
+
+    def _place(self, rid: str, iid: int) -> None:
+        self._unplace(rid)
+        self.where[rid] = iid
+        self.held[iid] += 1
+
+    def _unplace(self, rid: str) -> None:
+        iid = self.where.pop(rid, None)
+        if iid is not None:
+            self.held[iid] -= 1
+
+    # ---- completions ---------------------------------------------------------------------
+    def _complete(self, ref: ray.ObjectRef, job: _Pending) -> None:
+        result = ray.get(ref)
+        handler = {
+            "run": self._on_run,
+            "load": self._on_loaded,
+            "migrate": self._on_migrated,
+            "train": self._on_trained,
+        }.get(job.kind)
+        if handler is not None:
+            handler(result, job)
+
+    def _on_run(self, report: RunReport, job: _Pending) -> None:
+        iid = report.instance_id
+        self.running_call.pop(iid, None)
+        for output in report.finished:
+            self._on_sample_finished(iid, output)
+        self._report_kv(iid, report)
+        self._keep_running(iid)
+
+    def _on_sample_finished(self, iid: int, output: RequestOutput) -> None:
+        group_id, sample_index = parse_request_id(output.request_id)
+        self._unplace(output.request_id)
+        prompt_index, version = self.groups[group_id]
+        sample = self._sample(group_id, sample_index, prompt_index, output)
+        self.completed[group_id].append(sample)
+        self.recorder.reprefill(output.reprefill_tokens)
+        num_tokens = len(output.output_ids)
+        self._deliver(SampleDone(group_id, sample_index, iid, num_tokens, self.now()))
+
+    def _sample(self, group_id: int, index: int, prompt_index: int, out: RequestOutput) -> Sample:
+        prompt = self._prompt(prompt_index)
+        reward, error = score(self.task, prompt, out.output_ids)
+        self.reward_errors += error is not None
+        return Sample(
+            group_id=group_id,
+            sample_index=index,
+            prompt_id=prompt.prompt_id,
+            prompt_ids=list(out.prompt_ids),
+            response_ids=list(out.output_ids),
+            logprobs=list(out.logprobs),
+            versions=list(out.versions),
+            finish_reason=out.finish_reason,
+            reward=reward,
+            reward_error=error,
+            migrations=out.migrations,
+            offloads=out.offloads,
+        )
+
+    def _report_kv(self, iid: int, report: RunReport) -> None:
+        usage = report.stats.kv_usage
+        above = usage >= self.config.kv_offload_threshold
+        if above != self.kv_above[iid]:
+            self.kv_above[iid] = above
+            stats = report.stats
+            event = InstanceStats(iid, stats.running, stats.waiting, usage, self.now())
+            self._deliver(event)
+
+    def _on_loaded(self, report: WeightsReport, job: _Pending) -> None:
+        self.recorder.overhead("free_cache", report.free_cache_s)
+        self.recorder.overhead("load_balance", self.now() - job.started - report.free_cache_s)
+        self._deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
+
+    def _on_migrated(self, ids: list[str], job: _Pending) -> None:
+        src, dst = job.args
+        for rid in ids:
+            self._place(rid, dst)
+        self.recorder.overhead("request_transfer", self.now() - job.started)
+        self._keep_running(dst)
+        self._deliver(MigrationDone(tuple(ids), src, dst, self.now()))
+
+    def _on_trained(self, metrics: dict[str, Any], job: _Pending) -> None:
+        (version, groups) = job.args
+        self.published = version + 1
+        self.weights_ref[self.published] = self.trainer.weights.remote()
+        self.weights_ref.pop(version - self.config.staleness_bound - 1, None)
+        metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
+        metrics["reward_errors"] = self.reward_errors
+        self.recorder.step_metrics(metrics)
+        self._deliver(TrainDone(self.published, self.now()))
+        if self.on_step is not None:
+            self.on_step(self.recorder.steps[-1], groups)
+
+    # ---- command execution ---------------------------------------------------------------
+    def _executors(self) -> dict[type, Callable[[Any], None]]:
+        return {
+            Dispatch: self._dispatch,
+            LoadWeights: self._load,
+            Migrate: self._migrate,
+            Interrupt: self._interrupt,
+            Resume: self._resume,
+            Offload: self._offload,
+            Train: self._train,
+            SetTimer: lambda c: heapq.heappush(self.timers, c.at),
+            Finish: self._finish,
+        }
+
+    def _dispatch(self, c: Dispatch) -> None:
+        self.groups.setdefault(c.group_id, (c.prompt_index, c.version))
+        prompt = self._prompt(c.prompt_index)
+        targets = self._target_lengths(c.group_id)
+        requests = [self._new_request(c.group_id, s, prompt, targets[s]) for s in c.sample_indices]
+        self.workers[c.instance_id].add.remote(requests)
+        for req in requests:
+            self._place(req.request_id, c.instance_id)
+        self._keep_running(c.instance_id)
+
+    def _target_lengths(self, group_id: int) -> list[int | None]:
+        dist, size = self.rollout.forced_lengths, self.config.group_size
+        if dist is None:
+            return [None] * size
+        return list(dist.group_lengths(self.rollout.seed, group_id, size))
+
+    def _new_request(
+        self, group_id: int, sample_index: int, prompt: Prompt, target_len: int | None
+    ) -> NewRequest:
+        r = self.rollout
+        params = SamplingParams(
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=max(r.max_new_tokens, target_len or 0),
+            stop_token_ids=list(r.stop_token_ids),
+            seed=_request_seed(r.seed, group_id, sample_index),
+            target_len=target_len,
+        )
+        return NewRequest(request_id(group_id, sample_index), list(prompt.prompt_ids), params)
+
+    def _load(self, c: LoadWeights) -> None:
+        if c.source == TRAINER:
+            weights = self.weights_ref[c.version]
+        else:
+            weights = self.workers[c.source].weights.remote()
+        ref = self.workers[c.instance_id].load_weights.remote(weights, c.version)
+        self._submit(ref, "load", c.instance_id)
+
+    def _migrate(self, c: Migrate) -> None:
+        exported = self.workers[c.src].export.remote(list(c.request_ids))
+        ref = self.workers[c.dst].import_.remote(exported)
+        self._submit(ref, "migrate", c.src, c.dst)
+
+    def _interrupt(self, c: Interrupt) -> None:
+        aborted = self.workers[c.instance_id].abort.remote(list(c.request_ids))
+        for rid in c.request_ids:
+            self.parked[rid] = aborted
+            self._unplace(rid)
+
+    def _resume(self, c: Resume) -> None:
+        refs = list(dict.fromkeys(self.parked.pop(rid) for rid in c.request_ids))
+        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs)
+        for rid in c.request_ids:
+            self._place(rid, c.instance_id)
+        self._keep_running(c.instance_id)
+
+    def _offload(self, c: Offload) -> None:
+        self.workers[c.instance_id].offload.remote(c.request_id)
+
+    def _train(self, c: Train) -> None:
+        groups = [self._group(gid) for gid in c.group_ids]
+        self.recorder.consumed(groups, c.version)
+        self._submit(self.trainer.train_step.remote(groups), "train", c.version, groups)
+
+    def _finish(self, c: Finish) -> None:
+        log.info("run finished at %.1fs: %s", self.now(), c.reason)
+        self.finished = True
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _keep_running(self, iid: int) -> None:
+        """Keep one stepping call queued on every instance that holds requests."""
+        if self.held[iid] > 0 and iid not in self.running_call:
+            ref = self.workers[iid].run.remote(STEPS_PER_CALL)
+            self.running_call[iid] = ref
+            self._submit(ref, "run")
+
+    def _prompt(self, prompt_index: int) -> Prompt:
+        return self.prompts[prompt_index % len(self.prompts)]
+
+    def _group(self, group_id: int) -> Group:
+        samples = sorted(self.completed.pop(group_id), key=lambda s: s.sample_index)
+        prompt_index, version = self.groups.pop(group_id)
+        assert len(samples) == self.config.group_size, f"group {group_id} is incomplete"
+        return Group(group_id, self._prompt(prompt_index).prompt_id, version, samples)
+
+
+def _request_seed(seed: int, group_id: int, sample_index: int) -> int:
+    """A request's own seed: its tokens do not depend on where or beside whom it runs."""
+    return (seed * 1_000_003 + group_id) * 1_009 + sample_index
+
+
+def start_workers(
+    num_instances: int,
+    model_folder: str,
+    engine_config: EngineConfig,
+    trainer_args: tuple[Any, ...],
+    threads: int,
+) -> tuple[list[Any], Any]:
+    """Create the engine actors and the trainer actor (local Ray or a cluster)."""
+    engine_actor = ray.remote(num_cpus=0)(EngineWorker)
+    trainer_actor = ray.remote(num_cpus=0)(TrainerWorker)
+    workers = [
+        engine_actor.remote(i, model_folder, engine_config, threads) for i in range(num_instances)
+    ]
+    trainer = trainer_actor.remote(*trainer_args)
+    return workers, trainer

@@ -1,0 +1,50 @@
+"""The trainer as a runtime worker: one optimizer step per call, weights out for transfer.
+
+A plain class; the Ray runtime wraps it in an actor. Weights leave as a dict of HF names
+to CPU tensors, put once in the object store per version so every loader shares them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dorarl.data import Group
+from dorarl.trainer import Trainer, TrainerConfig
+
+
+class TrainerWorker:
+    def __init__(
+        self,
+        model_folder: str,
+        config: TrainerConfig,
+        threads: int = 1,
+        resume_from: str | None = None,
+    ) -> None:
+        torch.set_num_threads(threads)
+        self.extra_state: dict[str, Any] = {}
+        if resume_from:
+            self.trainer, self.extra_state = Trainer.resume(resume_from, config)
+        else:
+            self.trainer = Trainer.from_pretrained(model_folder, config)
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def resumed_state(self) -> dict[str, Any]:
+        return self.extra_state
+
+    def train_step(self, groups: list[Group]) -> dict[str, Any]:
+        started = time.time()
+        metrics = self.trainer.train_step(groups)
+        metrics["train_compute_s"] = time.time() - started
+        return metrics
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return self.trainer.named_tensors()
+
+    def save_checkpoint(self, folder: str, extra_state: dict[str, Any]) -> str:
+        return str(self.trainer.save_checkpoint(Path(folder), extra_state))
