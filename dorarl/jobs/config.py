@@ -20,6 +20,9 @@ from dorarl.trainer import LossConfig, TrainerConfig
 class TaskSection:
     name: str = field(default="running_sum", metadata={"help": "running_sum | jsonl"})
     path: str | None = field(default=None, metadata={"help": "jsonl: data file"})
+    eval_path: str | None = field(
+        default=None, metadata={"help": "jsonl: held-out file (None: split off the data)"}
+    )
     reward: str = field(default="exact", metadata={"help": "jsonl: exact | math"})
 
 
@@ -128,6 +131,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         self.controller_config().validate()
+        if self.task.name == "jsonl" and not self.task.path:
+            raise ConfigError("task.path: the jsonl task needs a data file")
         if self.engine.max_num_seqs < 1:
             raise ConfigError("engine.max_num_seqs: must be >= 1")
         if self.eval.every < 0 or self.eval.max_prompts < 1:

@@ -26,12 +26,21 @@ from dorarl.tasks.assets import shipped_base_model
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
+    section = config.task
+    if section.name == "jsonl":
+        return make_task(
+            "jsonl",
+            path=section.path,
+            eval_path=section.eval_path,
+            reward=section.reward,
+            tokenizer=model_folder,
+            seed=config.seed,
+            max_new_tokens=config.sampling.max_new_tokens or 256,
+            max_model_len=config.engine.max_model_len,
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    section = config.task
-    if section.name == "jsonl":
-        return make_task("jsonl", path=section.path, reward=section.reward, tokenizer=tokenizer)
     return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
 
 

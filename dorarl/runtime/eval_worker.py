@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.tasks import Task
+from dorarl.tasks import Task, score
 
 
 class EvalWorker:
@@ -47,5 +47,5 @@ class EvalWorker:
         outputs = {}
         while self.engine.has_unfinished():
             outputs.update({o.request_id: o.output_ids for o in self.engine.step()})
-        rewards = [self.task.reward(p, outputs[str(p.prompt_id)]) for p in prompts]
+        rewards = [score(self.task, p, outputs[str(p.prompt_id)])[0] for p in prompts]
         return {"accuracy": sum(r >= 1.0 for r in rewards) / len(prompts), "n": len(prompts)}

@@ -89,3 +89,17 @@ def test_partial_rollout_keeps_per_token_versions(tmp_path, tiny_model_dir):
     _check_invariants(summary, trajectories, k=1, one_version_per_group=False)
     assert all(isinstance(t["behavior_version"], list) for t in trajectories)
     assert all(len(t["behavior_version"]) == t["response_tokens"] for t in trajectories)
+
+
+def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_dir):
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i) if i % 2 else "not math ]["} for i in range(40)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    overrides = [*COMMON, "task.name=jsonl", f"task.path={data}", "task.reward=math", "steps=2"]
+    assert train_main([f"model={tiny_model_dir}", *overrides, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert summary["dropped_total"] == 0 and summary["steps"] == 2
+    assert summary["reward_errors"] > 0
+    assert metrics[-1]["reward_errors"] == summary["reward_errors"]
