@@ -35,7 +35,7 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
             reward=section.reward,
             tokenizer=model_folder,
             seed=config.seed,
-            max_new_tokens=config.sampling.max_new_tokens or 256,
+            max_new_tokens=config.sampling.max_new_tokens or config.engine.max_model_len // 2,
             max_model_len=config.engine.max_model_len,
         )
     from transformers import AutoTokenizer

@@ -1,0 +1,75 @@
+"""`dorarl train` refuses bad input with one line naming the key, file or line, exit code 2."""
+
+import json
+
+import pytest
+
+from dorarl.cli import main as cli_main
+from dorarl.config import load_config
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.ray_run import eval_versions
+
+
+def _err(capsys, *args):
+    rc = cli_main(["train", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["bogus=1"], "unknown config key bogus"),
+        (["K=x"], "K: expected int"),
+        (["mode=fast"], "mode: must be one of"),
+        (["rbs=2", "tbs=4"], "rbs: must be >= tbs"),
+        (["instances=0"], "instances: must be >= 1"),
+        (["engine.max_num_seqs=0"], "engine.max_num_seqs: must be > 0"),
+        (["trainer.lr=-1"], "trainer.lr: must be > 0"),
+        (["task.name=jsonl"], "task.path: the jsonl task needs a data file"),
+        (["--frobnicate"], "unknown option --frobnicate"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(capsys, args, needle):
+    rc, err = _err(capsys, *args, "progress=false")
+    assert rc == 2
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_bad_yaml_names_file_and_line(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("mode: dora\nK: [1\n")
+    rc, err = _err(capsys, "--config", str(path))
+    assert rc == 2 and f"{path}:" in err[0]
+
+
+def test_malformed_jsonl_row_names_file_and_line(tmp_path, capsys, tiny_model_dir):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n{not json\n")
+    rc, err = _err(
+        capsys, f"model={tiny_model_dir}", "task.name=jsonl", f"task.path={data}",
+        "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert rc == 2 and f"{data}:2" in err[0], err
+
+
+def test_prompt_over_context_limit_is_refused(tmp_path, capsys, tiny_model_dir):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "x" * 400, "answer": "2"}) + "\n")
+    rc, err = _err(
+        capsys, f"model={tiny_model_dir}", "task.name=jsonl", f"task.path={data}",
+        "engine.max_model_len=128", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert rc == 2 and f"{data}:1" in err[0], err
+
+
+def test_help_lists_the_main_keys(capsys):
+    assert cli_main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    for key in ("mode", "K", "runtime", "steps", "instances", "rbs", "tbs", "group_size", "seed"):
+        assert f"\n  {key} " in text
+
+
+def test_eval_versions_cover_first_and_last():
+    config = load_config(TrainConfig, overrides=["steps=7", "eval.every=3"])
+    assert eval_versions(config) == {0, 3, 6, 7}
