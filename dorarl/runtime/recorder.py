@@ -182,7 +182,8 @@ class Recorder:
         if self.trace is not None:
             step = self._step
             name = f"train step {line['step']} (v{step.version} -> v{e.new_version})"
-            self.trace.slice(TRAINER_PID, 0, name, step.train_start, e.now, groups=step.groups)
+            start = e.now if step.train_start is None else step.train_start
+            self.trace.slice(TRAINER_PID, 0, name, start, e.now, groups=step.groups)
         self._totals.update(
             step_time_s=line["step_time_s"],
             rollout_only_s=line["rollout_only_s"],

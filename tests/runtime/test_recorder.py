@@ -25,7 +25,15 @@ from dorarl.runtime import Recorder
 
 def group(gid, version, lengths, versions=None, reward=1.0):
     samples = [
-        Sample(gid, i, prompt_id=gid, prompt_ids=[1, 2], response_ids=[7] * n, versions=versions or [version] * n, reward=reward)
+        Sample(
+            gid,
+            i,
+            prompt_id=gid,
+            prompt_ids=[1, 2],
+            response_ids=[7] * n,
+            versions=versions or [version] * n,
+            reward=reward,
+        )
         for i, n in enumerate(lengths)
     ]
     return Group(gid, gid, version, samples)
@@ -33,7 +41,10 @@ def group(gid, version, lengths, versions=None, reward=1.0):
 
 def test_one_step_metrics_trajectories_summary_and_trace(tmp_path):
     rec = Recorder(tmp_path, mode="dora", k=1, num_instances=2, slots_per_instance=2)
-    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1)), Dispatch(1, 1, 0, 1, (0,)), Dispatch(1, 1, 0, 0, ())])
+    rec.observe(
+        Start(0.0),
+        [Dispatch(0, 0, 0, 0, (0, 1)), Dispatch(1, 1, 0, 1, (0,)), Dispatch(1, 1, 0, 0, ())],
+    )
     # group 1 sample 1 joins instance 1 later
     rec.observe(SampleDone(0, 0, 0, 3, 1.0), [Dispatch(1, 1, 0, 1, (1,))])
     rec.observe(SampleDone(0, 1, 0, 5, 2.0), [Train((0,), 0)])
@@ -47,8 +58,12 @@ def test_one_step_metrics_trajectories_summary_and_trace(tmp_path):
     summary = rec.close(6.0)
 
     (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert line["step_time_s"] == 4.0 and line["rollout_only_s"] == 2.0 and line["train_time_s"] == 2.0
-    assert line["consumed_tokens"] == 8 and line["tokens_per_s"] == 2.0 and line["reward_mean"] == 0.5
+    assert (
+        line["step_time_s"] == 4.0 and line["rollout_only_s"] == 2.0 and line["train_time_s"] == 2.0
+    )
+    assert (
+        line["consumed_tokens"] == 8 and line["tokens_per_s"] == 2.0 and line["reward_mean"] == 0.5
+    )
     assert line["staleness"] == {"0": 1} and line["loss"] == 1.5
     assert line["instances_per_version"] == {"0": 2}  # as the step ended, before the reload
     # busy slot-seconds over [0, 4]: instance 0 has 2 slots busy until 1.0 then 1 until 2.0 -> 3;
@@ -57,8 +72,13 @@ def test_one_step_metrics_trajectories_summary_and_trace(tmp_path):
     assert line["overhead_s"]["load_balance"] == 0.25
     assert line["overhead_share"]["load_balance"] == pytest.approx(0.25 / 8)
 
-    trajectories = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
-    assert [(t["sample_index"], t["behavior_version"], t["train_version"], t["response_tokens"]) for t in trajectories] == [
+    trajectories = [
+        json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    ]
+    assert [
+        (t["sample_index"], t["behavior_version"], t["train_version"], t["response_tokens"])
+        for t in trajectories
+    ] == [
         (0, 0, 0, 3),
         (1, 0, 0, 5),
     ]
@@ -69,7 +89,12 @@ def test_one_step_metrics_trajectories_summary_and_trace(tmp_path):
 
     trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     names = {e["name"] for e in trace}
-    assert {"busy_slots", "train step 0 (v0 -> v1)", "load v1 from trainer", "migrate 1 -> instance 0"} <= names
+    assert {
+        "busy_slots",
+        "train step 0 (v0 -> v1)",
+        "load v1 from trainer",
+        "migrate 1 -> instance 0",
+    } <= names
     assert any(e["name"] == "v0" and e["pid"] == 1 and e["dur"] == 4.0e6 for e in trace)
 
 
@@ -98,7 +123,11 @@ def test_consuming_an_incomplete_or_unknown_group_is_reported_as_dropped(tmp_pat
     rec.consumed([group(0, 0, [2, 2]), group(9, 0, [1])], 0)
     rec.lost(5, "engine_crashed")
     summary = rec.close(2.0)
-    assert summary["dropped"] == {"consumed_while_running": 1, "consumed_while_unknown": 1, "engine_crashed": 1}
+    assert summary["dropped"] == {
+        "consumed_while_running": 1,
+        "consumed_while_unknown": 1,
+        "engine_crashed": 1,
+    }
     assert summary["dropped_total"] == 3
 
 
