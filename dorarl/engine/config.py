@@ -41,20 +41,20 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
 
     def __post_init__(self) -> None:
+        self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
         if self.num_blocks is None:
             self.num_blocks = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
         self.validate()
 
-    def validate(self) -> None:
-        for key in (
-            "max_num_seqs",
-            "block_size",
-            "num_blocks",
-            "max_model_len",
-            "prefill_chunk_size",
-        ):
+    def _check_positive(self, *keys: str) -> None:
+        for key in keys:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"engine.{key}: must be > 0, got {getattr(self, key)}")
+
+    def validate(self) -> None:
+        self._check_positive(
+            "max_num_seqs", "block_size", "num_blocks", "max_model_len", "prefill_chunk_size"
+        )
         if self.host_blocks < 0:
             raise ConfigError(f"engine.host_blocks: must be >= 0, got {self.host_blocks}")
         if not 0.0 < self.offload_threshold <= 1.0:

@@ -25,6 +25,7 @@ def _err(capsys, *args):
         (["rbs=2", "tbs=4"], "rbs: must be >= tbs"),
         (["instances=0"], "instances: must be >= 1"),
         (["engine.max_num_seqs=0"], "engine.max_num_seqs: must be > 0"),
+        (["engine.block_size=0"], "engine.block_size: must be > 0"),
         (["trainer.lr=-1"], "trainer.lr: must be > 0"),
         (["task.name=jsonl"], "task.path: the jsonl task needs a data file"),
         (["--frobnicate"], "unknown option --frobnicate"),
