@@ -113,7 +113,11 @@ class DoraOrchestrator(Orchestrator):
 
     # ---- KV pressure -----------------------------------------------------------------------
     def relieve(self, inst: InstanceState) -> list[Command]:
-        """Move the youngest request to a same-version peer under the threshold, else offload."""
+        """Move the youngest request to a same-version peer under the threshold, else offload.
+
+        A request moves for relief at most once: the peer it lands on may cross the
+        threshold in turn, and moving it back would bounce it forever without progress.
+        """
         ledger = self.ledger
         threshold = self.config.kv_offload_threshold
         peers = [
@@ -126,10 +130,12 @@ class DoraOrchestrator(Orchestrator):
             return self.offload_youngest(inst)
         dst = min(peers, key=lambda p: (p.kv_used_frac, -ledger.free_slots(p), p.instance_id))
         ledger.move(youngest, dst)
+        ledger.requests[youngest].relieved = True
         return [Migrate((youngest,), inst.instance_id, dst.instance_id)]
 
     def _youngest_active(self, inst: InstanceState) -> str | None:
         for rid in reversed(inst.requests):
-            if not self.ledger.requests[rid].moving:
+            req = self.ledger.requests[rid]
+            if not req.moving and not req.relieved and rid not in inst.offloaded:
                 return rid
         return None

@@ -31,7 +31,10 @@ class SampleDone:
 
 @dataclass(frozen=True, slots=True)
 class InstanceStats:
-    """Load report; required at least when `kv_used_frac` crosses the relief threshold."""
+    """Load report. Required at least whenever `kv_used_frac` crosses the controller's
+    `kv_offload_threshold` (either way); reporting every engine step is fine. Each report
+    at or above the threshold makes the controller relieve the instance by one request
+    (a `Migrate` to a same-version peer in dora, else an `Offload`)."""
 
     instance_id: int
     running: int

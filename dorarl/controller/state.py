@@ -40,6 +40,7 @@ class RequestState:
     instance_id: int
     moving: bool = False
     parked: bool = False  # interrupted, waiting for Resume (partial rollout)
+    relieved: bool = False  # already moved once for KV relief: never again (no ping-pong)
 
 
 @dataclass(slots=True, eq=False)

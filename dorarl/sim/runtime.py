@@ -98,6 +98,7 @@ class SimRuntime:
         observer: Observer | None = None,
         trace: bool = True,
         trajectories: bool = True,
+        watchdog_events: int = 5_000_000,
     ) -> None:
         self.config, self.cost = config, cost or CostModel()
         self.lengths, self.seed = lengths or LengthDist(), seed
@@ -123,6 +124,8 @@ class SimRuntime:
         self.finished = False
         self.events = 0
         self._pending = 0  # queued items other than timers
+        self._watchdog = watchdog_events  # events allowed without a finished training step
+        self._since_step = 0
         self._published = 0
         self._links: dict[int, float] = {}  # weight source -> busy until
         self._groups: dict[int, tuple[int, int]] = {}  # group -> (prompt index, version)
@@ -170,6 +173,11 @@ class SimRuntime:
     def _deliver(self, event: Event) -> None:
         commands = self.controller.handle(event)
         self.events += 1
+        self._since_step = 0 if isinstance(event, TrainDone) else self._since_step + 1
+        if self._since_step > self._watchdog:
+            raise Deadlock(
+                f"{self._since_step} events without a training step (livelock?) at t={self.now:.3f}s"
+            )
         self.recorder.observe(event, commands)
         if self.observer is not None:
             self.observer(self.controller, event, commands)

@@ -177,6 +177,12 @@ def test_kv_pressure_offloads_youngest_in_lockstep_and_migrates_in_dora():
     (mig,) = only(commands, Migrate)
     assert mig.src == src and mig.dst == 1 - src and len(mig.request_ids) == 1
     assert violations(dora.ledger) == []
+    # the peer now crosses the threshold: the moved request must not bounce back
+    dora.handle(MigrationDone(mig.request_ids, mig.src, mig.dst, 1.1))
+    dora.handle(InstanceStats(src, 1, 0, 0.5, 1.1))
+    commands = dora.handle(InstanceStats(mig.dst, 3, 0, 0.95, 1.2))
+    assert all(mig.request_ids[0] not in m.request_ids for m in only(commands, Migrate))
+    assert only(commands, Offload) or only(commands, Migrate)
 
 
 def test_timer_rearms_and_finish_ends_the_protocol():
