@@ -1,7 +1,9 @@
 """`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
 
 Evaluation runs in its own actor on the versions it is asked for (the base, every
-`eval.every` versions, the last), so it never stalls rollout or training.
+`eval.every` versions, the last), so it never stalls rollout or training; with
+`defer_eval` it runs after training, so it takes no CPU from a timed run either. `pace`
+turns on device emulation (dorarl.runtime.pacing) for the engines and the trainer.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.train import finish_outputs
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
+from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
 from dorarl.runtime.recorder import Recorder
 from dorarl.tasks import Task, make_task
@@ -51,12 +54,18 @@ def eval_versions(config: TrainConfig) -> set[int]:
     return {0, config.steps} | periodic
 
 
-def run_ray(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
+def run_ray(
+    config: TrainConfig,
+    out_dir: Path,
+    *,
+    pace: DeviceModel | None = None,
+    defer_eval: bool = False,
+) -> dict[str, Any]:
     model_folder = str(config.model or shipped_base_model())
     task = build_task(config, model_folder)
     _init_ray(config)
     try:
-        return _run(config, out_dir, model_folder, task)
+        return _run(config, out_dir, model_folder, task, pace=pace, defer_eval=defer_eval)
     finally:
         ray.shutdown()
 
@@ -73,12 +82,20 @@ def _init_ray(config: TrainConfig) -> None:
     )
 
 
-def _run(config: TrainConfig, out_dir: Path, model_folder: str, task: Task) -> dict[str, Any]:
+def _run(
+    config: TrainConfig,
+    out_dir: Path,
+    model_folder: str,
+    task: Task,
+    *,
+    pace: DeviceModel | None = None,
+    defer_eval: bool = False,
+) -> dict[str, Any]:
     controller_config = config.controller_config()
     threads = config.ray.threads_per_actor
     trainer_args = (model_folder, config.trainer, threads)
     workers, trainer = start_workers(
-        config.instances, model_folder, config.engine, trainer_args, threads
+        config.instances, model_folder, config.engine, trainer_args, threads, pace
     )
     evaluator = _start_evaluator(config, model_folder, task, threads)
     recorder = Recorder(
@@ -89,7 +106,10 @@ def _run(config: TrainConfig, out_dir: Path, model_folder: str, task: Task) -> d
         slots_per_instance=config.engine.max_num_seqs,
     )
     wanted = eval_versions(config)
-    evals: dict[int, ray.ObjectRef] = {0: evaluator.evaluate.remote(None, 0)}
+    evals: dict[int, ray.ObjectRef] = {}
+    deferred: dict[int, ray.ObjectRef | None] = {0: None}  # version -> weights, evaluated later
+    if not defer_eval:
+        evals[0] = evaluator.evaluate.remote(None, 0)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     runtime = RayRuntime(
         controller_config, task, _rollout(config, task), workers, trainer, recorder
@@ -98,7 +118,9 @@ def _run(config: TrainConfig, out_dir: Path, model_folder: str, task: Task) -> d
 
         def on_step(row: dict[str, Any], groups: list) -> None:
             version = row["new_version"]
-            if version in wanted and version not in evals:
+            if version in wanted and defer_eval:
+                deferred[version] = runtime.weights_ref[version]
+            elif version in wanted and version not in evals:
                 evals[version] = evaluator.evaluate.remote(runtime.weights_ref[version], version)
             if config.checkpoint_every and version % config.checkpoint_every == 0:
                 _checkpoint(trainer, out_dir, version)
@@ -108,6 +130,8 @@ def _run(config: TrainConfig, out_dir: Path, model_folder: str, task: Task) -> d
         runtime.on_step = on_step
         summary = runtime.run()
         progress.note("final evaluation and checkpoint")
+        if defer_eval:
+            evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
         results = {v: ray.get(ref) for v, ref in evals.items()}
     _checkpoint(trainer, out_dir, runtime.published, wait=True)
     rows = finish_outputs(
@@ -151,6 +175,8 @@ def _checkpoint(trainer: Any, out_dir: Path, version: int, wait: bool = False) -
 
 
 def _ready_accuracy(evals: dict[int, ray.ObjectRef]) -> dict[int, float]:
+    if not evals:
+        return {}
     ready, _ = ray.wait(list(evals.values()), num_returns=len(evals), timeout=0)
     done = {ref: v for v, ref in evals.items() if ref in ready}
     return {done[ref]: ray.get(ref)["accuracy"] for ref in ready}
@@ -165,5 +191,7 @@ def _final_summary(
     summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
     summary["eval_accuracy_first"] = ordered[0]["accuracy"]
     summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    if runtime.pace_total["engine"].steps or runtime.pace_total["train"].steps:
+        summary["pace"] = {kind: stats.to_dict() for kind, stats in runtime.pace_total.items()}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

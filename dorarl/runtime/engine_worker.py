@@ -2,6 +2,7 @@
 
 Every method returns plain picklable data. Calls on one worker run in submission order
 (a Ray actor with one thread), which is what the controller's command ordering needs.
+With a `DeviceModel`, every engine step lasts its device time (dorarl.runtime.pacing).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dorarl.engine import (
     RequestSnapshot,
     SamplingParams,
 )
+from dorarl.runtime.pacing import DeviceModel, Pacer, PaceStats
 
 
 @dataclass
@@ -39,6 +41,7 @@ class RunReport:
     started_at: float
     ended_at: float
     busy_slots: list[int] = field(default_factory=list)  # running requests at each step
+    pace: PaceStats | None = None  # real compute against device time (paced workers)
 
 
 @dataclass
@@ -53,10 +56,19 @@ class WeightsReport:
 class EngineWorker:
     """Hosts one engine (one version at a time) and executes the runtime's calls on it."""
 
-    def __init__(self, instance_id: int, model_folder: str, config: EngineConfig, threads: int = 1):
+    def __init__(
+        self,
+        instance_id: int,
+        model_folder: str,
+        config: EngineConfig,
+        threads: int = 1,
+        pace: DeviceModel | None = None,
+    ):
         torch.set_num_threads(threads)
         self.instance_id = instance_id
         self.engine = Engine.from_pretrained(model_folder, config, version=0)
+        self.pace = pace
+        self.pacer = Pacer() if pace is not None else None
 
     def add(self, requests: list[NewRequest]) -> int:
         for req in requests:
@@ -71,13 +83,28 @@ class EngineWorker:
         steps = 0
         while steps < max_steps and self.engine.has_unfinished():
             busy.append(len(self.engine.scheduler.running))
-            finished.extend(self.engine.step())
+            finished.extend(self._step())
             steps += 1
             if finished and until_finished:
                 break
+        pace = self.pacer.take() if self.pacer is not None else None
         return RunReport(
-            self.instance_id, finished, self.engine.stats(), steps, started, time.time(), busy
+            self.instance_id, finished, self.engine.stats(), steps, started, time.time(), busy, pace
         )
+
+    def _step(self) -> list[RequestOutput]:
+        """One engine step; paced, it lasts the device time of the work it did."""
+        if self.pacer is None:
+            return self.engine.step()
+        started = time.perf_counter()
+        scheduler = self.engine.scheduler
+        before = {seq: seq.num_computed for q in _queues(scheduler) for seq in q}
+        outputs = self.engine.step()
+        done = [max(0, seq.num_computed - n) for seq, n in before.items()]
+        prefill = sum(done) - sum(1 for n in done if n)  # tokens beyond one per row
+        resident = sum(seq.num_computed for seq in scheduler.running)
+        self.pacer.finish(started, self.pace.engine_step_s(prefill, resident))
+        return outputs
 
     def export(self, request_ids: list[str]) -> list[RequestSnapshot]:
         """Full state with KV of the requests still here (finished ones were reported already)."""
@@ -124,3 +151,8 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+
+def _queues(scheduler) -> tuple:
+    """Every unfinished sequence of the engine: running, in progress and fresh."""
+    return (scheduler.running, scheduler.resumed, scheduler.fresh)

@@ -5,7 +5,8 @@ and adds no policy: it places, moves, interrupts and trains what it is told. Wei
 KV travel as object references handed from actor to actor (the object store moves them
 peer to peer; on a cluster the driver never touches the bytes). Each actor runs one call
 at a time in submission order, which gives the per-instance command ordering the
-controller relies on.
+controller relies on. Paced workers (device emulation) report real compute against device
+time; the runtime adds both to every step's metrics (`pace_engine`, `pace_train`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dorarl.controller import (
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, RequestOutput, SamplingParams
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest, RunReport, WeightsReport
+from dorarl.runtime.pacing import DeviceModel, PaceStats
 from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.sim.lengths import LengthDist
@@ -92,8 +94,10 @@ class RayRuntime:
         recorder: Recorder,
         *,
         on_step: Callable[[dict[str, Any], list[Group]], None] | None = None,
+        steps_per_call: int = STEPS_PER_CALL,
     ) -> None:
         self.config = controller_config
+        self.steps_per_call = steps_per_call
         self.controller = Controller(controller_config)
         self.task, self.rollout = task, rollout
         self.prompts: list[Prompt] = task.train_prompts()
@@ -115,6 +119,8 @@ class RayRuntime:
         self.reward_errors = 0
         self._execute = self._executors()
         self._seq = 0
+        self.pace_step = {"engine": PaceStats(), "train": PaceStats()}  # since the last step
+        self.pace_total = {"engine": PaceStats(), "train": PaceStats()}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -187,6 +193,8 @@ class RayRuntime:
     def _on_run(self, report: RunReport, job: _Pending) -> None:
         iid = report.instance_id
         self.running_call.pop(iid, None)
+        if report.pace is not None:
+            self._pace("engine", report.pace)
         for output in report.finished:
             self._on_sample_finished(iid, output)
         self._report_kv(iid, report)
@@ -250,6 +258,14 @@ class RayRuntime:
         self.weights_ref.pop(version - self.config.staleness_bound - 1, None)
         metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
         metrics["reward_errors"] = self.reward_errors
+        if "train_paced_s" in metrics:
+            train = PaceStats()
+            train.record(metrics["train_compute_s"], metrics["train_paced_s"])
+            self._pace("train", train)
+        if self.pace_total["engine"].steps or self.pace_total["train"].steps:
+            metrics["pace_engine"] = self.pace_step["engine"].to_dict()
+            metrics["pace_train"] = self.pace_step["train"].to_dict()
+            self.pace_step = {"engine": PaceStats(), "train": PaceStats()}
         self.recorder.step_metrics(metrics)
         self._deliver(TrainDone(self.published, self.now()))
         if self.on_step is not None:
@@ -339,10 +355,14 @@ class RayRuntime:
         self.finished = True
 
     # ---- helpers -------------------------------------------------------------------------
+    def _pace(self, kind: str, stats: PaceStats) -> None:
+        self.pace_step[kind].merge(stats)
+        self.pace_total[kind].merge(stats)
+
     def _keep_running(self, iid: int) -> None:
         """Keep one stepping call queued on every instance that holds requests."""
         if self.held[iid] > 0 and iid not in self.running_call:
-            ref = self.workers[iid].run.remote(STEPS_PER_CALL)
+            ref = self.workers[iid].run.remote(self.steps_per_call)
             self.running_call[iid] = ref
             self._submit(ref, "run")
 
@@ -367,12 +387,15 @@ def start_workers(
     engine_config: EngineConfig,
     trainer_args: tuple[Any, ...],
     threads: int,
+    pace: DeviceModel | None = None,
 ) -> tuple[list[Any], Any]:
-    """Create the engine actors and the trainer actor (local Ray or a cluster)."""
+    """Create the engine actors and the trainer actor (local Ray or a cluster); with `pace`,
+    every engine step and training step lasts its device time (device emulation)."""
     engine_actor = ray.remote(num_cpus=0)(EngineWorker)
     trainer_actor = ray.remote(num_cpus=0)(TrainerWorker)
     workers = [
-        engine_actor.remote(i, model_folder, engine_config, threads) for i in range(num_instances)
+        engine_actor.remote(i, model_folder, engine_config, threads, pace)
+        for i in range(num_instances)
     ]
-    trainer = trainer_actor.remote(*trainer_args)
+    trainer = trainer_actor.remote(*trainer_args, pace=pace)
     return workers, trainer

@@ -2,6 +2,7 @@
 
 A plain class; the Ray runtime wraps it in an actor. Weights leave as a dict of HF names
 to CPU tensors, put once in the object store per version so every loader shares them.
+With a `DeviceModel`, a training step lasts its device time (dorarl.runtime.pacing).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from dorarl.data import Group
+from dorarl.runtime.pacing import DeviceModel, Pacer
 from dorarl.trainer import Trainer, TrainerConfig
 
 
@@ -23,8 +25,11 @@ class TrainerWorker:
         config: TrainerConfig,
         threads: int = 1,
         resume_from: str | None = None,
+        pace: DeviceModel | None = None,
     ) -> None:
         torch.set_num_threads(threads)
+        self.pace = pace
+        self.pacer = Pacer() if pace is not None else None
         self.extra_state: dict[str, Any] = {}
         if resume_from:
             self.trainer, self.extra_state = Trainer.resume(resume_from, config)
@@ -38,9 +43,14 @@ class TrainerWorker:
         return self.extra_state
 
     def train_step(self, groups: list[Group]) -> dict[str, Any]:
-        started = time.time()
+        started = time.perf_counter()
         metrics = self.trainer.train_step(groups)
-        metrics["train_compute_s"] = time.time() - started
+        metrics["train_compute_s"] = time.perf_counter() - started
+        if self.pacer is not None:
+            paced = self.pace.train_step_s(_trained_tokens(groups))
+            self.pacer.finish(started, paced)
+            metrics["train_paced_s"] = paced
+            metrics["train_over_pace"] = int(metrics["train_compute_s"] > paced)
         return metrics
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -48,3 +58,7 @@ class TrainerWorker:
 
     def save_checkpoint(self, folder: str, extra_state: dict[str, Any]) -> str:
         return str(self.trainer.save_checkpoint(Path(folder), extra_state))
+
+
+def _trained_tokens(groups: list[Group]) -> int:
+    return sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
