@@ -1,0 +1,361 @@
+"""`dorarl bench modes`: sync, one_step_off, partial_rollout and dora side by side, on devices
+emulated by pacing.
+
+    dorarl bench modes --out DIR [--quick] [--config FILE.yaml] [key=value ...]
+
+Every mode runs on the Ray runtime with real engines and the real trainer, on the same
+long-tailed forced-length workload, the same instances, prompts and seeds, with fresh
+actors per mode in one Ray session. Before the modes run, the real compute of a full-batch
+decode step, of prefill and of a training step is calibrated once; every engine step and
+training step then lasts its device time (dorarl.runtime.pacing), so N instances sharing
+the CPU cores behave like N dedicated accelerators, and every paced figure is shown beside
+the real compute it covered. Writes DIR/modes.json, DIR/<mode>/ (the recorder's files,
+trace.json included), DIR/timeline_<mode>.png and DIR/throughput.png; prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from dorarl.bench.calibrate import (
+    Calibration,
+    PaceRule,
+    calibrate,
+    choose_pace,
+    quiet_model_loading,
+)
+from dorarl.bench.figures import check_bars, length_stats, makespan_steps, mode_figures
+from dorarl.bench.report import print_modes
+from dorarl.bench.timeline import plot_throughput, plot_timeline
+from dorarl.config import ConfigError, describe, load_config
+from dorarl.controller import ControllerConfig
+from dorarl.engine import EngineConfig
+from dorarl.runtime.pacing import DeviceModel
+from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
+from dorarl.runtime.recorder import Recorder
+from dorarl.sim.lengths import LengthDist
+from dorarl.tasks import Task, make_task
+from dorarl.tasks.assets import shipped_base_model
+from dorarl.trainer import TrainerConfig
+
+log = logging.getLogger(__name__)
+
+QUICK = ["steps=6", "warmup_steps=2"]
+"""`--quick`: fewer steps per mode (applied before the user's overrides)."""
+
+
+@dataclass(kw_only=True)
+class WorkloadSection:
+    """Forced response lengths: lognormal with p99/median >= 10, EOS ignored."""
+
+    median: float = field(default=12.0, metadata={"help": "median response length (tokens)"})
+    p99_ratio: float = field(default=12.0, metadata={"help": "p99 / median (>= 10)"})
+    max_len: int = field(default=240, metadata={"help": "longest response"})
+    group_corr: float = field(default=0.5, metadata={"help": "share of log-variance per group"})
+
+    def dist(self) -> LengthDist:
+        return LengthDist(
+            median=self.median,
+            p99_ratio=self.p99_ratio,
+            max_len=self.max_len,
+            group_corr=self.group_corr,
+        )
+
+    def validate(self) -> None:
+        self.dist().validate()
+        if self.p99_ratio < 10:
+            raise ConfigError(f"p99_ratio: the benchmark's tail needs >= 10, got {self.p99_ratio}")
+
+
+@dataclass(kw_only=True)
+class ModesConfig:
+    model: str | None = field(
+        default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
+    )
+    instances: int = field(default=4, metadata={"help": "rollout instances (emulated devices)"})
+    slots: int = field(default=16, metadata={"help": "running requests per instance"})
+    tbs: int = field(default=8, metadata={"help": "groups per training step"})
+    group_size: int = field(default=8, metadata={"help": "responses per prompt"})
+    steps: int = field(default=12, metadata={"help": "training steps per mode"})
+    warmup_steps: int = field(default=2, metadata={"help": "first steps left out of figures"})
+    dora_k: list[int] = field(default_factory=lambda: [1, 3], metadata={"help": "dora K values"})
+    partial_k: int = field(default=1, metadata={"help": "partial_rollout staleness bound"})
+    rebalance_period_s: float = field(default=1.0, metadata={"help": "dora temporal re-balance"})
+    steps_per_call: int = field(
+        default=2, metadata={"help": "engine steps per runtime call (reaction latency)"}
+    )
+    max_model_len: int = field(default=320, metadata={"help": "engine context (prompt + response)"})
+    micro_batch_tokens: int = field(default=1024, metadata={"help": "trainer micro-batch tokens"})
+    lr: float = field(default=1e-4, metadata={"help": "trainer learning rate"})
+    seed: int = field(default=0, metadata={"help": "prompts, lengths, sampling, init"})
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    pace: PaceRule = field(default_factory=PaceRule)
+
+    def validate(self) -> None:
+        for key in ("instances", "slots", "tbs", "group_size", "steps", "steps_per_call"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ConfigError(f"warmup_steps: must be in [0, steps), got {self.warmup_steps}")
+        if not self.dora_k or min(self.dora_k) < 1 or self.partial_k < 1:
+            raise ConfigError("dora_k: needs K values >= 1 (and partial_k >= 1)")
+        if self.workload.max_len >= self.max_model_len:
+            raise ConfigError(
+                f"workload.max_len: {self.workload.max_len} leaves no room for the prompt "
+                f"under max_model_len={self.max_model_len}"
+            )
+
+    def modes(self) -> list[tuple[str, str, int]]:
+        """(name, controller mode, K) in run order."""
+        runs = [("sync", "sync", 0), ("one_step_off", "one_step_off", 1)]
+        runs.append(("partial_rollout", "partial_rollout", self.partial_k))
+        return runs + [(f"dora_k{k}", "dora", k) for k in self.dora_k]
+
+    def engine(self) -> EngineConfig:
+        return EngineConfig(max_num_seqs=self.slots, max_model_len=self.max_model_len)
+
+    def trainer(self) -> TrainerConfig:
+        return TrainerConfig(lr=self.lr, micro_batch_tokens=self.micro_batch_tokens)
+
+    def controller(self, mode: str, k: int) -> ControllerConfig:
+        lockstep = mode in ("sync", "one_step_off")
+        return ControllerConfig(
+            mode=mode,
+            k=k,
+            rbs=self.tbs if lockstep else (k + 1) * self.tbs,  # the admission cap
+            tbs=self.tbs,
+            group_size=self.group_size,
+            num_instances=self.instances,
+            slots_per_instance=self.slots,
+            total_steps=self.steps,
+            rebalance_period_s=self.rebalance_period_s,
+        )
+
+
+# ---- calibration -------------------------------------------------------------------------
+def calibrate_modes(cfg: ModesConfig, model_folder: str, task: Task) -> Calibration:
+    """Real compute alone: full-batch decode at about 4x the median length, a training step
+    on the first batch's shape."""
+    prompts = [p.prompt_ids for p in task.train_prompts()[: cfg.tbs]]
+    dist = cfg.workload.dist()
+    lengths = [dist.group_lengths(cfg.seed, g, cfg.group_size) for g in range(cfg.tbs)]
+    decode_len = min(cfg.workload.max_len, max(8, round(4 * cfg.workload.median)))
+    return calibrate(
+        model_folder, cfg.engine(), cfg.trainer(), prompts, lengths, len(task.tokenizer),
+        decode_len, cfg.seed,
+    )  # fmt: skip
+
+
+def sync_rollout_steps(cfg: ModesConfig, batches: int) -> float:
+    """Mean engine steps of a synchronous rollout over the first `batches` batches."""
+    dist, per_batch = cfg.workload.dist(), []
+    for b in range(batches):
+        groups = range(b * cfg.tbs, (b + 1) * cfg.tbs)
+        lengths = [n for g in groups for n in dist.group_lengths(cfg.seed, g, cfg.group_size)]
+        per_batch.append(makespan_steps(lengths, cfg.instances * cfg.slots) + 1)  # + prefill
+    return sum(per_batch) / len(per_batch)
+
+
+def workload_stats(cfg: ModesConfig, dispatched: int, groups: int = 4000) -> dict[str, Any]:
+    """Length stats of the distribution (`groups` groups) and of the groups the runs used."""
+
+    def lengths(n: int) -> list[int]:
+        dist = cfg.workload.dist()
+        return [x for g in range(n) for x in dist.group_lengths(cfg.seed, g, cfg.group_size)]
+
+    return asdict(cfg.workload) | {
+        "sampled": length_stats(lengths(groups)),
+        "dispatched": length_stats(lengths(dispatched)),
+    }
+
+
+# ---- one mode ----------------------------------------------------------------------------
+def run_mode(
+    cfg: ModesConfig,
+    name: str,
+    mode: str,
+    k: int,
+    model_folder: str,
+    task: Task,
+    device: DeviceModel,
+    out: Path,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One mode on fresh actors; returns the recorder's summary and its step rows."""
+    controller = cfg.controller(mode, k)
+    trainer_args = (model_folder, cfg.trainer(), 1)
+    workers, trainer = start_workers(
+        cfg.instances, model_folder, cfg.engine(), trainer_args, 1, device
+    )
+    recorder = Recorder(
+        out / name,
+        mode=mode,
+        k=controller.staleness_bound,
+        num_instances=cfg.instances,
+        slots_per_instance=cfg.slots,
+    )
+    rollout = RolloutSettings(
+        temperature=1.0,
+        max_new_tokens=cfg.workload.max_len,
+        stop_token_ids=list(task.stop_token_ids),
+        seed=cfg.seed,
+        forced_lengths=cfg.workload.dist(),
+    )
+    try:
+        runtime = RayRuntime(
+            controller, task, rollout, workers, trainer, recorder, steps_per_call=cfg.steps_per_call
+        )
+        summary = runtime.run()
+    finally:
+        for actor in [*workers, trainer]:
+            ray.kill(actor)
+    return summary, recorder.steps
+
+
+# ---- the whole bench ---------------------------------------------------------------------
+def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
+    """Calibrate, run every mode, write modes.json and the PNGs; returns what modes.json holds."""
+    model_folder = str(cfg.model or shipped_base_model())
+    task = make_task("running_sum", seed=cfg.seed, tokenizer=_tokenizer(model_folder))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    cal = calibrate_modes(cfg, model_folder, task)
+    device, derivation = choose_pace(
+        cal,
+        cfg.pace,
+        num_instances=cfg.instances,
+        kv_pool_tokens=cfg.engine().num_blocks * cfg.engine().block_size,
+        sync_rollout_steps=sync_rollout_steps(cfg, cfg.steps),
+    )
+    say(f"calibrated in {time.perf_counter() - started:.1f}s: decode step pace "
+        f"{device.decode_step_s * 1e3:.1f} ms (real {cal.decode_step_s * 1e3:.2f} ms)")  # fmt: skip
+    runs, summaries = _run_all(cfg, model_folder, task, device, out, say)
+    result = _assemble(cfg, out, cal, device, derivation, runs, summaries)
+    result["bench_wall_s"] = time.perf_counter() - started
+    (out / "modes.json").write_text(json.dumps(result, indent=2) + "\n")
+    _plots(cfg, out, runs, result["modes"])
+    return result
+
+
+def _run_all(
+    cfg: ModesConfig, model_folder: str, task: Task, device: DeviceModel, out: Path, say
+) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    _start_ray()
+    runs: dict[str, list[dict]] = {}
+    summaries: dict[str, dict] = {}
+    try:
+        for name, mode, k in cfg.modes():
+            t0 = time.perf_counter()
+            summaries[name], runs[name] = run_mode(
+                cfg, name, mode, k, model_folder, task, device, out
+            )
+            say(f"{name}: {cfg.steps} steps in {summaries[name]['wall_time_s']:.1f}s "
+                f"({time.perf_counter() - t0:.1f}s with actor start)")  # fmt: skip
+    finally:
+        ray.shutdown()
+    return runs, summaries
+
+
+def _assemble(
+    cfg: ModesConfig,
+    out: Path,
+    cal: Calibration,
+    device: DeviceModel,
+    derivation: dict[str, float],
+    runs: dict[str, list[dict]],
+    summaries: dict[str, dict],
+) -> dict[str, Any]:
+    figures = {
+        name: mode_figures(rows, cfg.warmup_steps, cfg.instances) for name, rows in runs.items()
+    }
+    for name, fig in figures.items():
+        fig["dropped_total"] = summaries[name]["dropped_total"]
+        fig["K"] = summaries[name]["K"]
+    sync = figures["sync"]
+    ratio = sync["train_time_s"] / max(1e-9, sync["step_time_s"]["mean"] - sync["train_time_s"])
+    consumed = [n for name in runs for n in _consumed_lengths(out / name)]
+    return {
+        "config": asdict(cfg),
+        "workload": workload_stats(cfg, max(s["dispatched"] for s in summaries.values()))
+        | {"consumed": length_stats(consumed) if consumed else {}},
+        "emulation": {
+            "calibration_real": cal.to_dict(),
+            "device": device.to_dict(),
+            "derivation": derivation,
+            "rule": asdict(cfg.pace),
+            "measured_sync_train_over_rollout": ratio,
+            "not_paced": "weight loads, request transfers (export/import), cache freeing: real CPU time",
+        },
+        "modes": figures,
+        "bars": {f"dora_k{k}": check_bars(figures, f"dora_k{k}") for k in cfg.dora_k},
+    }
+
+
+def _consumed_lengths(run_dir: Path) -> list[int]:
+    """Response lengths of the trajectories a mode's trainer consumed (its run files)."""
+    path = run_dir / "trajectories.jsonl"
+    if not path.exists():
+        return []
+    with path.open() as lines:
+        return [json.loads(line)["response_tokens"] for line in lines]
+
+
+def _plots(cfg: ModesConfig, out: Path, runs: dict[str, list[dict]], figures: dict) -> None:
+    for name in runs:
+        trace = out / name / "trace.json"
+        if trace.exists():
+            title = f"{name}: lane height = busy slots / {cfg.slots}, colour = hosted version"
+            plot_timeline(trace, out / f"timeline_{name}.png", cfg.slots, title)
+    plot_throughput(runs, figures, out / "throughput.png")
+
+
+def _start_ray() -> None:
+    ray.init(
+        num_cpus=os.cpu_count() or 2,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",
+    )
+
+
+def _tokenizer(model_folder: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_folder)
+
+
+# ---- command line ------------------------------------------------------------------------
+def _parse(argv: list[str]) -> argparse.Namespace:
+    keys = "\n".join(f"  {k:<28} {d:>14}  {h}" for k, d, h in describe(ModesConfig))
+    parser = argparse.ArgumentParser(
+        prog="dorarl bench modes",
+        description=__doc__.split("\n\n")[0],
+        epilog=f"keys (key=value):\n{keys}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--quick", action="store_true", help=f"short run: {' '.join(QUICK)}")
+    parser.add_argument("--config", help="YAML file with the keys below")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    overrides = (QUICK if args.quick else []) + list(args.overrides)
+    cfg = load_config(ModesConfig, args.config, overrides)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_model_loading()
+    out = Path(args.out)
+    result = run_bench(cfg, out)
+    print_modes(result, out)
+    dropped = sum(m["dropped_total"] for m in result["modes"].values())
+    return 0 if dropped == 0 else 1

@@ -1,0 +1,176 @@
+"""`dorarl bench modes`: figures from recorder rows, bars, workload stats, the timeline from a
+trace, the CLI's input errors, and (slow) one end-to-end run on a tiny model and workload."""
+
+import json
+
+import pytest
+from rich.console import Console
+
+from dorarl.bench.figures import check_bars, length_stats, makespan_steps, mode_figures
+from dorarl.bench.modes import ModesConfig, main, sync_rollout_steps
+from dorarl.bench.report import (
+    bars_table,
+    emulation_table,
+    modes_table,
+    pace_warnings,
+    workload_table,
+)
+from dorarl.bench.timeline import plot_throughput, plot_timeline, read_trace
+from dorarl.cli import main as cli_main
+from dorarl.controller import ControllerConfig
+from dorarl.sim.cost import CostModel
+from dorarl.sim.lengths import LengthDist
+from dorarl.sim.runtime import SimRuntime
+
+MODE_KEYS = {
+    "measured_steps", "warmup_steps", "step_time_s", "rollout_only_share", "train_time_s",
+    "consumed_tokens", "consumed_tokens_per_s", "slot_utilization", "staleness", "overhead_share",
+    "reprefill_tokens", "migrations", "pace", "all_steps",
+}  # fmt: skip
+
+
+def _sim(tmp_path, mode: str, k: int = 1, steps: int = 6):
+    cfg = ControllerConfig(mode=mode, k=k, rbs=4 if mode in ("sync", "one_step_off") else 8,
+                           tbs=4, group_size=4, num_instances=2, slots_per_instance=8,
+                           total_steps=steps, rebalance_period_s=1.0)  # fmt: skip
+    cost = CostModel(train_fixed_s=0.5, train_per_token_s=1e-4)
+    lengths = LengthDist(median=16, p99_ratio=12, max_len=300, prompt_len=16)
+    sim = SimRuntime(cfg, cost, lengths, seed=0, out_dir=tmp_path / mode)
+    sim.run()
+    return sim.recorder.steps
+
+
+def test_figures_leave_out_warmup_and_add_up(tmp_path):
+    rows = _sim(tmp_path, "dora")
+    fig = mode_figures(rows, warmup=2, num_instances=2)
+    assert set(fig) == MODE_KEYS
+    measured = rows[2:]
+    wall = sum(r["step_time_s"] for r in measured)
+    assert fig["measured_steps"] == 4
+    assert fig["consumed_tokens_per_s"] == pytest.approx(
+        sum(r["consumed_tokens"] for r in measured) / wall
+    )
+    assert sum(fig["staleness"].values()) == 4 * 4  # groups consumed by the measured steps
+    assert all(0 <= int(s) <= 1 for s in fig["staleness"])
+    assert 0 <= fig["rollout_only_share"] <= 1 and 0 < fig["slot_utilization"] <= 1
+    assert fig["overhead_share"]["total"] == pytest.approx(
+        sum(v for k, v in fig["overhead_share"].items() if k != "total"))  # fmt: skip
+    assert fig["all_steps"]["steps"] == 6
+    assert fig["pace"]["engine"]["steps"] == 0  # the simulator is not paced
+    with pytest.raises(ValueError, match="no measured steps"):
+        mode_figures(rows, warmup=6, num_instances=2)
+
+
+def test_sync_waits_for_rollout_more_than_dora(tmp_path):
+    sync = mode_figures(_sim(tmp_path, "sync", k=0), warmup=1, num_instances=2)
+    dora = mode_figures(_sim(tmp_path, "dora", k=3), warmup=1, num_instances=2)
+    assert sync["rollout_only_share"] > dora["rollout_only_share"]
+    assert set(sync["staleness"]) == {"0"}
+
+
+def _figure(tps: float, rollout_only: float = 0.1, overhead: float = 0.01) -> dict:
+    return {"consumed_tokens_per_s": tps, "rollout_only_share": rollout_only,
+            "overhead_share": {"total": overhead}}  # fmt: skip
+
+
+def test_bars_compare_the_named_dora_run():
+    figures = {"sync": _figure(100, 0.6), "one_step_off": _figure(150),
+               "partial_rollout": _figure(190), "dora_k1": _figure(210, 0.2, 0.06)}  # fmt: skip
+    bars = {b["bar"]: b for b in check_bars(figures, "dora_k1")}
+    assert bars["dora_k1 tokens/s / sync"]["value"] == pytest.approx(2.1)
+    assert bars["dora_k1 tokens/s / sync"]["met"]
+    assert bars["dora_k1 tokens/s / one_step_off"]["met"]  # 1.4 >= 1.3
+    assert not bars["dora_k1 tokens/s / partial_rollout"]["met"]  # 1.105 < 1.15
+    assert not bars["dora_k1 rollout-only share"]["met"]
+    assert bars["sync rollout-only share"]["met"]
+    assert not bars["dora_k1 overhead share"]["met"]
+
+
+def test_length_stats_and_makespan():
+    stats = length_stats([1] * 98 + [50, 100])
+    assert stats["median"] == 1 and stats["max"] == 100 and stats["n"] == 100
+    assert stats["p99_over_median"] == pytest.approx(stats["p99"])
+    assert makespan_steps([10, 1, 1, 1], slots=2) == 10
+    assert makespan_steps([3, 3, 3, 3], slots=2) == 6
+    assert makespan_steps([3, 3, 3, 3], slots=8) == 3
+
+
+def test_default_workload_is_long_tailed_and_sync_rollout_is_its_longest_response():
+    cfg = ModesConfig()
+    dist = cfg.workload.dist()
+    lengths = [n for g in range(2000) for n in dist.group_lengths(cfg.seed, g, cfg.group_size)]
+    assert length_stats(lengths)["p99_over_median"] >= 10
+    steps = sync_rollout_steps(cfg, 5)
+    batch_max = [max(n for g in range(b * cfg.tbs, (b + 1) * cfg.tbs)
+                     for n in dist.group_lengths(cfg.seed, g, cfg.group_size)) for b in range(5)]  # fmt: skip
+    assert steps == pytest.approx(sum(batch_max) / 5 + 1)  # one batch fits the slots: + prefill
+
+
+def test_timeline_from_a_recorder_trace(tmp_path):
+    rows = _sim(tmp_path, "dora", k=1)
+    trace = tmp_path / "dora" / "trace.json"
+    view = read_trace(trace)
+    assert sorted(view.versions) == [0, 1]
+    assert {s.name for spans in view.versions.values() for s in spans} >= {"v0", "v1"}
+    assert any(s.name.startswith("train step") for s in view.trainer)
+    assert all(v >= 0 for changes in view.busy.values() for _, v in changes)
+    out = plot_timeline(trace, tmp_path / "timeline.png", slots=8, title="dora")
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    figs = {
+        "sync": mode_figures(_sim(tmp_path, "sync", k=0), 1, 2),
+        "dora": mode_figures(rows, 1, 2),
+    }
+    runs = {"sync": _sim(tmp_path, "sync", k=0), "dora": rows}
+    assert plot_throughput(runs, figs, tmp_path / "tp.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("workload.p99_ratio=5.0", "workload.p99_ratio: the benchmark's tail needs >= 10"),
+        ("warmup_steps=6", "warmup_steps: must be in [0, steps)"),
+        ("dora_k=[0]", "dora_k: needs K values >= 1"),
+        ("workload.max_len=400", "workload.max_len: 400 leaves no room"),
+        ("bogus=1", "unknown config key bogus"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(tmp_path, capsys, override, needle):
+    rc = cli_main(["bench", "modes", "--out", str(tmp_path), "--quick", override])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.slow
+def test_end_to_end_tiny(tmp_path, tiny_model_dir, capsys):
+    args = ["--out", str(tmp_path), f"model={tiny_model_dir}", "instances=2", "slots=4", "tbs=2",
+            "group_size=2", "steps=3", "warmup_steps=1", "dora_k=[1]", "max_model_len=64",
+            "workload.median=4.0", "workload.max_len=40"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "device time (paced)" in printed and "partial_rollout" in printed and "bars" in printed
+    result = json.loads((tmp_path / "modes.json").read_text())
+    assert result["modes"].keys() == {"sync", "one_step_off", "partial_rollout", "dora_k1"}
+    for name, fig in result["modes"].items():
+        assert set(fig) >= MODE_KEYS, name
+        assert fig["dropped_total"] == 0 and fig["measured_steps"] == 2
+        assert fig["pace"]["engine"]["steps"] > 0 and fig["pace"]["train"]["steps"] == 2
+        # paced: a step never takes less wall time than its training step's device time
+        assert fig["step_time_s"]["mean"] >= fig["pace"]["train"]["paced_s"] / 2 * 0.99
+        assert (tmp_path / name / "trace.json").exists()
+        assert (tmp_path / f"timeline_{name}.png").exists()
+    assert set(result["modes"]["sync"]["staleness"]) == {"0"}
+    assert (tmp_path / "throughput.png").exists()
+    emu = result["emulation"]
+    assert emu["device"]["decode_step_s"] >= 2.0 * emu["calibration_real"]["decode_step_s"]
+    assert result["workload"]["dispatched"]["n"] > 0 and result["config"]["steps"] == 3
+    assert {b["bar"] for b in result["bars"]["dora_k1"]} >= {"dora_k1 tokens/s / sync"}
+    console = Console(record=True, width=200)
+    for table in (
+        emulation_table(result),
+        workload_table(result),
+        modes_table(result),
+        bars_table(result),
+    ):
+        console.print(table)
+    assert "dora_k1" in console.export_text()
+    assert all("took longer than their pace" in line for line in pace_warnings(result))
