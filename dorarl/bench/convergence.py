@@ -1,0 +1,265 @@
+"""`dorarl bench convergence`: held-out accuracy and reward against step and wall time, for
+sync and dora (K values), trained the same number of steps by `dorarl train`'s machinery.
+
+    dorarl bench convergence --out DIR [--quick] [--config FILE.yaml] [key=value ...]
+
+Built-in task (running_sum), the shipped base model, real sampling (no forced lengths).
+Wall time is on emulated devices: the same calibration and pacing as `dorarl bench modes`,
+with the synchronous rollout estimated from a batch the base model really samples.
+Evaluation (greedy, held-out) runs after each training run on the versions kept, so it
+takes no CPU from the timed run. Writes DIR/<mode>/ (the `dorarl train` run folder),
+DIR/convergence.json and DIR/convergence.png; prints a table and the bars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dorarl.bench.calibrate import (
+    PaceRule,
+    calibrate,
+    choose_pace,
+    quiet_model_loading,
+    sample_lengths,
+)
+from dorarl.bench.convergence_plot import plot_convergence
+from dorarl.bench.figures import length_stats, makespan_steps
+from dorarl.config import ConfigError, describe, load_config
+from dorarl.engine import SamplingParams
+from dorarl.jobs.config import EvalSection, TrainConfig
+from dorarl.jobs.ray_run import build_task, run_ray
+from dorarl.runtime.pacing import DeviceModel
+from dorarl.tasks import Task
+from dorarl.tasks.assets import shipped_base_model
+
+log = logging.getLogger(__name__)
+
+QUICK = ["steps=8", "eval_every=4", "eval_prompts=200"]
+"""`--quick`: a short run (applied before the user's overrides)."""
+
+
+@dataclass(kw_only=True)
+class ConvergenceConfig:
+    steps: int = field(default=40, metadata={"help": "training steps of every mode"})
+    eval_every: int = field(default=5, metadata={"help": "held-out evaluation every N versions"})
+    eval_prompts: int = field(default=500, metadata={"help": "held-out prompts per evaluation"})
+    dora_k: list[int] = field(default_factory=lambda: [1, 3], metadata={"help": "dora K values"})
+    train: TrainConfig = field(default_factory=TrainConfig)
+    pace: PaceRule = field(default_factory=PaceRule)
+
+    def validate(self) -> None:
+        if self.steps < 1 or self.eval_every < 1 or self.eval_prompts < 1:
+            raise ConfigError("steps, eval_every, eval_prompts: must be >= 1")
+        if not self.dora_k or min(self.dora_k) < 1:
+            raise ConfigError("dora_k: needs K values >= 1")
+        if self.train.task.name != "running_sum" or self.train.forced_lengths.enabled:
+            raise ConfigError("train.task: the convergence bench trains running_sum, real lengths")
+
+    def runs(self) -> list[tuple[str, TrainConfig]]:
+        """(name, the `dorarl train` config of that run) in run order."""
+        modes = [("sync", "sync", 0)] + [(f"dora_k{k}", "dora", k) for k in self.dora_k]
+        return [(name, self._train_config(mode, k)) for name, mode, k in modes]
+
+    def _train_config(self, mode: str, k: int) -> TrainConfig:
+        config = dataclasses.replace(
+            self.train,
+            mode=mode,
+            K=k if mode == "dora" else self.train.K,
+            steps=self.steps,
+            progress=False,
+            eval=EvalSection(every=self.eval_every, max_prompts=self.eval_prompts),
+        )
+        if mode == "sync":  # the mode fixes these; set them so nothing is reported ignored
+            config = dataclasses.replace(config, K=0, rbs=config.tbs)
+        config.validate()
+        return config
+
+
+# ---- calibration -------------------------------------------------------------------------
+def calibrate_pace(
+    cfg: ConvergenceConfig, model_folder: str, task: Task
+) -> tuple[DeviceModel, dict[str, Any]]:
+    """Pace from real compute, the synchronous rollout from one batch the base model samples."""
+    train = cfg.train
+    prompts = [p.prompt_ids for p in task.train_prompts()[: train.tbs]]
+    params = SamplingParams(
+        temperature=train.sampling.temperature,
+        top_p=train.sampling.top_p,
+        top_k=train.sampling.top_k,
+        max_new_tokens=train.sampling.max_new_tokens or task.max_new_tokens,
+        stop_token_ids=list(task.stop_token_ids),
+    )
+    lengths = sample_lengths(
+        model_folder, train.engine, prompts, train.group_size, params, train.seed
+    )
+    flat = [n for group in lengths for n in group]
+    longest_prompt = max(len(p) for p in prompts)
+    decode_len = max(8, min(max(flat), train.engine.max_model_len - longest_prompt))
+    cal = calibrate(model_folder, train.engine, train.trainer, prompts, lengths,
+                    len(task.tokenizer), decode_len, train.seed)  # fmt: skip
+    sync_steps = makespan_steps(flat, train.instances * train.engine.max_num_seqs) + 1
+    kv_tokens = train.engine.num_blocks * train.engine.block_size
+    device, derivation = choose_pace(cal, cfg.pace, num_instances=train.instances,
+                                     kv_pool_tokens=kv_tokens, sync_rollout_steps=sync_steps)  # fmt: skip
+    emulation = {
+        "calibration_real": cal.to_dict(),
+        "device": device.to_dict(),
+        "derivation": derivation,
+        "rule": asdict(cfg.pace),
+        "base_model_lengths": length_stats(flat),
+    }
+    return device, emulation
+
+
+# ---- curves ------------------------------------------------------------------------------
+def read_curve(run_dir: Path) -> dict[str, Any]:
+    """Per step: reward and time; per evaluated version: accuracy and the time it was made."""
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    made_at = {0: 0.0} | {r["new_version"]: r["time_s"] for r in rows}
+    evals = sorted(
+        {r["eval_version"]: r["eval_accuracy"] for r in rows if "eval_version" in r}.items()
+    )
+    return {
+        "steps": [r["step"] + 1 for r in rows],
+        "time_s": [r["time_s"] for r in rows],
+        "reward_mean": [r["reward_mean"] for r in rows],
+        "eval": [{"version": v, "time_s": made_at[v], "accuracy": a} for v, a in evals],
+        "wall_time_s": rows[-1]["time_s"] if rows else 0.0,
+    }
+
+
+def time_to_reach(curve: dict[str, Any], accuracy: float) -> float | None:
+    """Wall time at which the first version with held-out accuracy >= `accuracy` was made."""
+    for point in curve["eval"]:
+        if point["accuracy"] >= accuracy:
+            return point["time_s"]
+    return None
+
+
+def check_bars(curves: dict[str, dict[str, Any]], dora: str = "dora_k1") -> list[dict[str, Any]]:
+    sync, other = curves["sync"], curves[dora]
+    final_sync, final_dora = sync["eval"][-1]["accuracy"], other["eval"][-1]["accuracy"]
+    reach = time_to_reach(other, final_sync)
+    share = reach / sync["wall_time_s"] if reach is not None and sync["wall_time_s"] else None
+    gap = final_sync - final_dora
+    return [
+        {"bar": f"{dora} final accuracy >= sync's - 0.05", "value": gap, "target": "<= 0.05",
+         "met": gap <= 0.05},
+        {"bar": f"{dora} time to sync's final accuracy / sync wall time", "value": share,
+         "target": "<= 0.7", "met": share is not None and share <= 0.7},
+    ]  # fmt: skip
+
+
+# ---- the bench ---------------------------------------------------------------------------
+def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]:
+    model_folder = str(cfg.train.model or shipped_base_model())
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, model=model_folder))
+    task = build_task(cfg.train, model_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    device, emulation = calibrate_pace(cfg, model_folder, task)
+    say(f"calibrated: decode step pace {device.decode_step_s * 1e3:.1f} ms, training step "
+        f"{emulation['derivation']['train_step_s']:.2f} s")  # fmt: skip
+    curves, summaries = {}, {}
+    for name, train_config in cfg.runs():
+        summaries[name] = run_ray(train_config, out / name, pace=device, defer_eval=True)
+        curves[name] = read_curve(out / name)
+        say(f"{name}: {cfg.steps} steps in {curves[name]['wall_time_s']:.1f}s, final held-out "
+            f"accuracy {curves[name]['eval'][-1]['accuracy']:.3f}")  # fmt: skip
+    result = {
+        "config": asdict(cfg),
+        "emulation": emulation,
+        "curves": curves,
+        "summary": {name: _summary(curves[name], summaries[name]) for name in curves},
+        "bars": {f"dora_k{k}": check_bars(curves, f"dora_k{k}") for k in cfg.dora_k},
+        "bench_wall_s": time.perf_counter() - started,
+    }
+    (out / "convergence.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_convergence(curves, out / "convergence.png")
+    return result
+
+
+def _summary(curve: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    pace = summary.get("pace", {})
+    return {
+        "wall_time_s": curve["wall_time_s"],
+        "final_accuracy": curve["eval"][-1]["accuracy"],
+        "first_accuracy": curve["eval"][0]["accuracy"],
+        "final_reward_mean": curve["reward_mean"][-1],
+        "mean_step_time_s": summary.get("mean_step_time_s"),
+        "dropped_total": summary.get("dropped_total", 0),
+        "pace": pace,
+    }
+
+
+def print_result(result: dict[str, Any], out: Path) -> None:
+    console = Console(width=max(120, Console().width))
+    table = Table(title="convergence (paced wall time; held-out greedy accuracy)")
+    for col in ("mode", "steps", "wall s", "step s", "acc first", "acc final", "reward final",
+                "time to sync's final acc"):  # fmt: skip
+        table.add_column(col, justify="right")
+    final_sync = result["summary"]["sync"]["final_accuracy"]
+    for name, s in result["summary"].items():
+        reach = time_to_reach(result["curves"][name], final_sync)
+        table.add_row(name, str(result["config"]["steps"]), f"{s['wall_time_s']:.1f}",
+                      f"{s['mean_step_time_s']:.2f}", f"{s['first_accuracy']:.3f}",
+                      f"{s['final_accuracy']:.3f}", f"{s['final_reward_mean']:.3f}",
+                      "-" if reach is None else f"{reach:.1f}s")  # fmt: skip
+    console.print(table)
+    bars = Table(title="bars")
+    for col in ("bar", "value", "target", "met"):
+        bars.add_column(col, justify="right")
+    for rows in result["bars"].values():
+        for b in rows:
+            value = "-" if b["value"] is None else f"{b['value']:.3f}"
+            bars.add_row(b["bar"], value, b["target"], "yes" if b["met"] else "NO")
+    console.print(bars)
+    der = result["emulation"]["derivation"]
+    console.print(f"emulation: decode step {result['emulation']['device']['decode_step_s'] * 1e3:.1f} ms "
+                  f"({der['decode_pace_over_real']:.1f}x real), training step "
+                  f"{der['train_step_s']:.2f} s ({der['train_pace_over_real']:.1f}x real)")  # fmt: skip
+    console.print(f"wrote {out / 'convergence.json'} and {out / 'convergence.png'}")
+
+
+# ---- command line ------------------------------------------------------------------------
+def _parse(argv: list[str]) -> argparse.Namespace:
+    keys = "\n".join(f"  {k:<36} {d:>14}  {h}" for k, d, h in describe(ConvergenceConfig))
+    parser = argparse.ArgumentParser(
+        prog="dorarl bench convergence",
+        description=__doc__.split("\n\n")[0],
+        epilog=f"keys (key=value):\n{keys}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--quick", action="store_true", help=f"short run: {' '.join(QUICK)}")
+    parser.add_argument("--config", help="YAML file with the keys below")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = _parse(argv)
+    cfg = load_config(
+        ConvergenceConfig, args.config, (QUICK if args.quick else []) + args.overrides
+    )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_model_loading()
+    out = Path(args.out)
+    result = run_bench(cfg, out)
+    print_result(result, out)
+    dropped = sum(s["dropped_total"] for s in result["summary"].values())
+    return 0 if dropped == 0 else 1
