@@ -95,6 +95,14 @@ def test_bad_settings(tmp_path, capsys, override, needle):
     assert needle.split(":")[0] in capsys.readouterr().err
 
 
+def _tensorboard_tags(run_dir) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
 @pytest.mark.slow
 def test_end_to_end_tiny(tmp_path, tiny_model_dir, capsys):
     args = ["--out", str(tmp_path), "steps=2", "eval_every=1", "eval_prompts=8", "dora_k=[1]",
@@ -109,7 +117,9 @@ def test_end_to_end_tiny(tmp_path, tiny_model_dir, capsys):
         assert curve["steps"] == [1, 2] and curve["time_s"][0] > 0
         assert result["summary"][name]["pace"]["train"]["steps"] == 2
         assert (tmp_path / name / "metrics.jsonl").exists()
-        assert (tmp_path / name / "tensorboard").is_dir()
+        assert {"reward_mean", "eval_accuracy", "pace_train/paced_s"} <= _tensorboard_tags(
+            tmp_path / name
+        )
     assert (tmp_path / "convergence.png").exists()
     assert len(result["bars"]["dora_k1"]) == 2
     assert "bars" in capsys.readouterr().out
