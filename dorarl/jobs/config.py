@@ -129,6 +129,11 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=_default_engine)
     trainer: TrainerConfig = field(default_factory=_default_trainer)
 
+    def __post_init__(self) -> None:
+        # One source of truth: the trainer divides logits by the temperature the engines
+        # sampled at, or its ratios would not be 1 on fresh data.
+        self.trainer.temperature = self.sampling.temperature
+
     def validate(self) -> None:
         self.controller_config().validate()
         if self.task.name == "jsonl" and not self.task.path:
