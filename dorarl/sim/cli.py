@@ -1,10 +1,13 @@
 """`dorarl simulate`: the controller at cluster scale on the cost model, modes side by side.
 
-    dorarl simulate [--config FILE.yaml] [--out DIR] [--modes sync,dora] [key=value ...]
+    dorarl simulate [--preset NAME] [--config FILE.yaml] [--out DIR] [--modes sync,dora]
+                    [--validate MODES_JSON] [--whatif] [key=value ...]
 
-Keys are dotted fields of `SimulateConfig` (controller.*, cost.*, lengths.*, seed); every
-mode runs the same workload (same seed, same lengths) and writes DIR/<mode>/ with the
-recorder's files. Prints one row per mode.
+Keys are dotted fields of `SimulateConfig` (controller.*, cost.*, lengths.*, seed), applied
+over the preset, then the YAML file, then the command line. Every mode runs the same
+workload (same seed, same lengths) through the same controller as the real runtime and
+writes DIR/<mode>/ with the recorder's files; DIR/sim.json holds the per-mode figures of
+the steps after `warmup_steps`, DIR/timeline_<mode>.png the instance lanes (when traced).
 """
 
 from __future__ import annotations
@@ -12,28 +15,27 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
+from dorarl.bench.figures import mode_figures
 from dorarl.config import ConfigError, describe, load_config
 from dorarl.controller import MODES, ControllerConfig
-from dorarl.sim.cost import CostModel
-from dorarl.sim.lengths import LengthDist
+from dorarl.sim.presets import PRESETS, SimulateConfig, check_bars
 from dorarl.sim.runtime import SimRuntime
+from dorarl.sim.timelines import plot_lanes
+from dorarl.sim.validate import bench_runs, compare, local_from_bench, read_bench, run_controller
+from dorarl.sim.whatif import plot_whatif, run_whatif, whatif_table
 
+__all__ = ["SimulateConfig", "main", "run_modes", "run_named"]
 
-@dataclass(kw_only=True)
-class SimulateConfig:
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
-    cost: CostModel = field(default_factory=CostModel)
-    lengths: LengthDist = field(default_factory=LengthDist)
-    seed: int = field(default=0, metadata={"help": "workload seed (lengths)"})
-    trace: bool = field(default=True, metadata={"help": "write trace.json (large at scale)"})
-    trajectories: bool = field(default=True, metadata={"help": "write trajectories.jsonl"})
+log = logging.getLogger(__name__)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -44,12 +46,21 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         epilog=f"keys (key=value):\n{keys}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="start from a preset")
     parser.add_argument("--config", help="YAML file with SimulateConfig keys")
     parser.add_argument(
         "--out", default="runs/simulate", help="output folder (default: %(default)s)"
     )
     parser.add_argument(
         "--modes", default=",".join(MODES), help="comma-separated modes (default: all)"
+    )
+    parser.add_argument(
+        "--validate",
+        metavar="MODES_JSON",
+        help="simulate the runs of a `dorarl bench modes` modes.json and compare",
+    )
+    parser.add_argument(
+        "--whatif", action="store_true", help="dora speedup vs p99/median and K (heat map)"
     )
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     return parser.parse_args(argv)
@@ -63,64 +74,189 @@ def _modes(text: str) -> list[str]:
     return modes
 
 
-def run_modes(cfg: SimulateConfig, modes: list[str], out: Path) -> dict[str, dict]:
-    """Run each mode on the same workload; returns mode -> summary (+ simulator wall time)."""
+# ---- configuration ---------------------------------------------------------------------
+def _flatten(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted key=value strings (YAML scalars that read back to the same value)."""
+    items = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            items += _flatten(value, f"{prefix}{key}.")
+        else:
+            text = yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+            items.append(f"{prefix}{key}={text}")
+    return items
+
+
+def build_config(
+    preset: str | SimulateConfig | None, path: str | None, overrides: list[str]
+) -> SimulateConfig:
+    """Preset, then YAML file, then overrides; validated by the config loader."""
+    if preset is None:
+        return load_config(SimulateConfig, path, overrides)
+    base = PRESETS[preset]() if isinstance(preset, str) else preset
+    layers = _flatten(dataclasses.asdict(base))
+    if path is not None:
+        load_config(SimulateConfig, path)  # errors name the file and key
+        layers += _flatten(yaml.safe_load(Path(path).read_text()) or {})
+    return load_config(SimulateConfig, None, layers + list(overrides))
+
+
+# ---- running ---------------------------------------------------------------------------
+def run_named(
+    cfg: SimulateConfig, runs: list[tuple[str, ControllerConfig]], out: Path | None
+) -> dict[str, dict]:
+    """Run each (name, controller) on the same workload; name -> figures + run summary."""
     results = {}
-    for mode in modes:
-        controller = dataclasses.replace(cfg.controller, mode=mode)
-        if controller.lockstep:  # the mode fixes these; set them so nothing is "ignored"
-            controller = dataclasses.replace(
-                controller, k=controller.staleness_bound, rbs=controller.tbs
-            )
+    for name, controller in runs:
         started = time.perf_counter()
         sim = SimRuntime(
             controller,
             cfg.cost,
             cfg.lengths,
             seed=cfg.seed,
-            out_dir=out / mode,
+            out_dir=None if out is None else out / name,
             trace=cfg.trace,
             trajectories=cfg.trajectories,
         )
-        summary = sim.run().summary
-        results[mode] = summary | {"simulator_wall_s": time.perf_counter() - started}
+        result = sim.run()
+        figures = mode_figures(result.steps, cfg.warmup_steps, controller.num_instances)
+        figures.pop("pace")
+        figures["all_steps"].pop("pace")
+        results[name] = figures | {
+            "mode": controller.mode,
+            "K": controller.staleness_bound,
+            "steps": result.summary["steps"],
+            "dropped_total": result.summary["dropped_total"],
+            "offloads": result.summary["offloads"],
+            "throughput_tokens_per_s": result.summary["throughput_tokens_per_s"],
+            "simulator_wall_s": time.perf_counter() - started,
+            "events": result.events,
+        }
+        log.info("%s: %d events in %.1fs", name, result.events, results[name]["simulator_wall_s"])
     return results
 
 
-def _table(results: dict[str, dict]) -> Table:
-    table = Table(title="dorarl simulate (virtual time)")
-    for name in (
-        "mode",
-        "tokens/s",
-        "step s",
-        "rollout-only",
-        "slot util",
-        "migrations",
-        "re-prefill",
-        "sim s",
-    ):
+def mode_controller(cfg: SimulateConfig, mode: str) -> ControllerConfig:
+    controller = dataclasses.replace(cfg.controller, mode=mode)
+    if controller.lockstep:  # the mode fixes these; set them so nothing is "ignored"
+        controller = dataclasses.replace(
+            controller, k=controller.staleness_bound, rbs=controller.tbs
+        )
+    return controller
+
+
+def run_modes(cfg: SimulateConfig, modes: list[str], out: Path | None) -> dict[str, dict]:
+    return run_named(cfg, [(m, mode_controller(cfg, m)) for m in modes], out)
+
+
+def speedups(results: dict[str, dict]) -> dict[str, float]:
+    """dora over each other mode: step time (end to end) and consumed tokens/s."""
+    if "dora" not in results:
+        return {}
+    dora = results["dora"]
+    out = {}
+    for mode, r in results.items():
+        if mode != "dora":
+            out[f"dora/{mode} step"] = r["step_time_s"]["mean"] / dora["step_time_s"]["mean"]
+            out[f"dora/{mode} tokens/s"] = (
+                dora["consumed_tokens_per_s"] / r["consumed_tokens_per_s"]
+            )
+    return out
+
+
+# ---- output ----------------------------------------------------------------------------
+def _table(results: dict[str, dict], title: str) -> Table:
+    table = Table(title=title)
+    columns = ("run", "step s", "tokens/s", "rollout-only", "slot util", "staleness",
+               "migrations", "re-prefill", "LB+xfer", "dropped", "sim s")  # fmt: skip
+    for name in columns:
         table.add_column(name, justify="right")
-    for mode, s in results.items():
+    for name, s in results.items():
+        over = s["overhead_share"]
         table.add_row(
-            mode,
-            f"{s['throughput_tokens_per_s']:,.0f}",
-            f"{s['mean_step_time_s']:.1f}",
+            name,
+            f"{s['step_time_s']['mean']:.1f}",
+            f"{s['consumed_tokens_per_s']:,.0f}",
             f"{s['rollout_only_share']:.0%}",
             f"{s['slot_utilization']:.0%}",
+            " ".join(f"{k}:{v}" for k, v in s["staleness"].items()),
             str(s["migrations"]),
             f"{s['reprefill_tokens']:,}",
+            f"{over['load_balance']:.1%}+{over['request_transfer']:.1%}",
+            str(s["dropped_total"]),
             f"{s['simulator_wall_s']:.1f}",
         )
     return table
 
 
+def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list[str]:
+    if not cfg.trace:
+        return []
+    slots = cfg.controller.slots_per_instance
+    return [
+        str(plot_lanes(out / name / "trace.json", out / f"timeline_{name}.png", slots, name))
+        for name in results
+        if (out / name / "trace.json").exists()
+    ]
+
+
 def main(argv: list[str]) -> int:
     args = _parse(argv)
-    cfg = load_config(SimulateConfig, args.config, args.overrides)
-    modes = _modes(args.modes)
     out = Path(args.out)
-    results = run_modes(cfg, modes, out)
+    console = Console(width=max(160, Console().width))
+    if args.whatif:
+        return _main_whatif(args, out, console)
+    if args.validate:
+        return _main_validate(args, out, console)
+    cfg = build_config(args.preset, args.config, args.overrides)
+    results = run_modes(cfg, _modes(args.modes), out)
+    doc = {"preset": args.preset, "config": dataclasses.asdict(cfg), "modes": results}
+    doc["speedups"] = speedups(results)
+    doc["bars"] = check_bars(args.preset, results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "modes.json").write_text(json.dumps(results, indent=2) + "\n")
-    Console(width=max(100, Console().width)).print(_table(results))
+    doc["timelines"] = _timelines(cfg, results, out)
+    _write(out, doc)
+    console.print(_table(results, f"dorarl simulate {args.preset or ''} (virtual time)"))
+    for key, value in doc["speedups"].items():
+        console.print(f"{key}: {value:.2f}x")
+    for bar in doc["bars"]:
+        console.print(f"bar {bar['name']}: {bar['value']:.3g} vs {bar['target']:.3g} "
+                      f"(+-{bar['tolerance']:g}) {'MET' if bar['met'] else 'MISSED'}")  # fmt: skip
     return 0
+
+
+def _main_validate(args: argparse.Namespace, out: Path, console: Console) -> int:
+    bench = read_bench(args.validate)
+    cfg = build_config(local_from_bench(bench), args.config, args.overrides)
+    runs = [(n, run_controller(cfg.controller, m, k)) for n, m, k in bench_runs(bench)]
+    results = run_named(cfg, runs, out)
+    validation = compare(results, bench["modes"]) | {"modes_json": str(args.validate)}
+    doc = {"preset": "local", "config": dataclasses.asdict(cfg), "modes": results}
+    doc["validation"] = validation
+    out.mkdir(parents=True, exist_ok=True)
+    doc["timelines"] = _timelines(cfg, results, out)
+    _write(out, doc)
+    console.print(_table(results, "dorarl simulate --validate (local preset, virtual time)"))
+    for name, row in validation["runs"].items():
+        cells = [f"{k} {v['predicted']:.3g} vs {v['measured']:.3g} ({v['rel_error']:+.0%})"
+                 for k, v in row.items()]  # fmt: skip
+        console.print(f"{name}: " + "; ".join(cells))
+    console.print(f"all within {validation['tolerance']:.0%}: {validation['all_within']}")
+    return 0
+
+
+def _main_whatif(args: argparse.Namespace, out: Path, console: Console) -> int:
+    cfg = build_config(args.preset or "paper-64", args.config, args.overrides)
+    grid = run_whatif(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"preset": args.preset or "paper-64", "config": dataclasses.asdict(cfg), "whatif": grid}
+    doc["heatmap"] = str(plot_whatif(grid, out / "whatif.png"))
+    _write(out, doc)
+    console.print(whatif_table(grid))
+    return 0
+
+
+def _write(out: Path, doc: dict[str, Any]) -> None:
+    (out / "sim.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if "modes" in doc:  # the per-mode figures alone, as `dorarl bench modes` names its file
+        (out / "modes.json").write_text(json.dumps(doc["modes"], indent=2) + "\n")

@@ -1,0 +1,165 @@
+"""The `local` preset and its validation against `dorarl bench modes` measured on this machine.
+
+`dorarl bench modes` paces every engine and training step to a device model calibrated on
+this machine; the `local` preset is that device model as a `CostModel`, with the bench's
+instances, slots, batch and workload. `validate` re-runs the bench's named runs (sync,
+one_step_off, partial_rollout, dora_k1, ...) in the simulator and compares step time and
+consumed tokens/s per run within a tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from dorarl.controller import ControllerConfig
+from dorarl.errors import UserInputError
+from dorarl.sim.cost import CostModel
+from dorarl.sim.lengths import LengthDist
+
+TOLERANCE = 0.15
+COMPARED = ("step_time_s.mean", "consumed_tokens_per_s")
+
+# `dorarl bench modes --out /tmp/bm/full1` on this machine (2 CPU cores), 2026-11-29: the
+# paced device model (emulation.device) and the bench's settings (config).
+MEASURED_DEVICE = {
+    "decode_step_s": 0.01213435188828417,
+    "kv_token_s": 4.739981206361004e-07,
+    "prefill_token_s": 9.096777792743961e-05,
+    "train_fixed_s": 0.2230416908840457,
+    "train_token_s": 0.00022512595716837338,
+}
+MEASURED_CONFIG = {
+    "instances": 4,
+    "slots": 16,
+    "tbs": 8,
+    "group_size": 8,
+    "steps": 12,
+    "warmup_steps": 2,
+    "rebalance_period_s": 1.0,
+    "max_model_len": 320,
+    "seed": 0,
+    "workload": {"median": 12.0, "p99_ratio": 12.0, "max_len": 240, "group_corr": 0.5},
+}
+PROMPT_LEN = 8  # running_sum prompts with the chat template, about 8 tokens
+TINY_WEIGHTS = 4.25e6  # bytes of the bench's base model (model.safetensors)
+
+
+def local_from_bench(bench: dict[str, Any] | None = None) -> Any:
+    """`SimulateConfig` of this machine as `dorarl bench modes` paced it (`bench`: modes.json)."""
+    from dorarl.sim.presets import SimulateConfig
+
+    device = bench["emulation"]["device"] if bench else MEASURED_DEVICE
+    config = bench["config"] if bench else MEASURED_CONFIG
+    work = config["workload"]
+    lengths = LengthDist(
+        median=work["median"],
+        p99_ratio=work["p99_ratio"],
+        group_corr=work["group_corr"],
+        max_len=work["max_len"],
+        prompt_len=PROMPT_LEN,
+    )
+    controller = ControllerConfig(
+        tbs=config["tbs"],
+        rbs=2 * config["tbs"],
+        k=1,
+        group_size=config["group_size"],
+        num_instances=config["instances"],
+        slots_per_instance=config["slots"],
+        total_steps=config["steps"],
+        rebalance_period_s=config["rebalance_period_s"],
+    )
+    return SimulateConfig(
+        controller=controller,
+        cost=_cost(device, config),
+        lengths=lengths,
+        seed=config["seed"],
+        warmup_steps=config["warmup_steps"],
+    )
+
+
+def _cost(device: dict[str, float], config: dict[str, Any]) -> CostModel:
+    """The paced device model; transfers are unpaced real CPU work on tiny tensors."""
+    return CostModel(
+        decode_fixed_s=device["decode_step_s"],
+        decode_per_seq_s=0.0,  # the pace does not depend on the batch size
+        decode_per_kv_token_s=device["kv_token_s"],
+        prefill_per_token_s=device["prefill_token_s"],
+        kv_capacity_tokens=config["slots"] * config["max_model_len"],
+        kv_link_bytes_per_s=1e9,
+        kv_link_latency_s=2e-3,  # a Ray object-store round trip
+        host_link_bytes_per_s=5e9,
+        weight_bytes=TINY_WEIGHTS,
+        peer_link_bytes_per_s=1e9,
+        trainer_link_bytes_per_s=1e9,
+        weight_latency_s=0.02,
+        free_cache_s=1e-4,
+        train_fixed_s=device["train_fixed_s"],
+        train_per_token_s=device["train_token_s"],
+    )
+
+
+def read_bench(path: str | Path) -> dict[str, Any]:
+    """A `dorarl bench modes` modes.json; errors name the file and what is missing."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserInputError(f"--validate {path}: {exc}") from None
+    for key in ("config", "emulation", "modes"):
+        if key not in data:
+            raise UserInputError(f"--validate {path}: no {key!r} section (not a modes.json?)")
+    for name, figures in data["modes"].items():
+        for field in ("K", "step_time_s", "consumed_tokens_per_s"):
+            if field not in figures:
+                raise UserInputError(f"--validate {path}: modes.{name} has no {field!r}")
+    return data
+
+
+def bench_runs(bench: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(name, mode, K) of every run in a modes.json ('dora_k3' is dora with K=3)."""
+    runs = []
+    for name, figures in bench["modes"].items():
+        mode = name.split("_k")[0] if name.startswith(("dora", "partial_rollout")) else name
+        runs.append((name, mode, int(figures["K"])))
+    return runs
+
+
+def run_controller(base: ControllerConfig, mode: str, k: int) -> ControllerConfig:
+    """The bench's schedule for one run: lockstep modes RBS = TBS, others the admission cap."""
+    lockstep = mode in ("sync", "one_step_off")
+    rbs = base.tbs if lockstep else (k + 1) * base.tbs
+    return dataclasses.replace(base, mode=mode, k=k, rbs=rbs)
+
+
+def _get(figures: dict[str, Any], dotted: str) -> float:
+    value: Any = figures
+    for part in dotted.split("."):
+        value = value[part]
+    return float(value)
+
+
+def compare(
+    predicted: dict[str, dict[str, Any]],
+    measured: dict[str, dict[str, Any]],
+    tolerance: float = TOLERANCE,
+) -> dict[str, Any]:
+    """Per run and figure: predicted, measured, relative error and whether it is within."""
+    rows = {}
+    for name, real in measured.items():
+        if name not in predicted:
+            continue
+        rows[name] = {}
+        for key in COMPARED:
+            want, got = _get(real, key), _get(predicted[name], key)
+            error = (got - want) / want if want else float("inf")
+            rows[name][key] = {
+                "predicted": got,
+                "measured": want,
+                "rel_error": error,
+                "within": abs(error) <= tolerance,
+            }
+    ok = all(v["within"] for row in rows.values() for v in row.values())
+    return {"tolerance": tolerance, "all_within": ok, "runs": rows}
