@@ -30,7 +30,14 @@ from dorarl.controller import MODES, ControllerConfig
 from dorarl.sim.presets import PRESETS, SimulateConfig, check_bars
 from dorarl.sim.runtime import SimRuntime
 from dorarl.sim.timelines import plot_lanes
-from dorarl.sim.validate import bench_runs, compare, local_from_bench, read_bench, run_controller
+from dorarl.sim.validate import (
+    COMPARED,
+    bench_runs,
+    compare,
+    local_from_bench,
+    read_bench,
+    run_controller,
+)
 from dorarl.sim.whatif import plot_whatif, run_whatif, whatif_table
 
 __all__ = ["SimulateConfig", "main", "run_modes", "run_named"]
@@ -238,8 +245,12 @@ def _main_validate(args: argparse.Namespace, out: Path, console: Console) -> int
     _write(out, doc)
     console.print(_table(results, "dorarl simulate --validate (local preset, virtual time)"))
     for name, row in validation["runs"].items():
-        cells = [f"{k} {v['predicted']:.3g} vs {v['measured']:.3g} ({v['rel_error']:+.0%})"
-                 for k, v in row.items()]  # fmt: skip
+        cells = [f"{k} {row[k]['predicted']:.3g} vs {row[k]['measured']:.3g} "
+                 f"({row[k]['rel_error']:+.0%})" for k in COMPARED]  # fmt: skip
+        ctx = row["context"]
+        cells.append(f"train s {ctx['train_time_s_predicted']:.2f} vs "
+                     f"{ctx['train_time_s_measured']:.2f} (unpaced excess "
+                     f"{ctx['pace_excess_train_s']:.1f}s)")  # fmt: skip
         console.print(f"{name}: " + "; ".join(cells))
     console.print(f"all within {validation['tolerance']:.0%}: {validation['all_within']}")
     return 0

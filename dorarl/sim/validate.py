@@ -147,11 +147,11 @@ def compare(
     tolerance: float = TOLERANCE,
 ) -> dict[str, Any]:
     """Per run and figure: predicted, measured, relative error and whether it is within."""
-    rows = {}
+    rows: dict[str, dict[str, Any]] = {}
     for name, real in measured.items():
         if name not in predicted:
             continue
-        rows[name] = {}
+        rows[name] = {"context": _context(predicted[name], real)}
         for key in COMPARED:
             want, got = _get(real, key), _get(predicted[name], key)
             error = (got - want) / want if want else float("inf")
@@ -161,5 +161,20 @@ def compare(
                 "rel_error": error,
                 "within": abs(error) <= tolerance,
             }
-    ok = all(v["within"] for row in rows.values() for v in row.values())
+    ok = all(row[key]["within"] for row in rows.values() for key in COMPARED)
     return {"tolerance": tolerance, "all_within": ok, "runs": rows}
+
+
+def _context(predicted: dict[str, Any], real: dict[str, Any]) -> dict[str, float]:
+    """What explains a gap: training time, and the real compute the bench could not pace.
+
+    The simulator assumes dedicated devices; on a 2-core machine the bench's pacing breaks
+    when real compute exceeds the pace (engines and trainer contending for cores).
+    """
+    pace = real.get("pace", {})
+    return {
+        "train_time_s_predicted": float(predicted.get("train_time_s", 0.0)),
+        "train_time_s_measured": float(real.get("train_time_s", 0.0)),
+        "pace_excess_train_s": float(pace.get("train", {}).get("excess_s", 0.0)),
+        "pace_excess_engine_s": float(pace.get("engine", {}).get("excess_s", 0.0)),
+    }
