@@ -1,9 +1,11 @@
 """Cost model of one rollout instance, the links and the trainer: a dataclass of parameters.
 
 Decode is memory-bound: a step reads the weights once (`decode_fixed_s`) plus the KV of
-every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. Presets
-are plain functions returning a `CostModel`; the field defaults are the `local()` preset
-(a 7B-class model in bf16 on one 80 GB accelerator per instance, trainer on 4 at ~35% MFU).
+every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. The
+field defaults (`local()` here) are a generic 7B-class model in bf16 on one 80 GB accelerator per
+instance, trainer on 4 at ~35% MFU, used by tests; the `dorarl simulate --preset` scenarios
+(paper-64, paper-128, moe-500b, and `local` = this machine as the bench paces it) are
+derived from public specs in `dorarl.sim.presets`.
 """
 
 from __future__ import annotations

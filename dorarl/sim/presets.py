@@ -165,7 +165,7 @@ def _paper(gpus: int) -> SimulateConfig:
         rebalance_period_s=60.0,
     )
     return SimulateConfig(
-        controller=controller, cost=cost, lengths=dapo_qwen32b(), trace=False, trajectories=False
+        controller=controller, cost=cost, lengths=dapo_qwen32b(), trace=True, trajectories=False
     )
 
 
