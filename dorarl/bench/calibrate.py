@@ -1,10 +1,10 @@
 """Calibrate device emulation once per run: real compute of engine and training steps, alone.
 
 Measured in this process with one torch thread (as in the actors) before any actor starts.
-`choose_pace` then picks the device times (see `PaceRule`): each pace is `margin` times the
-real compute expected under the load of the other paced workers on the shared cores, and
-the training pace is raised (or the decode pace, whichever is short) until a training step
-takes `train_ratio` of the expected synchronous rollout, a stated property of the workload.
+`choose_pace` then picks the device times (see `PaceRule`): every pace is at least `margin`
+times the real compute alone, the paced workers together keep busy at most `cpu_share` of
+the cores on average (the rest absorbs the driver, Ray and contention), and a training step
+lasts `train_ratio` of the expected synchronous rollout, a stated property of the workload.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -49,7 +50,11 @@ class Calibration:
 @dataclass(kw_only=True)
 class PaceRule:
     margin: float = field(
-        default=2.0, metadata={"help": "device time / expected real compute under contention"}
+        default=2.0, metadata={"help": "least device time / real compute alone, per step"}
+    )
+    cpu_share: float = field(
+        default=0.5,
+        metadata={"help": "most of the cores the paced workers may keep busy, on average"},
     )
     cores: int = field(
         default_factory=lambda: os.cpu_count() or 2, metadata={"help": "CPU cores shared"}
@@ -66,6 +71,8 @@ class PaceRule:
     def validate(self) -> None:
         if not self.margin >= 1.0:
             raise ConfigError(f"margin: must be >= 1, got {self.margin}")
+        if not 0.0 < self.cpu_share <= 1.0:
+            raise ConfigError(f"cpu_share: must be in (0, 1], got {self.cpu_share}")
         if self.cores < 1:
             raise ConfigError(f"cores: must be >= 1, got {self.cores}")
         if not self.train_ratio > 0:
@@ -254,39 +261,40 @@ def choose_pace(
     num_instances: int,
     kv_pool_tokens: int,
     sync_rollout_steps: float,
-) -> tuple[DeviceModel, dict[str, float]]:
+) -> tuple[DeviceModel, dict[str, Any]]:
     """Device times from the calibration; returns the model and how it was derived.
 
-    `sync_rollout_steps`: expected engine steps of one synchronous rollout (the longest
-    response of a batch). The slowdown a worker can expect is the load of the others on the
-    cores, (1 + their duty cycles) / cores, from the duty cycles (real / paced) at the pace."""
+    `sync_rollout_steps`: expected engine steps of one synchronous rollout. With the train
+    step tied to the decode step (T = train_ratio x sync_rollout_steps x D), the decode step
+    D is the least that meets: D >= margin x real decode; T >= margin x real train; and
+    N x real decode / D + real train / T <= cpu_share x cores (mean CPU demand)."""
     rule.validate()
-    slow_e = slow_t = 1.0
-    for _ in range(20):  # fixed point: paces set duty cycles, duty cycles set slowdowns
-        decode = rule.margin * slow_e * cal.decode_step_s
-        train = rule.margin * slow_t * cal.train_step_s
-        duty_e, duty_t = cal.decode_step_s / decode, cal.train_step_s / train
-        slow_e = max(1.0, (1 + duty_t + (num_instances - 1) * duty_e) / rule.cores)
-        slow_t = max(1.0, (1 + num_instances * duty_e) / rule.cores)
-    wanted_train = rule.train_ratio * sync_rollout_steps * decode
-    if train > wanted_train:  # the trainer is the slow device: slow decode down to match
-        decode = train / (rule.train_ratio * sync_rollout_steps)
-    scale = max(train, wanted_train) / cal.train_step_s  # same factor on fixed and per token
+    steps = rule.train_ratio * sync_rollout_steps  # T = steps x D
+    demand = num_instances * cal.decode_step_s + cal.train_step_s / steps  # CPU-s per D
+    candidates = {
+        "decode_margin": rule.margin * cal.decode_step_s,
+        "train_margin": rule.margin * cal.train_step_s / steps,
+        "cpu_share": demand / (rule.cpu_share * rule.cores),
+    }
+    bound = max(candidates, key=candidates.get)
+    decode = candidates[bound]
+    scale = steps * decode / cal.train_step_s  # the same factor on fixed and per-token time
     device = DeviceModel(
         decode_step_s=decode,
         kv_token_s=rule.kv_share * decode / max(1, kv_pool_tokens),
-        prefill_token_s=rule.margin * slow_e * cal.prefill_token_s,
+        prefill_token_s=rule.margin * cal.prefill_token_s,
         train_fixed_s=scale * cal.train_fixed_s,
         train_token_s=scale * cal.train_token_s,
     )
-    notes = {
-        "slowdown_engine": slow_e,
-        "slowdown_train": slow_t,
+    train = device.train_step_s(cal.train_tokens)
+    derivation = {
+        "bound": bound,
+        "candidates_decode_s": candidates,
+        "cpu_demand_cores": demand / decode,
         "sync_rollout_steps": sync_rollout_steps,
         "expected_sync_rollout_s": sync_rollout_steps * decode,
-        "train_step_s": device.train_step_s(cal.train_tokens),
+        "train_step_s": train,
         "decode_pace_over_real": decode / cal.decode_step_s,
-        "train_pace_over_real": device.train_step_s(cal.train_tokens) / cal.train_step_s,
-        "bound": "train" if train > wanted_train else "decode",
+        "train_pace_over_real": train / cal.train_step_s,
     }
-    return device, notes
+    return device, derivation

@@ -33,7 +33,13 @@ from dorarl.bench.calibrate import (
     choose_pace,
     quiet_model_loading,
 )
-from dorarl.bench.figures import check_bars, length_stats, makespan_steps, mode_figures
+from dorarl.bench.figures import (
+    check_bars,
+    length_stats,
+    makespan_steps,
+    mode_figures,
+    paced_reliably,
+)
 from dorarl.bench.report import print_modes
 from dorarl.bench.timeline import plot_throughput, plot_timeline
 from dorarl.config import ConfigError, describe, load_config
@@ -106,8 +112,10 @@ class ModesConfig:
                 raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ConfigError(f"warmup_steps: must be in [0, steps), got {self.warmup_steps}")
-        if not self.dora_k or min(self.dora_k) < 1 or self.partial_k < 1:
-            raise ConfigError("dora_k: needs K values >= 1 (and partial_k >= 1)")
+        if not self.dora_k or min(self.dora_k) < 1:
+            raise ConfigError(f"dora_k: needs K values >= 1, got {self.dora_k}")
+        if self.partial_k < 1:
+            raise ConfigError(f"partial_k: must be >= 1, got {self.partial_k}")
         if self.workload.max_len >= self.max_model_len:
             raise ConfigError(
                 f"workload.max_len: {self.workload.max_len} leaves no room for the prompt "
@@ -209,6 +217,7 @@ def run_mode(
         seed=cfg.seed,
         forced_lengths=cfg.workload.dist(),
     )
+    load_start = os.getloadavg()[0]
     try:
         runtime = RayRuntime(
             controller, task, rollout, workers, trainer, recorder, steps_per_call=cfg.steps_per_call
@@ -217,7 +226,7 @@ def run_mode(
     finally:
         for actor in [*workers, trainer]:
             ray.kill(actor)
-    return summary, recorder.steps
+    return summary | {"load_avg_1min": [load_start, os.getloadavg()[0]]}, recorder.steps
 
 
 # ---- the whole bench ---------------------------------------------------------------------
@@ -279,6 +288,8 @@ def _assemble(
     for name, fig in figures.items():
         fig["dropped_total"] = summaries[name]["dropped_total"]
         fig["K"] = summaries[name]["K"]
+        fig["load_avg_1min"] = summaries[name]["load_avg_1min"]
+        fig["paced_reliably"] = paced_reliably(fig)
     sync = figures["sync"]
     ratio = sync["train_time_s"] / max(1e-9, sync["step_time_s"]["mean"] - sync["train_time_s"])
     consumed = [n for name in runs for n in _consumed_lengths(out / name)]

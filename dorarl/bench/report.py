@@ -35,11 +35,11 @@ def emulation_table(result: dict[str, Any]) -> Table:
                   f"{der['train_step_s']:.3f} s", f"{real['train_step_s']:.3f} s",
                   f"{der['train_pace_over_real']:.1f}x")  # fmt: skip
     table.caption = (
-        f"rule: margin {rule['margin']} x real x expected slowdown (engine "
-        f"{der['slowdown_engine']:.2f}, trainer {der['slowdown_train']:.2f}) on {rule['cores']} "
-        f"cores; train step = {rule['train_ratio']} x expected sync rollout "
-        f"({der['expected_sync_rollout_s']:.2f} s, {der['sync_rollout_steps']:.0f} steps); "
-        f"binding: {der['bound']}. Measured sync train/rollout ratio: "
+        f"rule: pace >= {rule['margin']} x real alone; paced workers keep <= "
+        f"{rule['cpu_share']:.0%} of {rule['cores']} cores busy on average (at this pace: "
+        f"{der['cpu_demand_cores']:.2f} cores); train step = {rule['train_ratio']} x expected "
+        f"sync rollout ({der['expected_sync_rollout_s']:.2f} s, {der['sync_rollout_steps']:.0f} "
+        f"steps); binding: {der['bound']}. Measured sync train/rollout: "
         f"{emu['measured_sync_train_over_rollout']:.2f}. Not paced: {emu['not_paced']}."
     )
     return table
@@ -64,9 +64,14 @@ def modes_table(result: dict[str, Any]) -> Table:
     modes = result["modes"]
     base = modes["sync"]["consumed_tokens_per_s"] if "sync" in modes else 0.0
     table = Table(title="modes (measured steps; paced wall time, real compute beside it)")
+    table.caption = (
+        "over pace: share of engine / training steps whose real compute exceeded the pace "
+        "(! beyond the limits: the device model did not hold). load avg: the machine's "
+        "1-minute load at the mode's start / end."
+    )
     cols = ("mode", "tok/s", "x sync", "step s mean/med", "rollout-only", "slot util",
             "staleness", "overhead lb/rt/fc", "re-prefill", "migr", "engine step paced/real",
-            "train paced/real", "over pace eng/train")  # fmt: skip
+            "train paced/real", "over pace eng/train", "load avg")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
     for name, m in modes.items():
@@ -89,7 +94,8 @@ def _mode_cells(m: dict[str, Any], base: float) -> list[str]:
         str(m["migrations"]),
         _per_step(eng, 1e3, "ms"),
         _per_step(tr, 1.0, "s"),
-        f"{eng['over_share']:.1%}/{tr['over_share']:.0%}",
+        f"{eng['over_share']:.1%}/{tr['over_share']:.0%}" + ("" if m["paced_reliably"] else " !"),
+        "/".join(f"{x:.1f}" for x in m["load_avg_1min"]),
     ]
 
 
@@ -103,11 +109,13 @@ def _per_step(stats: dict[str, float], unit: float, name: str) -> str:
 
 def bars_table(result: dict[str, Any]) -> Table:
     table = Table(title="bars")
-    for col in ("bar", "value", "target", "met"):
+    for col in ("bar", "value", "target", "met", "pacing held"):
         table.add_column(col, justify="right")
     for bars in result["bars"].values():
         for b in bars:
-            table.add_row(b["bar"], f"{b['value']:.3f}", b["target"], "yes" if b["met"] else "NO")
+            held = "yes" if b["paced_reliably"] else "NO: over pace, figure not valid"
+            table.add_row(b["bar"], f"{b['value']:.3f}", b["target"], "yes" if b["met"] else "NO",
+                          held)  # fmt: skip
     return table
 
 
@@ -126,7 +134,7 @@ def pace_warnings(result: dict[str, Any]) -> list[str]:
 
 
 def print_modes(result: dict[str, Any], out: Path) -> None:
-    console = Console(width=max(160, Console().width))
+    console = Console(width=max(200, Console().width))
     for table in (emulation_table(result), workload_table(result), modes_table(result),
                   bars_table(result)):  # fmt: skip
         console.print(table)

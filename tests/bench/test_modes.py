@@ -68,9 +68,10 @@ def test_sync_waits_for_rollout_more_than_dora(tmp_path):
     assert set(sync["staleness"]) == {"0"}
 
 
-def _figure(tps: float, rollout_only: float = 0.1, overhead: float = 0.01) -> dict:
+def _figure(tps: float, rollout_only=0.1, overhead=0.01, over=(0.0, 0.0)) -> dict:
+    pace = {"engine": {"over_share": over[0]}, "train": {"over_share": over[1]}}
     return {"consumed_tokens_per_s": tps, "rollout_only_share": rollout_only,
-            "overhead_share": {"total": overhead}}  # fmt: skip
+            "overhead_share": {"total": overhead}, "pace": pace}  # fmt: skip
 
 
 def test_bars_compare_the_named_dora_run():
@@ -84,6 +85,16 @@ def test_bars_compare_the_named_dora_run():
     assert not bars["dora_k1 rollout-only share"]["met"]
     assert bars["sync rollout-only share"]["met"]
     assert not bars["dora_k1 overhead share"]["met"]
+    assert all(b["paced_reliably"] for b in bars.values())
+
+
+def test_bars_say_when_a_mode_was_not_held_to_its_pace():
+    figures = {"sync": _figure(100, 0.6), "one_step_off": _figure(150, over=(0.2, 0.0)),
+               "partial_rollout": _figure(190), "dora_k1": _figure(210, over=(0.0, 0.5))}  # fmt: skip
+    held = {b["bar"]: b["paced_reliably"] for b in check_bars(figures, "dora_k1")}
+    assert held["sync rollout-only share"]
+    assert not held["dora_k1 tokens/s / sync"] and not held["dora_k1 overhead share"]
+    assert not held["dora_k1 tokens/s / one_step_off"]
 
 
 def test_length_stats_and_makespan():

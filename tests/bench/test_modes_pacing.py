@@ -121,23 +121,35 @@ def _cal(decode=0.002, train=0.3) -> Calibration:
     return Calibration(decode, 16, 40, 2e-5, 0.1 * train, 0.9 * train / 1000, 1000, train)
 
 
-@pytest.mark.parametrize("sync_steps", [20.0, 500.0])
-def test_pace_covers_real_compute_with_margin_and_sets_the_train_ratio(sync_steps):
-    cal, rule = _cal(), PaceRule(margin=2.0, cores=2, train_ratio=0.5)
+@pytest.mark.parametrize(
+    ("decode", "train", "sync_steps", "bound"),
+    [(0.002, 0.3, 500.0, "cpu_share"), (0.002, 3.0, 20.0, "train_margin"),
+     (0.01, 0.001, 500.0, "cpu_share"), (0.002, 0.3, 20.0, "train_margin")],
+)  # fmt: skip
+def test_pace_meets_margin_cpu_share_and_train_ratio(decode, train, sync_steps, bound):
+    cal, rule = _cal(decode, train), PaceRule(margin=2.0, cpu_share=0.5, cores=2, train_ratio=0.5)
     dev, notes = choose_pace(
         cal, rule, num_instances=4, kv_pool_tokens=5000, sync_rollout_steps=sync_steps
     )
-    assert dev.decode_step_s >= rule.margin * cal.decode_step_s
-    assert dev.prefill_token_s >= rule.margin * cal.prefill_token_s
-    train = dev.train_step_s(cal.train_tokens)
-    assert train >= rule.margin * cal.train_step_s * 0.999
-    assert train == pytest.approx(0.5 * sync_steps * dev.decode_step_s)  # the stated ratio
-    assert notes["bound"] == ("train" if sync_steps == 20.0 else "decode")
-    assert notes["slowdown_engine"] >= 1.0 and notes["slowdown_train"] >= 1.0
+    t = dev.train_step_s(cal.train_tokens)
+    assert dev.decode_step_s >= rule.margin * cal.decode_step_s * 0.999
+    assert t >= rule.margin * cal.train_step_s * 0.999
+    assert dev.prefill_token_s == pytest.approx(rule.margin * cal.prefill_token_s)
+    demand = 4 * cal.decode_step_s / dev.decode_step_s + cal.train_step_s / t
+    assert demand <= rule.cpu_share * rule.cores * 1.001
+    assert notes["cpu_demand_cores"] == pytest.approx(demand)
+    assert t == pytest.approx(0.5 * sync_steps * dev.decode_step_s)  # the stated ratio
+    assert notes["bound"] == bound
     assert dev.kv_token_s * 5000 == pytest.approx(rule.kv_share * dev.decode_step_s)
 
 
-def test_pace_grows_with_contention():
+def test_decode_margin_binds_when_alone():
+    dev, notes = choose_pace(_cal(0.002, 0.001), PaceRule(cores=64), num_instances=1,
+                             kv_pool_tokens=1, sync_rollout_steps=500)  # fmt: skip
+    assert notes["bound"] == "decode_margin" and dev.decode_step_s == pytest.approx(0.004)
+
+
+def test_pace_grows_with_instances_sharing_the_cores():
     cal = _cal()
     few, _ = choose_pace(
         cal, PaceRule(cores=2), num_instances=1, kv_pool_tokens=1, sync_rollout_steps=500
@@ -153,3 +165,5 @@ def test_pace_rule_names_bad_keys():
         PaceRule(margin=0.5).validate()
     with pytest.raises(ConfigError, match="train_ratio"):
         PaceRule(train_ratio=0.0).validate()
+    with pytest.raises(ConfigError, match="cpu_share"):
+        PaceRule(cpu_share=1.5).validate()
