@@ -84,9 +84,11 @@ def plot_whatif(grid: dict[str, Any], out) -> Any:
     ):
         values = _matrix(grid, key)
         image = ax.imshow(values, cmap="viridis", aspect="auto", origin="lower")
+        middle = (min(map(min, values)) + max(map(max, values))) / 2
         for i, row in enumerate(values):
             for j, v in enumerate(row):
-                ax.text(j, i, f"{v:.2f}x", ha="center", va="center", color="w", fontsize=9)
+                color = "k" if v > middle else "w"  # legible on viridis' light end
+                ax.text(j, i, f"{v:.2f}x", ha="center", va="center", color=color, fontsize=9)
         ax.set_xticks(range(len(grid["ratios"])), [f"{r:g}" for r in grid["ratios"]])
         ax.set_yticks(range(len(grid["ks"])), [str(k) for k in grid["ks"]])
         ax.set_xlabel("p99 / median response length")
