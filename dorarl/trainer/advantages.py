@@ -1,0 +1,29 @@
+"""Group-relative advantages (GRPO): each response's reward against its group's rewards.
+
+Invariants: advantages of a group sum to zero; a group whose rewards are all equal (or a
+group of one) has advantage 0 everywhere, so it adds no policy gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def group_advantages(
+    rewards: list[float], normalize_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """A_i = (r_i - mean r) / (std r + eps), std being the unbiased sample std (as in TRL, verl).
+
+    With `normalize_std=False`, A_i = r_i - mean r (Dr. GRPO).
+    """
+    n = len(rewards)
+    if n == 0:
+        return []
+    mean = sum(rewards) / n
+    centered = [r - mean for r in rewards]
+    if n == 1 or all(c == 0.0 for c in centered):
+        return [0.0] * n
+    if not normalize_std:
+        return centered
+    std = math.sqrt(sum(c * c for c in centered) / (n - 1))
+    return [c / (std + eps) for c in centered]

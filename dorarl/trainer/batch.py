@@ -1,0 +1,128 @@
+"""From groups to padded micro-batches: advantages, per-token weights and token-budget packing.
+
+Invariants: each response token appears in exactly one micro-batch, with its own behavior
+logprob, its group's advantage and a weight normalised over the WHOLE batch, so the sum
+of micro-batch losses is the full-batch loss. Samples must carry one behavior logprob per
+response token (mixed-version samples included); anything else is a bug upstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dorarl.data import Group
+from dorarl.trainer.advantages import group_advantages
+from dorarl.trainer.config import LossConfig
+from dorarl.trainer.loss import token_weights
+
+
+@dataclass
+class TrainSequence:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behavior_logprobs: list[float]
+    advantage: float
+    weight: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass
+class MicroBatch:
+    """Tensors of shape (rows, width - 1), aligned with the logits that predict each token."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    behavior_logp: torch.Tensor
+    advantages: torch.Tensor
+    weights: torch.Tensor
+    mask: torch.Tensor
+
+
+def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]:
+    """One TrainSequence per sample, with its group advantage and its global token weight."""
+    seqs: list[TrainSequence] = []
+    for group in groups:
+        advs = group_advantages(group.rewards, cfg.normalize_std, cfg.adv_eps)
+        for sample, adv in zip(group.samples, advs, strict=True):
+            if not sample.prompt_ids:
+                raise ValueError(f"group {group.group_id}: a sample has an empty prompt")
+            if len(sample.logprobs) != len(sample.response_ids):
+                raise ValueError(
+                    f"group {group.group_id} sample {sample.sample_index}: "
+                    f"{len(sample.logprobs)} logprobs for {len(sample.response_ids)} tokens"
+                )
+            ids = (
+                []
+                if cfg.mask_truncated and sample.finish_reason == "length"
+                else sample.response_ids
+            )
+            seqs.append(
+                TrainSequence(
+                    list(sample.prompt_ids), list(ids), list(sample.logprobs[: len(ids)]), adv
+                )
+            )
+    _assign_weights(seqs, cfg.aggregation)
+    return seqs
+
+
+def _assign_weights(seqs: list[TrainSequence], aggregation: str) -> None:
+    lengths = [len(s.response_ids) for s in seqs]
+    total_tokens = sum(lengths)
+    total_sequences = sum(1 for n in lengths if n)
+    if total_tokens == 0:
+        return
+    for seq, w in zip(
+        seqs, token_weights(lengths, aggregation, total_tokens, total_sequences), strict=True
+    ):
+        seq.weight = w
+
+
+def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that rows * longest row <= token_budget (a longer row goes alone).
+
+    Rows are taken longest first, which keeps padding low and the plan deterministic.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        width = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * width > token_budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(seqs: list[TrainSequence], pad_id: int, device: torch.device | str) -> MicroBatch:
+    """Right-padded rows. Pads only follow real tokens, so causal attention needs no mask."""
+    width = max(s.length for s in seqs)
+    rows = len(seqs)
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    behavior = torch.zeros((rows, width - 1))
+    advantages = torch.zeros((rows, width - 1))
+    weights = torch.zeros((rows, width - 1))
+    mask = torch.zeros((rows, width - 1), dtype=torch.bool)
+    for r, s in enumerate(seqs):
+        ids[r, : s.length] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        # Response token j sits at position P + j and is predicted by logits at P + j - 1.
+        span = slice(len(s.prompt_ids) - 1, s.length - 1)
+        behavior[r, span] = torch.tensor(s.behavior_logprobs, dtype=torch.float32)
+        advantages[r, span] = s.advantage
+        weights[r, span] = s.weight
+        mask[r, span] = True
+    return MicroBatch(
+        ids.to(device),
+        ids[:, 1:].to(device),
+        behavior.to(device),
+        advantages.to(device),
+        weights.to(device),
+        mask.to(device),
+    )

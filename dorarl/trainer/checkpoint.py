@@ -1,0 +1,174 @@
+"""Checkpoint files without pickle: optimizer and RNG tensors in safetensors, the rest in JSON.
+
+A checkpoint folder is a Hugging Face model folder (config, model.safetensors, generation
+config, tokenizer files) plus `optimizer.safetensors`, `rng.safetensors` and
+`trainer_state.json`. Invariants: nothing is ever read with torch.load/pickle; a folder is
+written under a temporary name and renamed into place, so a crash never leaves a
+half-written checkpoint under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from dorarl.errors import UserInputError
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+RNG_FILE = "rng.safetensors"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def optimizer_to_files(
+    optimizer: torch.optim.Optimizer, names: dict[int, str]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split the optimizer state into named tensors and a JSON-able rest.
+
+    `names` maps id(parameter) to its model name, so the files do not depend on
+    parameter order.
+    """
+    sd = optimizer.state_dict()
+    index_names = _index_names(optimizer, names)
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, state in sd["state"].items():
+        name = index_names[idx]
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{name}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(name, {})[key] = value
+    groups = [
+        {
+            **{k: _jsonable(v) for k, v in g.items() if k != "params"},
+            "params": [index_names[i] for i in g["params"]],
+        }
+        for g in sd["param_groups"]
+    ]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def optimizer_from_files(
+    optimizer: torch.optim.Optimizer,
+    names: dict[int, str],
+    tensors: dict[str, torch.Tensor],
+    meta: dict[str, Any],
+) -> None:
+    """Load state written by `optimizer_to_files` into an optimizer over the same parameters."""
+    index_of = {name: idx for idx, name in _index_names(optimizer, names).items()}
+    groups = []
+    for group in meta["param_groups"]:
+        missing = [n for n in group["params"] if n not in index_of]
+        if missing:
+            raise UserInputError(f"checkpoint optimizer names unknown parameters: {missing[:3]}")
+        groups.append({**group, "params": [index_of[n] for n in group["params"]]})
+        if "betas" in group:
+            groups[-1]["betas"] = tuple(group["betas"])
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, rest = key.split(".", 1)
+        name, field = rest.rsplit(".", 1)
+        state.setdefault(index_of[name], {})[field] = value
+    for name, fields in meta["scalars"].items():
+        state.setdefault(index_of[name], {}).update(fields)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _index_names(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict[int, str]:
+    """state_dict index -> parameter name (indices run over the groups' params in order)."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    return {i: names[id(p)] for i, p in enumerate(params)}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if torch.is_tensor(value):
+        return value.item()
+    return value
+
+
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Global RNG states of torch (CPU and CUDA), Python and NumPy."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = state
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+    return tensors, meta
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[f"cuda.{i}"] for i in range(len(tensors) - 1) if f"cuda.{i}" in tensors]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    version, internal, gauss = meta["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def copy_tokenizer_files(source: Path, dest: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, dest / name)
+
+
+def write_atomically(folder: Path, write: Callable[[Path], None]) -> Path:
+    """Run `write(tmp)` into a fresh sibling folder, then swap it in as `folder`."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    old = folder.with_name(folder.name + ".old")
+    for stale in (tmp, old):
+        if stale.exists():
+            shutil.rmtree(stale)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    if old.exists():
+        shutil.rmtree(old)
+    return folder
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise UserInputError(f"{path}: missing checkpoint file")
+    return load_file(str(path))
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / STATE_FILE
+    if not path.is_file():
+        raise UserInputError(f"{folder}: not a trainer checkpoint (no {STATE_FILE})")
+    return json.loads(path.read_text())

@@ -1,0 +1,115 @@
+"""Typed settings of the trainer and of its GRPO loss; `validate()` names the bad key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dorarl.config import ConfigError
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    eps_low: float = field(default=0.2, metadata={"help": "lower clip: ratio >= 1 - eps_low"})
+    eps_high: float = field(default=0.28, metadata={"help": "upper clip: ratio <= 1 + eps_high"})
+    aggregation: Literal["token_mean", "seq_mean"] = field(
+        default="token_mean",
+        metadata={
+            "help": "token_mean: over all response tokens of the batch (DAPO); "
+            "seq_mean: mean over sequences of each sequence's token mean"
+        },
+    )
+    normalize_std: bool = field(
+        default=True, metadata={"help": "divide group advantages by the group reward std"}
+    )
+    adv_eps: float = field(default=1e-6, metadata={"help": "added to the std before dividing"})
+    kl_coef: float = field(
+        default=0.0, metadata={"help": "weight of the k3 KL to the frozen reference (0: none)"}
+    )
+    ratio_base: Literal["behavior", "proximal"] = field(
+        default="behavior",
+        metadata={
+            "help": "behavior: ratio against the engine's sampling logprobs (clip is a "
+            "trust region around the behavior policy); proximal: decoupled PPO, ratio "
+            "against the trainer's pre-step policy, times the importance weight "
+            "pi_proximal / pi_behavior"
+        },
+    )
+    tis_cap: float | None = field(
+        default=None,
+        metadata={
+            "help": "truncate the importance weight pi_proximal / pi_behavior at this "
+            "value (truncated IS; ratio_base=proximal only)"
+        },
+    )
+    dual_clip: float | None = field(
+        default=None,
+        metadata={
+            "help": "bound the loss of negative-advantage tokens at dual_clip * |A| "
+            "(dual-clip PPO; > 1)"
+        },
+    )
+    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
+    mask_truncated: bool = field(
+        default=False, metadata={"help": "drop responses cut at the length limit from the loss"}
+    )
+
+    def validate(self) -> None:
+        if not 0.0 <= self.eps_low < 1.0:
+            raise ConfigError("eps_low: must be in [0, 1)")
+        if self.eps_high < 0.0:
+            raise ConfigError("eps_high: must be >= 0")
+        if self.kl_coef < 0.0:
+            raise ConfigError("kl_coef: must be >= 0")
+        if self.tis_cap is not None and self.ratio_base != "proximal":
+            raise ConfigError(
+                "tis_cap: only used with ratio_base=proximal (with ratio_base="
+                "behavior the clip already bounds the importance ratio)"
+            )
+        if self.tis_cap is not None and self.tis_cap <= 0.0:
+            raise ConfigError("tis_cap: must be > 0")
+        if self.dual_clip is not None and self.dual_clip <= 1.0:
+            raise ConfigError("dual_clip: must be > 1")
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warmup steps"})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "clip the global gradient norm (<= 0: no clipping)"}
+    )
+    micro_batch_tokens: int = field(
+        default=8192, metadata={"help": "padded tokens per forward/backward micro-batch"}
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "the engines' sampling temperature; logits are divided "
+            "by it so trainer logprobs match the behavior logprobs"
+        },
+    )
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32", metadata={"help": "parameter dtype"}
+    )
+    reference_path: str | None = field(
+        default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
+    )
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def validate(self) -> None:
+        if self.lr <= 0.0:
+            raise ConfigError("lr: must be > 0")
+        if self.micro_batch_tokens <= 0:
+            raise ConfigError("micro_batch_tokens: must be > 0")
+        if self.temperature <= 0.0:
+            raise ConfigError(
+                "temperature: must be > 0 (greedy rollouts have no logprobs to train on)"
+            )
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps: must be >= 0")
+        self.loss.validate()

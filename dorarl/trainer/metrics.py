@@ -1,0 +1,43 @@
+"""Batch statistics for one training step: rewards, lengths, staleness, reward errors.
+
+Staleness of a sample consumed by the step that updates version v is v - w, w being its
+behavior version (the oldest version among its tokens; SPEC Eq. 1).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+
+from dorarl.data import Group
+
+
+def batch_metrics(groups: list[Group], train_version: int) -> dict[str, float | dict]:
+    samples = [s for g in groups for s in g.samples]
+    rewards = [s.reward for s in samples]
+    lengths = [len(s.response_ids) for s in samples]
+    staleness = [train_version - _behavior_version(s, g) for g in groups for s in g.samples]
+    return {
+        "groups": float(len(groups)),
+        "samples": float(len(samples)),
+        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
+        "reward_errors": float(sum(s.reward_error is not None for s in samples)),
+        "response_len_mean": statistics.fmean(lengths) if lengths else 0.0,
+        "response_len_max": float(max(lengths, default=0)),
+        "truncated_fraction": _fraction(s.finish_reason == "length" for s in samples),
+        "zero_advantage_groups": _fraction(len(set(g.rewards)) <= 1 for g in groups),
+        "mixed_version_samples": float(sum(not s.single_version for s in samples)),
+        "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
+        "staleness_max": float(max(staleness, default=0)),
+        "staleness_hist": dict(sorted(Counter(staleness).items())),
+    }
+
+
+def _behavior_version(sample, group: Group) -> int:
+    return sample.behavior_version if sample.versions else group.version
+
+
+def _fraction(flags) -> float:
+    flags = list(flags)
+    return sum(flags) / len(flags) if flags else 0.0

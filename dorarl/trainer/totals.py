@@ -1,0 +1,76 @@
+"""Running sums over the micro-batches of one step, turned into per-token metrics at the end.
+
+Means are over response tokens of the whole batch (not means of micro-batch means).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dorarl.trainer.batch import MicroBatch
+from dorarl.trainer.loss import PolicyTerms, k3_kl
+
+
+@dataclass
+class StepTotals:
+    tokens: int = 0
+    loss: float = 0.0
+    pg_loss: float = 0.0
+    ratio: float = 0.0
+    ratio_max: float = 0.0
+    clipped_low: int = 0
+    clipped_high: int = 0
+    entropy: float = 0.0
+    kl_behavior: float = 0.0
+    kl_ref: float | None = None
+    importance: float | None = None
+    truncated: int = 0
+
+    def add(
+        self,
+        batch: MicroBatch,
+        loss: torch.Tensor,
+        terms: PolicyTerms,
+        logp: torch.Tensor,
+        entropy: torch.Tensor,
+        kl_ref: torch.Tensor | None,
+    ) -> None:
+        m = batch.mask
+        self.tokens += int(m.sum())
+        self.loss += float(loss)
+        self.pg_loss += float((terms.loss.detach() * batch.weights).sum())
+        self.ratio += float(terms.ratio[m].sum())
+        if m.any():
+            self.ratio_max = max(self.ratio_max, float(terms.ratio[m].max()))
+        self.clipped_low += int(terms.clipped_low[m].sum())
+        self.clipped_high += int(terms.clipped_high[m].sum())
+        self.entropy += float(entropy[m].sum())
+        # k3 estimate of KL(behavior || current) on the behavior policy's own samples.
+        self.kl_behavior += float(k3_kl(batch.behavior_logp, logp)[m].sum())
+        if kl_ref is not None:
+            self.kl_ref = (self.kl_ref or 0.0) + float(kl_ref[m].sum())
+        if terms.importance is not None:
+            self.importance = (self.importance or 0.0) + float(terms.importance[m].sum())
+            self.truncated += int(terms.truncated[m].sum())
+
+    def summary(self) -> dict[str, float]:
+        n = max(self.tokens, 1)
+        out = {
+            "loss": self.loss,
+            "pg_loss": self.pg_loss,
+            "tokens": float(self.tokens),
+            "ratio_mean": self.ratio / n,
+            "ratio_max": self.ratio_max,
+            "clip_frac_low": self.clipped_low / n,
+            "clip_frac_high": self.clipped_high / n,
+            "entropy": self.entropy / n,
+            "kl_behavior": self.kl_behavior / n,
+        }
+        if self.kl_ref is not None:
+            out["kl_ref"] = self.kl_ref / n
+        if self.importance is not None:
+            out["importance_mean"] = self.importance / n
+            out["importance_truncated_frac"] = self.truncated / n
+        return out

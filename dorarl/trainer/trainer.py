@@ -1,0 +1,264 @@
+"""The GRPO trainer: one optimizer step per call over groups, versioned weights, checkpoints.
+
+Invariants: `version` counts published weight sets; `train_step` always moves it from v to
+v + 1 (even when the batch has no tokens and no update is applied), and staleness in its
+metrics is measured against v. `named_tensors()` are CPU copies, safe to hand to engines
+while training continues. The reference model (KL) is frozen and never saved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from dorarl.data import Group
+from dorarl.errors import UserInputError
+from dorarl.trainer import checkpoint as ckpt
+from dorarl.trainer.batch import MicroBatch, build_sequences, collate, plan_micro_batches
+from dorarl.trainer.config import TrainerConfig
+from dorarl.trainer.loss import k3_kl, objective, token_entropy, token_logprobs
+from dorarl.trainer.metrics import batch_metrics
+from dorarl.trainer.totals import StepTotals
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_model(path: str | Path, dtype: str, device: torch.device | str) -> PreTrainedModel:
+    """A causal LM from a local HF folder, safetensors only (never pickle)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=DTYPES[dtype], use_safetensors=True
+        )
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"{path}: cannot load model ({exc})") from None
+    return model.to(device)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        config: TrainerConfig,
+        *,
+        device="cpu",
+        version: int = 0,
+        source_dir: str | Path | None = None,
+        reference_path: str | Path | None = None,
+    ):
+        config.validate()
+        self.config = config
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.model.train()
+        self.version = version
+        self.optimizer_steps = 0
+        self.source_dir = Path(source_dir) if source_dir is not None else None
+        self.reference_path = str(reference_path) if reference_path is not None else None
+        self.reference = self._load_reference() if config.loss.kl_coef > 0 else None
+        self.pad_id = int(model.config.pad_token_id or 0)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=config.lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, config: TrainerConfig, device="cpu", version: int = 0
+    ) -> Trainer:
+        """Start from a HF model folder; the KL reference (if any) defaults to this model."""
+        model = load_model(path, config.dtype, device)
+        return cls(
+            model,
+            config,
+            device=device,
+            version=version,
+            source_dir=path,
+            reference_path=config.reference_path or path,
+        )
+
+    @classmethod
+    def resume(
+        cls, folder: str | Path, config: TrainerConfig, device="cpu"
+    ) -> tuple[Trainer, dict[str, Any]]:
+        """Continue from `save_checkpoint`: weights, optimizer, version, RNG; returns extra_state."""
+        folder = Path(folder)
+        state = ckpt.read_state(folder)
+        model = load_model(folder, config.dtype, device)
+        trainer = cls(
+            model,
+            config,
+            device=device,
+            version=state["version"],
+            source_dir=folder,
+            reference_path=config.reference_path or state.get("reference_path"),
+        )
+        trainer.optimizer_steps = state["optimizer_steps"]
+        ckpt.optimizer_from_files(
+            trainer.optimizer,
+            trainer._param_names(),
+            ckpt.load_tensors(folder / ckpt.OPTIMIZER_FILE),
+            state["optimizer"],
+        )
+        trainer._apply_hyperparameters()
+        ckpt.restore_rng(ckpt.load_tensors(folder / ckpt.RNG_FILE), state["rng"])
+        log.info("resumed %s at version %d", folder, trainer.version)
+        return trainer, state["extra_state"]
+
+    def _load_reference(self) -> PreTrainedModel:
+        if self.reference_path is None:
+            raise UserInputError("loss.kl_coef > 0 needs a reference model (reference_path)")
+        reference = load_model(self.reference_path, self.config.dtype, self.device)
+        reference.eval().requires_grad_(False)
+        return reference
+
+    # ---- training -------------------------------------------------------------------------
+
+    def train_step(self, groups: list[Group]) -> dict[str, float | dict]:
+        """One optimizer step on `groups` (rewards filled in); version v -> v + 1."""
+        start = time.perf_counter()
+        metrics: dict[str, float | dict] = batch_metrics(groups, self.version)
+        loss_metrics = self.accumulate_gradients(groups)
+        if loss_metrics["tokens"] > 0:
+            grad_norm, applied = self._optimizer_step()
+        else:
+            log.warning(
+                "training step at version %d has no response tokens; no update", self.version
+            )
+            grad_norm, applied = 0.0, False
+        self.version += 1
+        metrics.update(loss_metrics)
+        metrics.update(
+            grad_norm=grad_norm,
+            update_applied=float(applied),
+            lr=self._lr(),
+            version=float(self.version),
+            step_seconds=time.perf_counter() - start,
+        )
+        return metrics
+
+    def accumulate_gradients(self, groups: list[Group]) -> dict[str, float]:
+        """Forward/backward over token-budget micro-batches; leaves the full-batch gradient
+        in `.grad` (no optimizer step) and returns the loss metrics."""
+        seqs = [s for s in build_sequences(groups, self.config.loss) if s.response_ids]
+        totals = StepTotals()
+        plan = plan_micro_batches([s.length for s in seqs], self.config.micro_batch_tokens)
+        for indices in plan:
+            batch = collate([seqs[i] for i in indices], self.pad_id, self.device)
+            self._micro_step(batch, totals)
+        return {**totals.summary(), "micro_batches": float(len(plan))}
+
+    def _micro_step(self, batch: MicroBatch, totals: StepTotals) -> None:
+        cfg, temperature = self.config.loss, self.config.temperature
+        logits = self.model(input_ids=batch.input_ids, use_cache=False).logits[:, :-1]
+        logp = token_logprobs(logits, batch.targets, temperature)
+        ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
+        with torch.set_grad_enabled(cfg.entropy_coef != 0.0):
+            entropy = token_entropy(logits, temperature)
+        loss, terms = objective(
+            logp,
+            batch.behavior_logp,
+            batch.advantages,
+            batch.weights,
+            cfg,
+            ref_logp=ref_logp,
+            entropy=entropy,
+        )
+        loss.backward()
+        kl_ref = k3_kl(logp.detach(), ref_logp) if ref_logp is not None else None
+        totals.add(batch, loss.detach(), terms, logp.detach(), entropy.detach(), kl_ref)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        logits = self.reference(input_ids=batch.input_ids, use_cache=False).logits[:, :-1]
+        return token_logprobs(logits, batch.targets, self.config.temperature)
+
+    def _optimizer_step(self) -> tuple[float, bool]:
+        """Clip, step, zero. A non-finite gradient skips the update rather than corrupt weights."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr()
+        max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else math.inf
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        applied = math.isfinite(grad_norm)
+        if applied:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        else:
+            log.warning("non-finite gradient norm at version %d; update skipped", self.version)
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, applied
+
+    def _lr(self) -> float:
+        warmup = self.config.warmup_steps
+        scale = min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0
+        return self.config.lr * scale
+
+    def _apply_hyperparameters(self) -> None:
+        """The given config wins over the hyper-parameters stored with a checkpoint.
+
+        The learning rate is not touched here: `_optimizer_step` sets it from the schedule.
+        """
+        for group in self.optimizer.param_groups:
+            group.update(
+                weight_decay=self.config.weight_decay,
+                eps=self.config.adam_eps,
+                betas=(self.config.adam_beta1, self.config.adam_beta2),
+            )
+
+    # ---- weights and checkpoints -----------------------------------------------------------
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The current weights by HF state-dict name, as CPU copies (not views of live params)."""
+        return {
+            name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()
+        }
+
+    def _param_names(self) -> dict[int, str]:
+        return {id(p): name for name, p in self.model.named_parameters()}
+
+    def save_checkpoint(
+        self, folder: str | Path, extra_state: dict[str, Any] | None = None
+    ) -> Path:
+        """Write weights (HF folder), optimizer, RNG, version and the caller's `extra_state`.
+
+        `extra_state` must be JSON-serialisable (e.g. the data position).
+        """
+        extra = extra_state or {}
+        try:
+            json.dumps(extra)
+        except TypeError as exc:
+            raise TypeError(f"extra_state must be JSON-serialisable: {exc}") from None
+        return ckpt.write_atomically(Path(folder), lambda tmp: self._write_checkpoint(tmp, extra))
+
+    def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
+        self.model.save_pretrained(str(folder))
+        if self.source_dir is not None:
+            ckpt.copy_tokenizer_files(self.source_dir, folder)
+        opt_tensors, opt_meta = ckpt.optimizer_to_files(self.optimizer, self._param_names())
+        ckpt.save_tensors(folder / ckpt.OPTIMIZER_FILE, opt_tensors)
+        rng_tensors, rng_meta = ckpt.capture_rng()
+        ckpt.save_tensors(folder / ckpt.RNG_FILE, rng_tensors)
+        state = {
+            "format": 1,
+            "version": self.version,
+            "optimizer_steps": self.optimizer_steps,
+            "reference_path": self.reference_path,
+            "optimizer": opt_meta,
+            "rng": rng_meta,
+            "config": dataclasses.asdict(self.config),
+            "extra_state": extra,
+        }
+        (folder / ckpt.STATE_FILE).write_text(json.dumps(state))

@@ -1,0 +1,31 @@
+"""Group-relative advantages: hand values, zero-sum, equal rewards give zero."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dorarl.trainer.advantages import group_advantages
+
+
+def test_hand_computed_advantages():
+    # mean 0.25, unbiased std 0.5
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], eps=0.0) == pytest.approx([1.5, -0.5, -0.5, -0.5])
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], normalize_std=False) == pytest.approx(
+        [0.75, -0.25, -0.25, -0.25]
+    )
+
+
+def test_equal_rewards_and_singletons_have_zero_advantage():
+    assert group_advantages([0.7] * 5) == [0.0] * 5
+    assert group_advantages([1.0]) == [0.0]
+    assert group_advantages([]) == []
+
+
+@given(st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=16), st.booleans())
+def test_advantages_sum_to_zero_and_keep_the_order(rewards, normalize):
+    adv = group_advantages(rewards, normalize_std=normalize)
+    assert sum(adv) == pytest.approx(0.0, abs=1e-6)
+    for i in range(len(rewards)):
+        for j in range(len(rewards)):
+            if rewards[i] > rewards[j]:
+                assert adv[i] >= adv[j]

@@ -1,0 +1,114 @@
+"""Trainer steps: micro-batch accumulation equals the full batch, versions, metrics, weights."""
+
+import pytest
+import torch
+
+from dorarl.trainer import LossConfig, Trainer, TrainerConfig
+
+
+def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean"])
+def test_micro_batch_accumulation_equals_full_batch(tiny_model_dir, make_groups, aggregation):
+    groups = make_groups(seed=1)
+    loss = LossConfig(aggregation=aggregation, kl_coef=0.05)
+    full = Trainer.from_pretrained(
+        tiny_model_dir, TrainerConfig(micro_batch_tokens=10**6, loss=loss)
+    )
+    small = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(micro_batch_tokens=24, loss=loss))
+    m_full = full.accumulate_gradients(groups)
+    m_small = small.accumulate_gradients(groups)
+    assert m_full["micro_batches"] == 1 and m_small["micro_batches"] >= 6
+    assert m_small["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
+    g_full, g_small = _grads(full), _grads(small)
+    assert g_full.keys() == g_small.keys() and g_full
+    for name in g_full:
+        assert torch.allclose(g_full[name], g_small[name], rtol=1e-4, atol=1e-7), name
+
+
+def test_equal_reward_groups_give_zero_policy_gradient(tiny_model_dir, make_groups):
+    groups = make_groups(seed=2)
+    for g in groups:
+        for s in g.samples:
+            s.reward = 1.0
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
+    metrics = trainer.accumulate_gradients(groups)
+    assert metrics["pg_loss"] == 0.0
+    assert all(float(g.abs().max()) == 0.0 for g in _grads(trainer).values())
+
+
+def test_train_step_bumps_version_changes_weights_and_reports_metrics(tiny_model_dir, make_groups):
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(lr=1e-3), version=4)
+    before = trainer.named_tensors()
+    groups = make_groups(seed=3, version=3)
+    groups[0].version = 2
+    for s in groups[0].samples:
+        s.versions = [2] * len(s.response_ids)
+    metrics = trainer.train_step(groups)
+    after = trainer.named_tensors()
+    assert trainer.version == 5 and metrics["version"] == 5
+    assert metrics["staleness_hist"] == {1: 8, 2: 4}
+    assert metrics["update_applied"] == 1.0 and metrics["grad_norm"] > 0
+    assert metrics["tokens"] == sum(len(s.response_ids) for g in groups for s in g.samples)
+    for key in (
+        "loss",
+        "clip_frac_low",
+        "clip_frac_high",
+        "ratio_mean",
+        "kl_behavior",
+        "entropy",
+        "reward_mean",
+        "reward_std",
+        "response_len_mean",
+        "response_len_max",
+    ):
+        assert key in metrics
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # named_tensors are copies: a later step must not change what was handed out.
+    snapshot = {k: v.clone() for k, v in after.items()}
+    trainer.train_step(make_groups(seed=4, version=5))
+    assert all(torch.equal(snapshot[k], after[k]) for k in after)
+
+
+def test_behavior_logprobs_from_the_model_give_ratio_one(tiny_model_dir, make_groups):
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
+    groups = make_groups(seed=5)
+    _fill_true_logprobs(trainer, groups)
+    metrics = trainer.accumulate_gradients(groups)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["clip_frac_low"] == 0.0 and metrics["clip_frac_high"] == 0.0
+    assert metrics["kl_behavior"] == pytest.approx(0.0, abs=1e-6)
+
+
+def _fill_true_logprobs(trainer: Trainer, groups) -> None:
+    from dorarl.trainer.loss import token_logprobs
+
+    for g in groups:
+        for s in g.samples:
+            ids = torch.tensor([s.prompt_ids + s.response_ids])
+            with torch.no_grad():
+                logits = trainer.model(input_ids=ids).logits[:, :-1]
+            lp = token_logprobs(logits, ids[:, 1:])[0, len(s.prompt_ids) - 1 :]
+            s.logprobs = lp.tolist()
+
+
+def test_mismatched_logprobs_are_rejected(tiny_model_dir, make_groups):
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
+    groups = make_groups(seed=6)
+    groups[1].samples[2].logprobs.pop()
+    with pytest.raises(ValueError, match="logprobs for"):
+        trainer.train_step(groups)
+
+
+def test_empty_batch_still_bumps_the_version_without_update(tiny_model_dir, make_groups):
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
+    groups = make_groups(seed=7)
+    for g in groups:
+        for s in g.samples:
+            s.response_ids, s.logprobs, s.versions = [], [], []
+    before = trainer.named_tensors()
+    metrics = trainer.train_step(groups)
+    assert trainer.version == 1 and metrics["update_applied"] == 0.0
+    assert all(torch.equal(before[k], v) for k, v in trainer.named_tensors().items())
