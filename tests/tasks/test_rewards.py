@@ -1,0 +1,60 @@
+"""Reward functions on tricky inputs, and scoring that survives a raising reward."""
+
+import pytest
+
+from dorarl.tasks import Prompt, RunningSumTask, score
+from dorarl.tasks.rewards import exact_match, get_reward, math_equivalent
+
+
+@pytest.mark.parametrize(
+    "response, answer",
+    [
+        ("0.5", "1/2"),
+        ("\\frac{1}{2}", "0.5"),
+        ("The answer is $\\frac{1}{2}$.", "1/2"),
+        ("\\boxed{\\frac12}", "0.5"),
+        ("x = 2", "2"),
+        ("$2\\sqrt{2}$", "\\sqrt{8}"),
+        ("\\boxed{3}", "3"),
+    ],
+)
+def test_math_reward_accepts_equivalent_forms(response, answer):
+    assert math_equivalent(response, answer) == 1.0
+
+
+@pytest.mark.parametrize(
+    "response, answer",
+    [("0.25", "1/2"), ("", "1/2"), ("no idea", "3"), ("\\frac{1}{", "0.5"), ("$$$", "2")],
+)
+def test_math_reward_rejects_wrong_or_malformed_answers(response, answer):
+    assert math_equivalent(response, answer) == 0.0
+
+
+def test_math_reward_raises_on_an_unparseable_reference():
+    with pytest.raises(ValueError, match="reference answer"):
+        math_equivalent("1", "@@@")
+
+
+def test_exact_match_strips_whitespace_only():
+    assert exact_match(" 42\n", "42") == 1.0
+    assert exact_match("42.0", "42") == 0.0
+    with pytest.raises(ValueError, match="unknown reward"):
+        get_reward("fuzzy")
+
+
+class _RaisingTask(RunningSumTask):
+    def reward(self, prompt, response_ids):
+        raise ZeroDivisionError("boom")
+
+
+class _NanTask(RunningSumTask):
+    def reward(self, prompt, response_ids):
+        return float("nan")
+
+
+def test_score_turns_a_raising_or_non_finite_reward_into_zero_and_an_error():
+    prompt = Prompt(0, "a1=", [1, 69, 21, 33], "a1")
+    reward, error = score(_RaisingTask(), prompt, [69, 21, 2])
+    assert (reward, error) == (0.0, "ZeroDivisionError: boom")
+    reward, error = score(_NanTask(), prompt, [69, 21, 2])
+    assert reward == 0.0 and "not finite" in error
