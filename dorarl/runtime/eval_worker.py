@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
-from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.tasks import Task, score
+from dorarl.engine import Engine, EngineConfig
+from dorarl.tasks import Task
+from dorarl.tasks.evaluate import evaluate
 
 
 class EvalWorker:
@@ -31,21 +32,8 @@ class EvalWorker:
         if weights is not None:
             self.engine.load_weights(weights, version)
         started = time.time()
-        result = self._greedy_accuracy()
+        result: dict[str, Any] = dict(
+            evaluate(self.engine, self.task, max_prompts=self.max_prompts)
+        )
         result.update(version=version, eval_s=time.time() - started)
         return result
-
-    def _greedy_accuracy(self) -> dict[str, Any]:
-        prompts = self.task.eval_prompts()[: self.max_prompts]
-        params = SamplingParams(
-            temperature=0.0,
-            max_new_tokens=self.task.max_new_tokens,
-            stop_token_ids=list(self.task.stop_token_ids),
-        )
-        for p in prompts:
-            self.engine.add_request(str(p.prompt_id), list(p.prompt_ids), params)
-        outputs = {}
-        while self.engine.has_unfinished():
-            outputs.update({o.request_id: o.output_ids for o in self.engine.step()})
-        rewards = [score(self.task, p, outputs[str(p.prompt_id)])[0] for p in prompts]
-        return {"accuracy": sum(r >= 1.0 for r in rewards) / len(prompts), "n": len(prompts)}
