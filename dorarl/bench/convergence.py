@@ -206,11 +206,23 @@ def _summary(curve: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _pace_cells(pace: dict[str, dict[str, float]]) -> list[str]:
+    if not pace:
+        return ["-", "-", "-"]
+    eng, tr = pace["engine"], pace["train"]
+    per = [
+        (p["paced_s"] / max(1, p["steps"]), p["compute_s"] / max(1, p["steps"])) for p in (eng, tr)
+    ]
+    return [f"{per[0][0] * 1e3:.1f}/{per[0][1] * 1e3:.1f} ms", f"{per[1][0]:.2f}/{per[1][1]:.2f} s",
+            f"{eng['over_share']:.1%}/{tr['over_share']:.0%}"]  # fmt: skip
+
+
 def print_result(result: dict[str, Any], out: Path) -> None:
     console = Console(width=max(120, Console().width))
     table = Table(title="convergence (paced wall time; held-out greedy accuracy)")
     for col in ("mode", "steps", "wall s", "step s", "acc first", "acc final", "reward final",
-                "time to sync's final acc"):  # fmt: skip
+                "time to sync's final acc", "engine step paced/real", "train paced/real",
+                "over pace eng/train"):  # fmt: skip
         table.add_column(col, justify="right")
     final_sync = result["summary"]["sync"]["final_accuracy"]
     for name, s in result["summary"].items():
@@ -218,7 +230,7 @@ def print_result(result: dict[str, Any], out: Path) -> None:
         table.add_row(name, str(result["config"]["steps"]), f"{s['wall_time_s']:.1f}",
                       f"{s['mean_step_time_s']:.2f}", f"{s['first_accuracy']:.3f}",
                       f"{s['final_accuracy']:.3f}", f"{s['final_reward_mean']:.3f}",
-                      "-" if reach is None else f"{reach:.1f}s")  # fmt: skip
+                      "-" if reach is None else f"{reach:.1f}s", *_pace_cells(s["pace"]))  # fmt: skip
     console.print(table)
     bars = Table(title="bars")
     for col in ("bar", "value", "target", "met"):
@@ -232,6 +244,12 @@ def print_result(result: dict[str, Any], out: Path) -> None:
     console.print(f"emulation: decode step {result['emulation']['device']['decode_step_s'] * 1e3:.1f} ms "
                   f"({der['decode_pace_over_real']:.1f}x real), training step "
                   f"{der['train_step_s']:.2f} s ({der['train_pace_over_real']:.1f}x real)")  # fmt: skip
+    for name, s in result["summary"].items():
+        for kind, stats in (s["pace"] or {}).items():
+            if stats["over"]:
+                console.print(f"[yellow]WARNING {name}: {stats['over']} of {stats['steps']} "
+                              f"{kind} steps ({stats['over_share']:.1%}) took longer than their "
+                              "pace: real compute set those steps' time[/yellow]")  # fmt: skip
     console.print(f"wrote {out / 'convergence.json'} and {out / 'convergence.png'}")
 
 
