@@ -59,6 +59,9 @@ def test_bars():
     bad = {b["bar"].split()[1]: b for b in check_bars({"sync": sync, "dora_k1": slow})}
     assert not bad["final"]["met"] and bad["final"]["value"] == pytest.approx(0.1)
     assert not bad["time"]["met"] and bad["time"]["value"] is None
+    worse = _curve([(0, 0.0, 0.4), (10, 40.0, 0.3)], 40.0)  # sync got worse than the base
+    void = {b["bar"].split()[1]: b for b in check_bars({"sync": worse, "dora_k1": slow})}
+    assert void["time"]["met"] is None and "void" in void["time"]["note"]
 
 
 def test_plot(tmp_path):
