@@ -1,6 +1,7 @@
 """RL tasks: prompts, verifiable rewards, held-out sets and their tokenizer."""
 
 from dorarl.tasks.base import Prompt, Task, cut_at_stop
+from dorarl.tasks.evaluate import evaluate
 from dorarl.tasks.jsonl import JsonlTask
 from dorarl.tasks.registry import TASK_NAMES, make_task
 from dorarl.tasks.running_sum import RunningSumConfig, RunningSumTask
@@ -14,6 +15,7 @@ __all__ = [
     "RunningSumTask",
     "Task",
     "cut_at_stop",
+    "evaluate",
     "make_task",
     "score",
 ]

@@ -124,9 +124,9 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
 
 def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     torch.set_rng_state(tensors["torch"])
-    cuda = [tensors[f"cuda.{i}"] for i in range(len(tensors) - 1) if f"cuda.{i}" in tensors]
+    cuda = sorted((k for k in tensors if k.startswith("cuda.")), key=lambda k: int(k[5:]))
     if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
+        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
     version, internal, gauss = meta["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = meta["numpy"]

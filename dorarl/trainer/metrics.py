@@ -31,7 +31,15 @@ def batch_metrics(groups: list[Group], train_version: int) -> dict[str, float | 
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness_max": float(max(staleness, default=0)),
         "staleness_hist": dict(sorted(Counter(staleness).items())),
+        "staleness_token_mean": _token_staleness(groups, train_version),
     }
+
+
+def _token_staleness(groups: list[Group], train_version: int) -> float:
+    """Mean of v - version over response tokens (differs from the sample view only for
+    mixed-version, partial-rollout samples)."""
+    gaps = [train_version - w for g in groups for s in g.samples for w in s.versions]
+    return statistics.fmean(gaps) if gaps else 0.0
 
 
 def _behavior_version(sample, group: Group) -> int:

@@ -45,6 +45,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str) -> PreT
 
 
 class Trainer:
+    """Owns the policy (and the frozen reference), its AdamW state and the version counter."""
+
     def __init__(
         self,
         model: PreTrainedModel,

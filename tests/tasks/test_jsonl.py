@@ -99,11 +99,6 @@ def test_math_reward_through_the_task_and_a_bad_reference_is_a_counted_error(tmp
 
 
 def test_defaults_to_the_shipped_base_model_tokenizer(tmp_path):
-    pytest.importorskip("safetensors")
-    from dorarl.tasks.assets import BASE_MODEL_DIR
-
-    if not (BASE_MODEL_DIR / "tokenizer.json").exists():
-        pytest.skip("base model not built")
     task = make_task("jsonl", path=_write(tmp_path / "d.jsonl", _rows(4)))
     assert task.tokenizer.get_vocab() == build_char_tokenizer().get_vocab()
     assert task.stop_token_ids == [task.tokenizer.eos_token_id]

@@ -1,5 +1,7 @@
 """Trainer steps: micro-batch accumulation equals the full batch, versions, metrics, weights."""
 
+import math
+
 import pytest
 import torch
 
@@ -50,6 +52,9 @@ def test_train_step_bumps_version_changes_weights_and_reports_metrics(tiny_model
     after = trainer.named_tensors()
     assert trainer.version == 5 and metrics["version"] == 5
     assert metrics["staleness_hist"] == {1: 8, 2: 4}
+    tokens = [len(s.response_ids) for g in groups for s in g.samples]
+    expected = (sum(tokens[:4]) * 2 + sum(tokens[4:])) / sum(tokens)
+    assert metrics["staleness_token_mean"] == pytest.approx(expected)
     assert metrics["update_applied"] == 1.0 and metrics["grad_norm"] > 0
     assert metrics["tokens"] == sum(len(s.response_ids) for g in groups for s in g.samples)
     for key in (
@@ -112,3 +117,21 @@ def test_empty_batch_still_bumps_the_version_without_update(tiny_model_dir, make
     metrics = trainer.train_step(groups)
     assert trainer.version == 1 and metrics["update_applied"] == 0.0
     assert all(torch.equal(before[k], v) for k, v in trainer.named_tensors().items())
+
+
+def test_mixed_version_samples_train_on_their_per_token_logprobs(tiny_model_dir, make_groups):
+    # A partial-rollout sample: its first tokens from version 1, the rest from version 3.
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(), version=3)
+    groups = make_groups(seed=8, version=3)
+    _fill_true_logprobs(trainer, groups)
+    mixed = groups[0].samples[0]
+    mixed.response_ids = mixed.response_ids[:1] + [5, 6, 7]
+    _fill_true_logprobs(trainer, groups)
+    mixed.versions = [1] + [3] * 3
+    mixed.logprobs[0] -= 0.1  # the old version gave its token a little less mass
+    metrics = trainer.accumulate_gradients(groups)
+    total = sum(len(s.response_ids) for g in groups for s in g.samples)
+    assert metrics["ratio_mean"] == pytest.approx((total - 1 + math.exp(0.1)) / total, rel=1e-5)
+    stats = trainer.train_step(groups)
+    assert stats["mixed_version_samples"] == 1.0 and stats["staleness_max"] == 2.0
+    assert stats["staleness_token_mean"] == pytest.approx(2 / total)
