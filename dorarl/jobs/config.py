@@ -96,7 +96,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_trainer() -> TrainerConfig:
-    return TrainerConfig(lr=1e-3, micro_batch_tokens=8192, loss=LossConfig())
+    return TrainerConfig(lr=2e-4, micro_batch_tokens=8192, loss=LossConfig())
 
 
 @dataclass(kw_only=True)
@@ -106,7 +106,7 @@ class TrainConfig:
     )
     K: int = field(default=1, metadata={"help": "staleness bound (dora, partial_rollout)"})
     runtime: Literal["ray", "sim"] = field(default="ray", metadata={"help": "ray | sim"})
-    steps: int = field(default=20, metadata={"help": "training steps"})
+    steps: int = field(default=60, metadata={"help": "training steps"})
     instances: int = field(default=2, metadata={"help": "rollout instances"})
     rbs: int = field(default=24, metadata={"help": "groups outstanding (dispatched, not consumed)"})
     tbs: int = field(default=16, metadata={"help": "groups per training step"})
