@@ -45,8 +45,9 @@ def _generate_batch(model, task, prompts, samples, temperature) -> list[list[lis
         max_new_tokens=task.max_new_tokens,
         do_sample=temperature > 0,
         temperature=temperature if temperature > 0 else None,
-        top_k=None,
-        top_p=None,
+        # Explicit: generate() fills unset fields with its defaults, top_k=50 among them.
+        top_k=0 if temperature > 0 else None,
+        top_p=1.0 if temperature > 0 else None,
         num_return_sequences=samples,
         eos_token_id=task.stop_token_ids,
         pad_token_id=pad,

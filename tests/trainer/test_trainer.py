@@ -135,3 +135,29 @@ def test_mixed_version_samples_train_on_their_per_token_logprobs(tiny_model_dir,
     stats = trainer.train_step(groups)
     assert stats["mixed_version_samples"] == 1.0 and stats["staleness_max"] == 2.0
     assert stats["staleness_token_mean"] == pytest.approx(2 / total)
+
+
+def test_a_qwen2_model_trains_and_round_trips(tmp_path, make_groups):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=101,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(str(tmp_path / "qwen"))
+    trainer = Trainer.from_pretrained(tmp_path / "qwen", TrainerConfig(lr=1e-3))
+    metrics = trainer.train_step(make_groups(seed=9))
+    assert metrics["update_applied"] == 1.0
+    folder = trainer.save_checkpoint(tmp_path / "ckpt")
+    resumed, _ = Trainer.resume(folder, TrainerConfig(lr=1e-3))
+    assert resumed.model.config.model_type == "qwen2"
+    for name, tensor in resumed.named_tensors().items():
+        assert torch.equal(tensor, trainer.named_tensors()[name]), name
