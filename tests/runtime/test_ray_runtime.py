@@ -5,7 +5,11 @@ from collections import defaultdict
 
 import pytest
 
+from dorarl.config import load_config
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.ray_run import run_ray
 from dorarl.jobs.train import main as train_main
+from dorarl.runtime.pacing import DeviceModel
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +33,15 @@ def _run(tmp_path, model, *overrides):
     out = tmp_path / "run"
     rc = train_main([f"model={model}", *COMMON, *overrides, "--out", str(out)])
     assert rc == 0
+    return (out, *_read(out))
+
+
+def _read(out):
     summary = json.loads((out / "summary.json").read_text())
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     trace = json.loads((out / "trace.json").read_text())
-    return out, summary, trajectories, metrics, trace
+    return summary, trajectories, metrics, trace
 
 
 def _check_invariants(summary, trajectories, k, one_version_per_group=True):
@@ -58,9 +66,13 @@ def _check_invariants(summary, trajectories, k, one_version_per_group=True):
 
 
 def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_model_dir):
-    out, summary, trajectories, metrics, trace = _run(
-        tmp_path, tiny_model_dir, "mode=dora", "K=1", "steps=12"
-    )
+    # Paced engine steps (a device-like 20 ms each) keep the long tail in flight across
+    # version changes however fast this CPU is, so the orchestrator has requests to move.
+    overrides = [f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1", "steps=12"]
+    out = tmp_path / "run"
+    config = load_config(TrainConfig, overrides=overrides)
+    run_ray(config, out, pace=DeviceModel(decode_step_s=0.02, train_fixed_s=0.05))
+    summary, trajectories, metrics, trace = _read(out)
     _check_invariants(summary, trajectories, k=1)
     assert summary["steps"] == 12 and len(metrics) == 12
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -93,7 +105,9 @@ def test_partial_rollout_keeps_per_token_versions(tmp_path, tiny_model_dir):
 
 def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_dir):
     data = tmp_path / "data.jsonl"
-    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i) if i % 2 else "not math ]["} for i in range(40)]
+    rows = [
+        {"prompt": f"{i}+{i}=", "answer": str(2 * i) if i % 2 else "not math ]["} for i in range(40)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     overrides = [*COMMON, "task.name=jsonl", f"task.path={data}", "task.reward=math", "steps=2"]
