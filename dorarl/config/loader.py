@@ -187,6 +187,11 @@ def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
     if ftype is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise _type_error(key, ftype, value, source)
     if ftype is str:
         if isinstance(value, str | int | float) and not isinstance(value, bool):

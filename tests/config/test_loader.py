@@ -29,6 +29,10 @@ def test_defaults_and_dotted_overrides():
     assert (cfg.mode, cfg.K, cfg.inner.lr, cfg.inner.betas) == ("sync", 3, 0.5, [0.1, 0.2])
 
 
+def test_float_written_without_a_dot():
+    assert load_config(Root, overrides=["inner.lr=3e-4"]).inner.lr == 3e-4
+
+
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("K: 2\ninner:\n  lr: 0.01\n")
