@@ -32,9 +32,10 @@ from dorarl.bench.calibrate import (
     quiet_model_loading,
     sample_lengths,
 )
+from dorarl.bench.cli_args import parse_bench_args
 from dorarl.bench.convergence_plot import plot_convergence
 from dorarl.bench.figures import length_stats, makespan_steps
-from dorarl.config import ConfigError, describe, load_config
+from dorarl.config import ConfigError, load_config
 from dorarl.engine import SamplingParams
 from dorarl.jobs.config import EvalSection, TrainConfig
 from dorarl.jobs.ray_run import build_task, run_ray
@@ -264,18 +265,7 @@ def print_result(result: dict[str, Any], out: Path) -> None:
 
 # ---- command line ------------------------------------------------------------------------
 def _parse(argv: list[str]) -> argparse.Namespace:
-    keys = "\n".join(f"  {k:<36} {d:>14}  {h}" for k, d, h in describe(ConvergenceConfig))
-    parser = argparse.ArgumentParser(
-        prog="dorarl bench convergence",
-        description=__doc__.split("\n\n")[0],
-        epilog=f"keys (key=value):\n{keys}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--quick", action="store_true", help=f"short run: {' '.join(QUICK)}")
-    parser.add_argument("--config", help="YAML file with the keys below")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    return parser.parse_args(argv)
+    return parse_bench_args(argv, "dorarl bench convergence", __doc__, ConvergenceConfig, QUICK)
 
 
 def main(argv: list[str]) -> int:

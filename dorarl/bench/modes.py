@@ -33,6 +33,7 @@ from dorarl.bench.calibrate import (
     choose_pace,
     quiet_model_loading,
 )
+from dorarl.bench.cli_args import parse_bench_args
 from dorarl.bench.figures import (
     check_bars,
     length_stats,
@@ -42,7 +43,7 @@ from dorarl.bench.figures import (
 )
 from dorarl.bench.report import print_modes
 from dorarl.bench.timeline import plot_throughput, plot_timeline
-from dorarl.config import ConfigError, describe, load_config
+from dorarl.config import ConfigError, load_config
 from dorarl.controller import ControllerConfig
 from dorarl.engine import EngineConfig
 from dorarl.runtime.pacing import DeviceModel
@@ -345,18 +346,7 @@ def _tokenizer(model_folder: str) -> Any:
 
 # ---- command line ------------------------------------------------------------------------
 def _parse(argv: list[str]) -> argparse.Namespace:
-    keys = "\n".join(f"  {k:<28} {d:>14}  {h}" for k, d, h in describe(ModesConfig))
-    parser = argparse.ArgumentParser(
-        prog="dorarl bench modes",
-        description=__doc__.split("\n\n")[0],
-        epilog=f"keys (key=value):\n{keys}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--quick", action="store_true", help=f"short run: {' '.join(QUICK)}")
-    parser.add_argument("--config", help="YAML file with the keys below")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    return parser.parse_args(argv)
+    return parse_bench_args(argv, "dorarl bench modes", __doc__, ModesConfig, QUICK)
 
 
 def main(argv: list[str]) -> int:
