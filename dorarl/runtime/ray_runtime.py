@@ -118,6 +118,12 @@ class RayRuntime:
         self.parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> abort result
         self.reward_errors = 0
         self._execute = self._executors()
+        self._completions = {
+            "run": self._on_run,
+            "load": self._on_loaded,
+            "migrate": self._on_migrated,
+            "train": self._on_trained,
+        }
         self._seq = 0
         self.pace_step = {"engine": PaceStats(), "train": PaceStats()}  # since the last step
         self.pace_total = {"engine": PaceStats(), "train": PaceStats()}
@@ -180,15 +186,7 @@ class RayRuntime:
 
     # ---- completions ---------------------------------------------------------------------
     def _complete(self, ref: ray.ObjectRef, job: _Pending) -> None:
-        result = ray.get(ref)
-        handler = {
-            "run": self._on_run,
-            "load": self._on_loaded,
-            "migrate": self._on_migrated,
-            "train": self._on_trained,
-        }.get(job.kind)
-        if handler is not None:
-            handler(result, job)
+        self._completions[job.kind](ray.get(ref), job)
 
     def _on_run(self, report: RunReport, job: _Pending) -> None:
         iid = report.instance_id
@@ -203,7 +201,7 @@ class RayRuntime:
     def _on_sample_finished(self, iid: int, output: RequestOutput) -> None:
         group_id, sample_index = parse_request_id(output.request_id)
         self._unplace(output.request_id)
-        prompt_index, version = self.groups[group_id]
+        prompt_index, _ = self.groups[group_id]
         sample = self._sample(group_id, sample_index, prompt_index, output)
         self.completed[group_id].append(sample)
         self.recorder.reprefill(output.reprefill_tokens)
