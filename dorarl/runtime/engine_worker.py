@@ -66,9 +66,20 @@ class EngineWorker:
     ):
         torch.set_num_threads(threads)
         self.instance_id = instance_id
+        self.model_folder = model_folder
+        self.config = config
         self.engine = Engine.from_pretrained(model_folder, config, version=0)
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
+
+    def reset(self) -> int:
+        """A fresh engine on the base weights (version 0), as if the actor had just started;
+        lets a benchmark run several modes on one set of actors instead of paying process
+        start-up per mode. Returns the hosted version."""
+        del self.engine  # free the old KV pool before the new one is allocated
+        self.engine = Engine.from_pretrained(self.model_folder, self.config, version=0)
+        self.pacer = Pacer() if self.pace is not None else None
+        return self.engine.version
 
     def add(self, requests: list[NewRequest]) -> int:
         for req in requests:

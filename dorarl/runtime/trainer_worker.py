@@ -28,6 +28,8 @@ class TrainerWorker:
         pace: DeviceModel | None = None,
     ) -> None:
         torch.set_num_threads(threads)
+        self.model_folder = model_folder
+        self.config = config
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
         self.extra_state: dict[str, Any] = {}
@@ -35,6 +37,14 @@ class TrainerWorker:
             self.trainer, self.extra_state = Trainer.resume(resume_from, config)
         else:
             self.trainer = Trainer.from_pretrained(model_folder, config)
+
+    def reset(self) -> int:
+        """A fresh trainer from the base model (version 0, new optimizer), as if just started."""
+        del self.trainer
+        self.trainer = Trainer.from_pretrained(self.model_folder, self.config)
+        self.extra_state = {}
+        self.pacer = Pacer() if self.pace is not None else None
+        return self.trainer.version
 
     def version(self) -> int:
         return self.trainer.version

@@ -1,0 +1,54 @@
+"""Engine and trainer workers: `reset` gives the state of a freshly started actor (base weights,
+version 0, nothing in flight, fresh pace counts), so benchmarks can reuse actors across modes."""
+
+import torch
+
+from dorarl.data import Group, Sample
+from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.runtime.engine_worker import EngineWorker, NewRequest
+from dorarl.runtime.pacing import DeviceModel
+from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.trainer import TrainerConfig
+
+PROMPT = [1, 5, 6, 7]
+
+
+def _generate(worker: EngineWorker, rid: str) -> list[int]:
+    worker.add([NewRequest(rid, PROMPT, SamplingParams(max_new_tokens=6, temperature=0.0))])
+    outputs = []
+    while not outputs:
+        outputs = worker.run(max_steps=16).finished
+    return outputs[0].output_ids
+
+
+def test_engine_reset_restores_base_weights_and_drops_requests(tiny_model_dir):
+    dev = DeviceModel(decode_step_s=1e-4)
+    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64),
+                          pace=dev)  # fmt: skip
+    fresh = _generate(worker, "a")
+    noisy = {k: v + 0.5 * torch.randn_like(v) for k, v in worker.weights().items()}
+    worker.load_weights(noisy, version=3)
+    assert _generate(worker, "b") != fresh  # the swapped weights really changed the policy
+    worker.add([NewRequest("left", PROMPT, SamplingParams(max_new_tokens=6))])
+    worker.run(max_steps=1, until_finished=False)
+
+    assert worker.reset() == 0
+    stats = worker.stats()
+    assert stats.version == 0 and stats.running == stats.waiting == stats.tokens_generated == 0
+    assert worker.pacer.stats.steps == 0
+    assert _generate(worker, "c") == fresh
+
+
+def test_trainer_reset_restores_base_weights_version_and_optimizer(tiny_model_dir):
+    worker = TrainerWorker(str(tiny_model_dir), TrainerConfig(lr=1e-2))
+    base = {k: v.clone() for k, v in worker.weights().items()}
+    samples = [Sample(0, i, 0, [1, 5, 6], [7, 8, 9], [-1.0] * 3, [0] * 3, reward=float(i))
+               for i in range(2)]  # fmt: skip
+    worker.train_step([Group(0, 0, 0, samples)])
+    assert worker.version() == 1
+    assert any(not torch.equal(base[k], v) for k, v in worker.weights().items())
+
+    assert worker.reset() == 0 and worker.version() == 0
+    assert all(torch.equal(base[k], v) for k, v in worker.weights().items())
+    metrics = worker.train_step([Group(1, 1, 0, samples)])
+    assert metrics["version"] == 1.0  # a fresh optimizer step, numbered from the base
