@@ -67,6 +67,13 @@ class PaceRule:
         default=0.2,
         metadata={"help": "a step's KV read at a full pool, as a share of its weight read"},
     )
+    min_decode_s: float = field(
+        default=0.02,
+        metadata={
+            "help": "least device time of a decode step: a real accelerator's step takes tens "
+            "of ms, so the runtime's per-call latency (ms, unpaced) must stay small beside it"
+        },
+    )
 
     def validate(self) -> None:
         if not self.margin >= 1.0:
@@ -79,6 +86,8 @@ class PaceRule:
             raise ConfigError(f"train_ratio: must be > 0, got {self.train_ratio}")
         if not self.kv_share >= 0:
             raise ConfigError(f"kv_share: must be >= 0, got {self.kv_share}")
+        if not self.min_decode_s >= 0:
+            raise ConfigError(f"min_decode_s: must be >= 0, got {self.min_decode_s}")
 
 
 # ---- engine ------------------------------------------------------------------------------
@@ -266,8 +275,9 @@ def choose_pace(
 
     `sync_rollout_steps`: expected engine steps of one synchronous rollout. With the train
     step tied to the decode step (T = train_ratio x sync_rollout_steps x D), the decode step
-    D is the least that meets: D >= margin x real decode; T >= margin x real train; and
-    N x real decode / D + real train / T <= cpu_share x cores (mean CPU demand)."""
+    D is the least that meets: D >= margin x real decode; T >= margin x real train;
+    N x real decode / D + real train / T <= cpu_share x cores (mean CPU demand); and
+    D >= min_decode_s."""
     rule.validate()
     steps = rule.train_ratio * sync_rollout_steps  # T = steps x D
     demand = num_instances * cal.decode_step_s + cal.train_step_s / steps  # CPU-s per D
@@ -275,6 +285,7 @@ def choose_pace(
         "decode_margin": rule.margin * cal.decode_step_s,
         "train_margin": rule.margin * cal.train_step_s / steps,
         "cpu_share": demand / (rule.cpu_share * rule.cores),
+        "min_decode": rule.min_decode_s,
     }
     bound = max(candidates, key=candidates.get)
     decode = candidates[bound]

@@ -139,7 +139,7 @@ def test_timeline_from_a_recorder_trace(tmp_path):
     ("override", "needle"),
     [
         ("workload.p99_ratio=5.0", "workload.p99_ratio: the benchmark's tail needs >= 10"),
-        ("warmup_steps=6", "warmup_steps: must be in [0, steps)"),
+        ("warmup_steps=10", "warmup_steps: must be in [0, steps)"),
         ("dora_k=[0]", "dora_k: needs K values >= 1"),
         ("workload.max_len=400", "workload.max_len: 400 leaves no room"),
         ("bogus=1", "unknown config key bogus"),

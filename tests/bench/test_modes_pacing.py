@@ -127,7 +127,10 @@ def _cal(decode=0.002, train=0.3) -> Calibration:
      (0.01, 0.001, 500.0, "cpu_share"), (0.002, 0.3, 20.0, "train_margin")],
 )  # fmt: skip
 def test_pace_meets_margin_cpu_share_and_train_ratio(decode, train, sync_steps, bound):
-    cal, rule = _cal(decode, train), PaceRule(margin=2.0, cpu_share=0.5, cores=2, train_ratio=0.5)
+    cal, rule = (
+        _cal(decode, train),
+        PaceRule(margin=2.0, cpu_share=0.5, cores=2, train_ratio=0.5, min_decode_s=0.0),
+    )
     dev, notes = choose_pace(
         cal, rule, num_instances=4, kv_pool_tokens=5000, sync_rollout_steps=sync_steps
     )
@@ -144,19 +147,25 @@ def test_pace_meets_margin_cpu_share_and_train_ratio(decode, train, sync_steps, 
 
 
 def test_decode_margin_binds_when_alone():
-    dev, notes = choose_pace(_cal(0.002, 0.001), PaceRule(cores=64), num_instances=1,
-                             kv_pool_tokens=1, sync_rollout_steps=500)  # fmt: skip
+    dev, notes = choose_pace(_cal(0.002, 0.001), PaceRule(cores=64, min_decode_s=0.0),
+                             num_instances=1, kv_pool_tokens=1, sync_rollout_steps=500)  # fmt: skip
     assert notes["bound"] == "decode_margin" and dev.decode_step_s == pytest.approx(0.004)
+
+
+def test_a_fast_machine_still_gets_the_least_decode_time():
+    # real compute so small that every other bound asks for a sub-ms step: the floor holds,
+    # so per-call runtime latency stays small beside a step, as on an accelerator
+    dev, notes = choose_pace(_cal(0.0001, 0.001), PaceRule(cores=64, min_decode_s=0.02),
+                             num_instances=1, kv_pool_tokens=1, sync_rollout_steps=500)  # fmt: skip
+    assert notes["bound"] == "min_decode" and dev.decode_step_s == pytest.approx(0.02)
+    assert dev.train_step_s(1000) == pytest.approx(0.5 * 500 * 0.02)  # the train ratio holds
 
 
 def test_pace_grows_with_instances_sharing_the_cores():
     cal = _cal()
-    few, _ = choose_pace(
-        cal, PaceRule(cores=2), num_instances=1, kv_pool_tokens=1, sync_rollout_steps=500
-    )
-    many, _ = choose_pace(
-        cal, PaceRule(cores=2), num_instances=16, kv_pool_tokens=1, sync_rollout_steps=500
-    )
+    rule = PaceRule(cores=2, min_decode_s=0.0)
+    few, _ = choose_pace(cal, rule, num_instances=1, kv_pool_tokens=1, sync_rollout_steps=500)
+    many, _ = choose_pace(cal, rule, num_instances=16, kv_pool_tokens=1, sync_rollout_steps=500)
     assert many.decode_step_s > few.decode_step_s
 
 
@@ -167,3 +176,5 @@ def test_pace_rule_names_bad_keys():
         PaceRule(train_ratio=0.0).validate()
     with pytest.raises(ConfigError, match="cpu_share"):
         PaceRule(cpu_share=1.5).validate()
+    with pytest.raises(ConfigError, match="min_decode_s"):
+        PaceRule(min_decode_s=-1.0).validate()
