@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dorarl.controller import ControllerConfig
 from dorarl.sim.cost import CostModel, kv_bytes_per_token
@@ -248,3 +249,33 @@ def check_bars(preset: str | None, results: dict[str, dict]) -> list[dict]:
         {"name": n, "value": v, "target": t, "tolerance": tol, "met": abs(v - t) <= tol}
         for n, v, t, tol in bars
     ]
+
+
+def non_rollout_ratio(sync_share: float, dora_share: float, speedup: float) -> float:
+    """Time per dora step the trainer side is busy (step minus rollout-only time) over the
+    same for a sync step, from the two rollout-only shares and the dora/sync step speedup."""
+    return (1.0 - dora_share) / (speedup * (1.0 - sync_share))
+
+
+def reference_consistency(preset: str | None, results: dict[str, dict]) -> dict[str, Any]:
+    """Whether the paper's three figures fit one training cost for both modes.
+
+    A sync step is rollout-only time plus trainer-side time (training, weight sync); so is
+    a dora step. With equal trainer-side time per step, the two shares fix the speedup at
+    (1 - dora_share) / (1 - sync_share). The paper's figures imply a ratio well above 1, which
+    a simulator charging both modes the same training step cannot reproduce.
+    """
+    target = PAPER_TARGETS.get(preset or "")
+    if target is None or not {"sync", "dora"} <= set(results):
+        return {}
+    sync, dora = results["sync"], results["dora"]
+    speedup = sync["step_time_s"]["mean"] / dora["step_time_s"]["mean"]
+    return {
+        "paper_non_rollout_ratio": non_rollout_ratio(
+            target["sync_share"], target["dora_share"], target["speedup"]
+        ),
+        "paper_speedup_at_equal_training": (1 - target["dora_share"]) / (1 - target["sync_share"]),
+        "simulated_non_rollout_ratio": non_rollout_ratio(
+            sync["rollout_only_share"], dora["rollout_only_share"], speedup
+        ),
+    }

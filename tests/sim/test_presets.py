@@ -8,7 +8,7 @@ import pytest
 from dorarl.config import ConfigError
 from dorarl.sim.cli import build_config, main, run_modes
 from dorarl.sim.lengths import Z99, dapo_qwen32b, fit_lognormal
-from dorarl.sim.presets import PRESETS, check_bars
+from dorarl.sim.presets import PRESETS, check_bars, non_rollout_ratio, reference_consistency
 from dorarl.sim.timelines import lane_subset
 
 
@@ -78,6 +78,22 @@ def test_bars_compare_against_the_paper_figures():
     assert not bars["dora rollout-only share"]["met"]  # 30% vs 12%
     assert bars["dora/sync step speedup"]["value"] == 1.5 and bars["dora/sync step speedup"]["met"]
     assert check_bars("moe-500b", results) == []
+
+
+def test_the_paper_figures_imply_more_trainer_time_per_dora_step():
+    # paper-64: 65% / 12% / 1.56x -> trainer side 0.88/1.56 of a sync step's 0.35
+    assert non_rollout_ratio(0.65, 0.12, 1.56) == pytest.approx(0.88 / (1.56 * 0.35))
+    assert non_rollout_ratio(0.5, 0.5, 1.0) == 1.0
+    equal = {"sync": {"rollout_only_share": 0.65, "step_time_s": {"mean": 100.0}},
+             "dora": {"rollout_only_share": 0.12, "step_time_s": {"mean": 35.0 / 0.88}}}  # fmt: skip
+    found = reference_consistency("paper-64", equal)
+    assert found["simulated_non_rollout_ratio"] == pytest.approx(1.0)  # same training per step
+    assert found["paper_non_rollout_ratio"] == pytest.approx(1.612, abs=1e-3)
+    assert found["paper_speedup_at_equal_training"] == pytest.approx(0.88 / 0.35)
+    assert reference_consistency("paper-128", equal)["paper_non_rollout_ratio"] == pytest.approx(
+        0.76 / (1.93 * 0.27)
+    )
+    assert reference_consistency("local", equal) == {}
 
 
 def test_timelines_keep_at_most_64_lanes_evenly_spread():
