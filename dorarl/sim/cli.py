@@ -8,6 +8,8 @@ over the preset, then the YAML file, then the command line. Every mode runs the 
 workload (same seed, same lengths) through the same controller as the real runtime and
 writes DIR/<mode>/ with the recorder's files; DIR/sim.json holds the per-mode figures of
 the steps after `warmup_steps`, DIR/timeline_<mode>.png the instance lanes (when traced).
+`--preset local` simulates the runs of the `dorarl bench modes` run recorded in the package
+and writes how far each prediction is from the measurement (sim.json `validation`).
 """
 
 from __future__ import annotations
@@ -27,15 +29,17 @@ from rich.table import Table
 from dorarl.bench.figures import mode_figures
 from dorarl.config import ConfigError, describe, load_config
 from dorarl.controller import MODES, ControllerConfig
-from dorarl.sim.presets import PRESETS, SimulateConfig, check_bars
+from dorarl.sim.presets import PRESETS, SimulateConfig, check_bars, reference_consistency
 from dorarl.sim.runtime import SimRuntime
 from dorarl.sim.timelines import plot_lanes
 from dorarl.sim.validate import (
     COMPARED,
+    LOCAL_BENCH,
     bench_runs,
     compare,
     local_from_bench,
     read_bench,
+    recorded_bench,
     run_controller,
 )
 from dorarl.sim.whatif import plot_whatif, run_whatif, whatif_table
@@ -64,7 +68,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--validate",
         metavar="MODES_JSON",
-        help="simulate the runs of a `dorarl bench modes` modes.json and compare",
+        help="simulate the runs of a `dorarl bench modes` modes.json and compare "
+        "(--preset local does this against the bench run recorded in the package)",
     )
     parser.add_argument(
         "--whatif", action="store_true", help="dora speedup vs p99/median and K (heat map)"
@@ -213,13 +218,14 @@ def main(argv: list[str]) -> int:
     console = Console(width=max(160, Console().width))
     if args.whatif:
         return _main_whatif(args, out, console)
-    if args.validate:
+    if args.validate or args.preset == "local":
         return _main_validate(args, out, console)
     cfg = build_config(args.preset, args.config, args.overrides)
     results = run_modes(cfg, _modes(args.modes), out)
     doc = {"preset": args.preset, "config": dataclasses.asdict(cfg), "modes": results}
     doc["speedups"] = speedups(results)
     doc["bars"] = check_bars(args.preset, results)
+    doc["reference_consistency"] = reference_consistency(args.preset, results)
     out.mkdir(parents=True, exist_ok=True)
     doc["timelines"] = _timelines(cfg, results, out)
     _write(out, doc)
@@ -229,15 +235,29 @@ def main(argv: list[str]) -> int:
     for bar in doc["bars"]:
         console.print(f"bar {bar['name']}: {bar['value']:.3g} vs {bar['target']:.3g} "
                       f"(+-{bar['tolerance']:g}) {'MET' if bar['met'] else 'MISSED'}")  # fmt: skip
+    if consistency := doc["reference_consistency"]:
+        console.print(
+            "trainer-side time per step, dora over sync: paper "
+            f"{consistency['paper_non_rollout_ratio']:.2f}x, simulated "
+            f"{consistency['simulated_non_rollout_ratio']:.2f}x (with equal training the "
+            f"paper's shares would give a {consistency['paper_speedup_at_equal_training']:.2f}x "
+            "speedup)"
+        )
     return 0
 
 
 def _main_validate(args: argparse.Namespace, out: Path, console: Console) -> int:
-    bench = read_bench(args.validate)
+    bench = read_bench(args.validate) if args.validate else recorded_bench()
     cfg = build_config(local_from_bench(bench), args.config, args.overrides)
-    runs = [(n, run_controller(cfg.controller, m, k)) for n, m, k in bench_runs(bench)]
+    wanted = _modes(args.modes)
+    runs = [
+        (name, run_controller(cfg.controller, mode, k))
+        for name, mode, k in bench_runs(bench)
+        if mode in wanted
+    ]
     results = run_named(cfg, runs, out)
-    validation = compare(results, bench["modes"]) | {"modes_json": str(args.validate)}
+    source = args.validate or f"{LOCAL_BENCH} ({bench.get('source', 'recorded bench run')})"
+    validation = compare(results, bench["modes"]) | {"modes_json": str(source)}
     doc = {"preset": "local", "config": dataclasses.asdict(cfg), "modes": results}
     doc["validation"] = validation
     out.mkdir(parents=True, exist_ok=True)

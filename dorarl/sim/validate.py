@@ -22,37 +22,41 @@ from dorarl.sim.lengths import LengthDist
 TOLERANCE = 0.15
 COMPARED = ("step_time_s.mean", "consumed_tokens_per_s")
 
-# `dorarl bench modes --out /tmp/bm/full1` on this machine (2 CPU cores), 2026-11-29: the
-# paced device model (emulation.device) and the bench's settings (config).
-MEASURED_DEVICE = {
-    "decode_step_s": 0.01213435188828417,
-    "kv_token_s": 4.739981206361004e-07,
-    "prefill_token_s": 9.096777792743961e-05,
-    "train_fixed_s": 0.2230416908840457,
-    "train_token_s": 0.00022512595716837338,
-}
-MEASURED_CONFIG = {
-    "instances": 4,
-    "slots": 16,
-    "tbs": 8,
-    "group_size": 8,
-    "steps": 12,
-    "warmup_steps": 2,
-    "rebalance_period_s": 1.0,
-    "max_model_len": 320,
-    "seed": 0,
-    "workload": {"median": 12.0, "p99_ratio": 12.0, "max_len": 240, "group_corr": 0.5},
-}
+# A `dorarl bench modes` run on this machine (2 CPU cores), trimmed to what the `local`
+# preset and its validation read: the bench's settings, the paced device model and the
+# measured figures per run. Refresh with `python -m dorarl.sim.validate MODES_JSON`.
+LOCAL_BENCH = Path(__file__).with_name("local_bench.json")
+KEPT_FIGURES = ("K", "step_time_s", "consumed_tokens_per_s", "rollout_only_share",
+                "train_time_s", "pace")  # fmt: skip
 PROMPT_LEN = 8  # running_sum prompts with the chat template, about 8 tokens
 TINY_WEIGHTS = 4.25e6  # bytes of the bench's base model (model.safetensors)
 
 
+def recorded_bench() -> dict[str, Any]:
+    """The bench run shipped with the package (see LOCAL_BENCH)."""
+    return read_bench(LOCAL_BENCH)
+
+
+def trim_bench(bench: dict[str, Any], source: str) -> dict[str, Any]:
+    """What of a modes.json the `local` preset keeps (LOCAL_BENCH's layout)."""
+    return {
+        "source": source,
+        "config": bench["config"],
+        "emulation": {"device": bench["emulation"]["device"]},
+        "modes": {
+            name: {key: fig[key] for key in KEPT_FIGURES if key in fig}
+            for name, fig in bench["modes"].items()
+        },
+    }
+
+
 def local_from_bench(bench: dict[str, Any] | None = None) -> Any:
-    """`SimulateConfig` of this machine as `dorarl bench modes` paced it (`bench`: modes.json)."""
+    """`SimulateConfig` of this machine as `dorarl bench modes` paced it (`bench`: a
+    modes.json; None: the recorded run)."""
     from dorarl.sim.presets import SimulateConfig
 
-    device = bench["emulation"]["device"] if bench else MEASURED_DEVICE
-    config = bench["config"] if bench else MEASURED_CONFIG
+    bench = bench or recorded_bench()
+    device, config = bench["emulation"]["device"], bench["config"]
     work = config["workload"]
     lengths = LengthDist(
         median=work["median"],
@@ -178,3 +182,23 @@ def _context(predicted: dict[str, Any], real: dict[str, Any]) -> dict[str, float
         "pace_excess_train_s": float(pace.get("train", {}).get("excess_s", 0.0)),
         "pace_excess_engine_s": float(pace.get("engine", {}).get("excess_s", 0.0)),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Record a modes.json as the `local` preset's bench run (LOCAL_BENCH)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m dorarl.sim.validate MODES_JSON", file=sys.stderr)
+        return 2
+    trimmed = trim_bench(
+        read_bench(args[0]), source=f"dorarl bench modes --out {Path(args[0]).parent}"
+    )
+    LOCAL_BENCH.write_text(json.dumps(trimmed, indent=2) + "\n")
+    print(f"wrote {LOCAL_BENCH}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,7 +6,14 @@ import pytest
 from dorarl.errors import UserInputError
 from dorarl.sim.cli import main
 from dorarl.sim.presets import PRESETS
-from dorarl.sim.validate import bench_runs, compare, local_from_bench
+from dorarl.sim.validate import (
+    COMPARED,
+    bench_runs,
+    compare,
+    local_from_bench,
+    recorded_bench,
+    trim_bench,
+)
 from dorarl.sim.whatif import plot_whatif, run_whatif
 
 
@@ -86,3 +93,23 @@ def test_whatif_grid_and_heat_map(tmp_path):
     cell = by[(20.0, 2)]
     assert cell["dora_over_partial"] == pytest.approx(cell["partial_step_s"] / cell["dora_step_s"])
     assert plot_whatif(grid, tmp_path / "whatif.png").stat().st_size > 10_000
+
+
+def test_local_preset_validates_against_the_recorded_bench_run(tmp_path):
+    recorded = recorded_bench()
+    assert {"sync", "one_step_off", "partial_rollout"} <= set(recorded["modes"])
+    assert main(["--preset", "local", "--modes", "sync,dora", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "sim.json").read_text())
+    runs = doc["validation"]["runs"]
+    assert "sync" in runs and "one_step_off" not in runs  # --modes picks the bench's runs
+    assert any(name.startswith("dora_k") for name in runs)
+    for row in runs.values():  # the recorded run and the local preset agree within 15%
+        assert all(row[key]["within"] for key in COMPARED), row
+
+
+def test_trim_keeps_what_the_local_preset_reads(tmp_path):
+    bench = hand_made_bench({"sync": 1.0, "dora_k2": 1.0}, {"sync": 1.0, "dora_k2": 1.0})
+    bench["modes"]["sync"]["migrations"] = 3  # not read by the preset: dropped
+    trimmed = trim_bench(bench, source="test")
+    assert "migrations" not in trimmed["modes"]["sync"]
+    assert local_from_bench(trimmed) == local_from_bench(bench)
