@@ -46,6 +46,7 @@ from dorarl.bench.timeline import plot_throughput, plot_timeline
 from dorarl.config import ConfigError, load_config
 from dorarl.controller import ControllerConfig
 from dorarl.engine import EngineConfig
+from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
 from dorarl.runtime.recorder import Recorder
@@ -253,7 +254,7 @@ def _run_all(
     cfg: ModesConfig, model_folder: str, task: Task, device: DeviceModel, out: Path, say
 ) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """Every mode in turn on one set of actors (process start-up paid once, not per mode)."""
-    _start_ray()
+    start_local_ray()
     runs: dict[str, list[dict]] = {}
     summaries: dict[str, dict] = {}
     try:
@@ -325,15 +326,6 @@ def _plots(cfg: ModesConfig, out: Path, runs: dict[str, list[dict]], figures: di
             title = f"{name}: lane height = busy slots / {cfg.slots}, colour = hosted version"
             plot_timeline(trace, out / f"timeline_{name}.png", cfg.slots, title)
     plot_throughput(runs, figures, out / "throughput.png")
-
-
-def _start_ray() -> None:
-    ray.init(
-        num_cpus=os.cpu_count() or 2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
 
 
 def _tokenizer(model_folder: str) -> Any:

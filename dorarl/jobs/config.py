@@ -88,6 +88,10 @@ class RaySection:
     address: str | None = field(
         default=None, metadata={"help": "Ray cluster address (None: start local Ray)"}
     )
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "address a local Ray's services listen on (127.0.0.1: this machine)"},
+    )
     threads_per_actor: int = field(default=1, metadata={"help": "torch threads in each actor"})
 
 

@@ -9,7 +9,6 @@ turns on device emulation (dorarl.runtime.pacing) for the engines and the traine
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.train import finish_outputs
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
+from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
 from dorarl.runtime.recorder import Recorder
@@ -74,12 +74,7 @@ def _init_ray(config: TrainConfig) -> None:
     if config.ray.address:
         ray.init(address=config.ray.address, log_to_driver=False)
         return
-    ray.init(
-        num_cpus=os.cpu_count() or 2,
-        include_dashboard=False,
-        log_to_driver=False,
-        _node_ip_address="127.0.0.1",
-    )
+    start_local_ray(host=config.ray.host)
 
 
 def _run(

@@ -1,0 +1,61 @@
+"""A local Ray started by dorarl listens on loopback only (SPEC: services bind to loopback
+unless the user says otherwise)."""
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+import ray
+
+from dorarl.runtime.local_ray import is_loopback, start_local_ray
+
+LISTEN = "0A"  # TCP state code in /proc/net/tcp*
+
+
+def _listening() -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket on this machine, from /proc."""
+    found = set()
+    for name, width in (("tcp", 4), ("tcp6", 16)):
+        path = Path("/proc/net") / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != LISTEN:
+                continue
+            hex_addr, hex_port = fields[1].split(":")
+            raw = bytes.fromhex(hex_addr)
+            # /proc stores each 32-bit word in host (little-endian) order
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
+            addr = ipaddress.ip_address(words)
+            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+                addr = addr.ipv4_mapped
+            found.add((str(addr), int(hex_port, 16)))
+    return found
+
+
+def test_loopback_names():
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+    assert not is_loopback("head-node")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+def test_local_ray_listens_on_loopback_only():
+    before = _listening()
+    try:
+        node = start_local_ray(num_cpus=1)
+        opened = _listening() - before
+
+        @ray.remote
+        def ping() -> int:
+            return 1
+
+        assert ray.get(ping.remote()) == 1  # workers reach the services over loopback
+    finally:
+        ray.shutdown()
+    assert node == "127.0.0.1"
+    assert opened, "Ray opened no listening socket?"
+    exposed = sorted(a for a in opened if not is_loopback(a[0]))
+    assert not exposed, f"Ray listens beyond loopback: {exposed}"
