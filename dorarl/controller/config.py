@@ -56,6 +56,13 @@ class ControllerConfig:
     legacy_fill: bool = field(
         default=True, metadata={"help": "fill idle legacy slots with new groups (dora)"}
     )
+    kv_packing: bool = field(
+        default=True,
+        metadata={
+            "help": "consolidate a legacy version only down to the requests per instance "
+            "that fit under the KV threshold at the last reports, not its slots (dora)"
+        },
+    )
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -46,6 +46,7 @@ from dorarl.controller.events import (
 from dorarl.controller.lockstep import LockstepOrchestrator
 from dorarl.controller.orchestrator import Orchestrator
 from dorarl.controller.partial import PartialRolloutOrchestrator
+from dorarl.controller.partition import kv_fit
 from dorarl.controller.rollout import RolloutManager
 from dorarl.controller.staleness import batch_ready, select_batch
 from dorarl.controller.state import Ledger
@@ -124,6 +125,10 @@ class Controller:
     def _on_stats(self, event: InstanceStats) -> list[Command]:
         inst = self.ledger.instances[event.instance_id]
         inst.kv_used_frac = event.kv_used_frac
+        if event.running > 0 and event.kv_used_frac > 0:
+            inst.kv_fit = kv_fit(
+                event.running, event.kv_used_frac, self.config.kv_offload_threshold
+            )
         if event.kv_used_frac >= self.config.kv_offload_threshold and inst.ready:
             return self.orchestrator.on_kv_pressure(inst)
         if event.kv_used_frac < self.config.kv_offload_threshold:

@@ -2,9 +2,10 @@
 
 Re-balance triggers: a training step starting or ending (update-driven), an instance's KV
 usage over the threshold (utilization), a periodic timer (temporal), plus a legacy
-instance running dry. Each cycle: partition plan -> release the cheapest instances of
-shrinking versions, moving their requests (with KV) to instances that keep the version ->
-load the newest version onto released instances from a peer when one holds it.
+instance running dry. Each cycle: partition plan (legacy versions packed as tight as their
+KV allows, not their slots) -> release the cheapest instances of shrinking versions,
+moving their requests (with KV) to instances that keep the version -> load the newest
+version onto released instances from a peer when one holds it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dorarl.controller.commands import Command, Migrate, SetTimer
 from dorarl.controller.migration import Candidate, choose_releases, plan_migrations
 from dorarl.controller.orchestrator import Orchestrator
-from dorarl.controller.partition import capacity_floor, plan_partition
+from dorarl.controller.partition import capacity_floor, packing_limit, plan_partition
 from dorarl.controller.state import InstanceState
 
 
@@ -72,15 +73,31 @@ class DoraOrchestrator(Orchestrator):
         return commands + self.switch(released, self.ledger.newest)
 
     def partition(self) -> dict[int, int]:
-        ledger, slots = self.ledger, self.config.slots_per_instance
+        ledger = self.ledger
         running = {v: ledger.running(v) for v, hosts in ledger.hosts.items() if hosts}
         workload = {v: n for v, n in running.items() if n}
         demand = self.rollout.newest_demand() * self.config.group_size
         if demand:
             workload[ledger.newest] = workload.get(ledger.newest, 0) + demand
-        floors = {v: capacity_floor(n, slots) for v, n in running.items() if n}
+        floors = {v: self._floor(v, n) for v, n in running.items() if n}
         caps = {v: len(ledger.hosts[v]) for v in running if v != ledger.newest}
         return plan_partition(workload, floors, caps, ledger.newest, self.config.num_instances)
+
+    def _floor(self, version: int, running: int) -> int:
+        """Instances `version`'s running requests need.
+
+        A legacy version holds the stragglers the trainer waits for. Packed by slots alone,
+        they overflow the KV pool, and an offloaded request makes no progress until others
+        finish; so (with `kv_packing`) a legacy version keeps as many instances as its
+        requests need at the count that fit under the KV threshold at the last reports. It
+        never grows: the floor is capped at its current instances.
+        """
+        ledger, slots = self.ledger, self.config.slots_per_instance
+        if version == ledger.newest or not self.config.kv_packing:
+            return capacity_floor(running, slots)
+        hosts = ledger.hosts[version]
+        per = packing_limit(slots, (ledger.instances[i].kv_fit for i in hosts))
+        return min(len(hosts), capacity_floor(running, per))
 
     def _shrink(self, version: int, target: int) -> tuple[list[Command], list[InstanceState]]:
         """Release instances of `version` down to `target`; move their requests to the rest."""

@@ -3,18 +3,33 @@
 Invariants of the result: the counts sum to the number of instances; every version keeps at
 least its floor (the instances its running requests need, so no version with work ever
 drops to zero); a legacy version never exceeds its cap (its current count: legacy versions
-only shrink); seats left once every version with work is served go to the newest.
+only shrink); seats left once every version with work is served go to the newest. Floors
+are the caller's: dora packs a legacy version by KV (`packing_limit`), not by slots.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 
 def capacity_floor(running: int, slots: int) -> int:
     """Instances needed to hold `running` requests at `slots` each."""
     return -(-running // slots)
+
+
+def kv_fit(running: int, kv_used_frac: float, threshold: float) -> float:
+    """Requests of an instance's current mix that fit under the KV threshold, from one load
+    report: `running` resident requests filled `kv_used_frac` of the pool."""
+    return running * threshold / kv_used_frac
+
+
+def packing_limit(slots: int, fits: Iterable[float | None]) -> int:
+    """Requests one instance of a version can keep resident: its slots, or fewer where a KV
+    report showed fewer fit. The tightest instance counts: a legacy version's survivors
+    only grow, so the past mix under-states what they will need."""
+    known = [int(f) for f in fits if f is not None]
+    return max(1, min([slots, *known]))
 
 
 def plan_partition(

@@ -25,6 +25,9 @@ class InstanceState:
     serving: int = 0  # weight loads this instance is the source of
     source: int | None = None  # source of its own weight load; None while waiting for one
     kv_used_frac: float = 0.0
+    # requests that fit under the KV threshold, from the last load report (None: no report
+    # since the version was assigned); decode is KV-bound long before slots run out
+    kv_fit: float | None = None
     offloaded: set[str] = field(default_factory=set)
 
     @property
@@ -182,6 +185,7 @@ class Ledger:
         inst.version = version
         inst.ready = False
         inst.offloaded.clear()
+        inst.kv_fit = None  # the switch frees the KV cache; the old mix says nothing
         self.hosts[version][inst.instance_id] = None
         self.load[version] += len(inst.requests)
         self.awaiting[inst.instance_id] = None

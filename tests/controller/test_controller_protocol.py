@@ -227,3 +227,54 @@ def test_modes_fix_their_knobs_and_say_so():
     assert len(cfg.ignored_settings()) == 2
     dora = ControllerConfig(mode="dora", k=1, rbs=200, tbs=32)
     assert dora.rollout_batch == 64 and "admission" in dora.ignored_settings()[0]
+
+
+@pytest.mark.parametrize("kv_packing", [True, False])
+def test_dora_packs_legacy_stragglers_by_kv_fit_not_slots(kv_packing):
+    cfg = ControllerConfig(
+        mode="dora",
+        k=1,
+        rbs=8,
+        tbs=4,
+        group_size=1,
+        num_instances=3,
+        slots_per_instance=4,
+        total_steps=5,
+        kv_packing=kv_packing,
+    )
+    ctl = Controller(cfg)
+    on = {d.group_id: d.instance_id for d in only(ctl.handle(Start()), Dispatch)}
+    assert on == {0: 0, 1: 1, 2: 2, 3: 0, 4: 1, 5: 2, 6: 0, 7: 1}
+    commands = []
+    for g in (0, 1, 3, 4, 7, 5):
+        commands += ctl.handle(SampleDone(g, 0, on[g], 10, 1.0))
+    assert only(commands, Train)
+    # stragglers 2 and 6 are long: one of them alone nearly fills its instance's KV
+    for iid in (0, 2):
+        assert ctl.handle(InstanceStats(iid, 1, 0, 0.85, 1.5)) == []
+    assert ctl.ledger.instances[0].kv_fit == pytest.approx(0.9 / 0.85)
+    commands = ctl.handle(TrainDone(1, 2.0))
+    if kv_packing:
+        # by slots both fit one instance, by KV each needs its own: only the empty one goes
+        assert not only(commands, Migrate)
+        assert [ld.instance_id for ld in only(commands, LoadWeights)] == [1]
+        assert ctl.instance_versions() == {0: 0, 1: 1, 2: 0}
+    else:
+        assert only(commands, Migrate) == [Migrate(("6:0",), 0, 2)]
+        assert ctl.instance_versions() == {0: 1, 1: 1, 2: 0}  # one load now, one waits
+    assert violations(ctl.ledger) == []
+
+
+def test_a_version_change_forgets_the_kv_fit_of_the_old_mix():
+    cfg = ControllerConfig(
+        mode="dora", k=1, rbs=2, tbs=1, group_size=1, num_instances=2, slots_per_instance=2
+    )
+    ctl = Controller(cfg)
+    on = {d.group_id: d.instance_id for d in only(ctl.handle(Start()), Dispatch)}
+    ctl.handle(InstanceStats(on[1], 1, 0, 0.5, 0.5))
+    assert ctl.ledger.instances[on[1]].kv_fit == pytest.approx(1.8)
+    ctl.handle(SampleDone(0, 0, on[0], 5, 1.0))
+    ctl.handle(SampleDone(1, 0, on[1], 5, 1.1))
+    ctl.handle(TrainDone(1, 2.0))
+    assert ctl.instance_versions()[on[1]] == 1
+    assert ctl.ledger.instances[on[1]].kv_fit is None

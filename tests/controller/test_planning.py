@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from dorarl.controller.commands import TRAINER
 from dorarl.controller.migration import Candidate, choose_releases, plan_migrations
-from dorarl.controller.partition import capacity_floor, plan_partition
+from dorarl.controller.partition import capacity_floor, kv_fit, packing_limit, plan_partition
 from dorarl.controller.weights import choose_weight_source
 
 # ---- partition plan ----------------------------------------------------------------------
@@ -112,3 +112,15 @@ def test_legacy_version_needs_a_peer_and_p2p_off_uses_the_trainer():
     assert (
         choose_weight_source({5: 0}, trainer_has_version=True, trainer_busy=3, p2p=False) == TRAINER
     )
+
+
+def test_kv_fit_scales_the_reported_running_count_to_the_threshold():
+    assert kv_fit(running=40, kv_used_frac=0.8, threshold=0.9) == pytest.approx(45.0)
+
+
+def test_packing_limit_takes_the_tightest_kv_report_and_never_exceeds_slots():
+    assert packing_limit(256, []) == 256
+    assert packing_limit(256, [None, None]) == 256
+    assert packing_limit(256, [70.4, None, 180.0]) == 70
+    assert packing_limit(16, [300.0]) == 16
+    assert packing_limit(16, [0.3]) == 1  # one request that overflows still needs its instance
