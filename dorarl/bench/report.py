@@ -109,14 +109,27 @@ def _per_step(stats: dict[str, float], unit: float, name: str) -> str:
 
 def bars_table(result: dict[str, Any]) -> Table:
     table = Table(title="bars")
-    for col in ("bar", "value", "target", "met", "pacing held"):
+    for col in ("bar", "value", "target", "met", "K bound", "pacing held"):
         table.add_column(col, justify="right")
     for bars in result["bars"].values():
         for b in bars:
             held = "yes" if b["paced_reliably"] else "NO: over pace, figure not valid"
             table.add_row(b["bar"], f"{b['value']:.3f}", b["target"], "yes" if b["met"] else "NO",
-                          held)  # fmt: skip
+                          _bound_cell(b), held)  # fmt: skip
+    table.caption = (
+        "K bound: the best a schedule with the run's staleness bound K can reach when a "
+        "batch's slowest group takes the sync rollout time R and a training step T (a step "
+        "every max(T, (R+T)/(K+1)) at best; from the sync run's R and T)"
+    )
     return table
+
+
+def _bound_cell(bar: dict[str, Any]) -> str:
+    """The most a '>=' figure can reach, the least a '<=' figure can go down to, under K."""
+    bound = bar.get("k_bound")
+    if bound is None:
+        return ""
+    return f"<= {bound:.2f}" if bar["target"].startswith(">=") else f">= {bound:.2f}"
 
 
 def pace_warnings(result: dict[str, Any]) -> list[str]:

@@ -6,7 +6,13 @@ import json
 import pytest
 from rich.console import Console
 
-from dorarl.bench.figures import check_bars, length_stats, makespan_steps, mode_figures
+from dorarl.bench.figures import (
+    check_bars,
+    length_stats,
+    makespan_steps,
+    mode_figures,
+    staleness_ceiling,
+)
 from dorarl.bench.modes import ModesConfig, main, sync_rollout_steps
 from dorarl.bench.report import (
     bars_table,
@@ -71,7 +77,8 @@ def test_sync_waits_for_rollout_more_than_dora(tmp_path):
 def _figure(tps: float, rollout_only=0.1, overhead=0.01, over=(0.0, 0.0)) -> dict:
     pace = {"engine": {"over_share": over[0]}, "train": {"over_share": over[1]}}
     return {"consumed_tokens_per_s": tps, "rollout_only_share": rollout_only,
-            "overhead_share": {"total": overhead}, "pace": pace}  # fmt: skip
+            "overhead_share": {"total": overhead}, "pace": pace,
+            "step_time_s": {"mean": 3.0}}  # fmt: skip
 
 
 def test_bars_compare_the_named_dora_run():
@@ -86,6 +93,38 @@ def test_bars_compare_the_named_dora_run():
     assert bars["sync rollout-only share"]["met"]
     assert not bars["dora_k1 overhead share"]["met"]
     assert all(b["paced_reliably"] for b in bars.values())
+    # sync: R = 0.6 x 3 s, T = 1.2 s; K=1 allows a step every (R+T)/2 = 1.5 s at best
+    assert bars["dora_k1 tokens/s / sync"]["k_bound"] == pytest.approx(2.0)
+    assert bars["dora_k1 tokens/s / one_step_off"]["k_bound"] == pytest.approx(2.0 * 100 / 150)
+    assert bars["dora_k1 rollout-only share"]["k_bound"] == pytest.approx(0.3 / 1.5)
+    assert bars["dora_k1 overhead share"]["k_bound"] is None
+
+
+@pytest.mark.parametrize(
+    ("k", "rollout", "train", "speedup", "share"),
+    [(1, 1.0, 0.5, 2.0, 1 / 3), (3, 1.0, 0.5, 3.0, 0.0), (2, 1.0, 0.5, 3.0, 0.0),
+     (1, 1.0, 1.0, 2.0, 0.0), (1, 3.0, 1.0, 2.0, 0.5), (0, 1.0, 0.5, 1.0, 2 / 3)],
+)  # fmt: skip
+def test_staleness_bound_caps_speedup_and_floors_rollout_only_time(
+    k, rollout, train, speedup, share
+):
+    most, least = staleness_ceiling(k, rollout, train)
+    assert most == pytest.approx(speedup) and least == pytest.approx(share)
+
+
+def test_dora_k1_in_the_simulator_stays_within_its_staleness_ceiling(tmp_path):
+    figures = {
+        name: mode_figures(_sim(tmp_path, mode, k, steps=12), 2, 2)
+        for name, mode, k in (("sync", "sync", 0), ("dora_k1", "dora", 1))
+    }
+    figures["dora_k1"]["K"] = 1
+    for name in ("one_step_off", "partial_rollout"):  # not under test here
+        figures[name] = figures["sync"]
+    bars = {b["bar"]: b for b in check_bars(figures, "dora_k1")}
+    speedup = bars["dora_k1 tokens/s / sync"]
+    assert 1.0 < speedup["value"] <= speedup["k_bound"] * 1.1
+    share = bars["dora_k1 rollout-only share"]
+    assert share["value"] >= share["k_bound"] * 0.9
 
 
 def test_bars_say_when_a_mode_was_not_held_to_its_pace():
