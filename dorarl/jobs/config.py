@@ -75,6 +75,10 @@ class OrchestratorSection:
     legacy_fill: bool = field(
         default=True, metadata={"help": "fill idle legacy-version slots with new groups"}
     )
+    kv_packing: bool = field(
+        default=True,
+        metadata={"help": "consolidate a legacy version only as far as its KV fits (not slots)"},
+    )
 
 
 @dataclass(kw_only=True)
@@ -168,6 +172,7 @@ class TrainConfig:
                 rebalance_period_s=self.orchestrator.rebalance_period_s,
                 p2p_weights=self.orchestrator.p2p_weights,
                 legacy_fill=self.orchestrator.legacy_fill,
+                kv_packing=self.orchestrator.kv_packing,
             )
         except ConfigError as exc:
             raise ConfigError(_controller_key(str(exc))) from None

@@ -39,6 +39,7 @@ def scenarios(draw, mode: str | None = None, max_steps: int = 12):
         rebalance_period_s=draw(st.sampled_from([0.5, 3.0, 30.0])),
         p2p_weights=draw(st.booleans()),
         legacy_fill=draw(st.booleans()),
+        kv_packing=draw(st.booleans()),
     )
     max_len = draw(st.sampled_from([32, 128, 512]))
     lengths = LengthDist(
