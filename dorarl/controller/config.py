@@ -35,7 +35,23 @@ class ControllerConfig:
     slots_per_instance: int = field(
         default=64, metadata={"help": "max running requests per instance"}
     )
-    total_steps: int = field(default=10, metadata={"help": "training steps of the run"})
+    total_steps: int = field(
+        default=10,
+        metadata={"help": "version the run ends at (steps run: total_steps - initial_version)"},
+    )
+    initial_version: int = field(
+        default=0, metadata={"help": "version every instance and the trainer start at (resume)"}
+    )
+    first_group: int = field(
+        default=0, metadata={"help": "id of the first group (resume: groups dispatched before)"}
+    )
+    first_prompt: int = field(
+        default=0, metadata={"help": "prompt index of the first new prompt (resume: data position)"}
+    )
+    resume_prompts: list[int] = field(
+        default_factory=list,
+        metadata={"help": "prompt indices dispatched before new ones (untrained at a checkpoint)"},
+    )
     max_groups: int | None = field(
         default=None,
         metadata={"help": "cap on dispatched groups (dataset passes); None: unbounded"},
@@ -71,6 +87,18 @@ class ControllerConfig:
         for key in ("tbs", "group_size", "num_instances", "slots_per_instance", "total_steps"):
             _at_least(key, getattr(self, key), 1)
         _at_least("trainer_fanout", self.trainer_fanout, 1)
+        _at_least("initial_version", self.initial_version, 0)
+        _at_least("first_group", self.first_group, 0)
+        _at_least("first_prompt", self.first_prompt, 0)
+        if self.initial_version >= self.total_steps:
+            raise ConfigError(
+                f"total_steps: the run starts at version {self.initial_version}, so it must end "
+                f"after it, got {self.total_steps}"
+            )
+        if any(p < 0 for p in self.resume_prompts):
+            raise ConfigError(
+                f"resume_prompts: prompt indices must be >= 0, got {self.resume_prompts}"
+            )
         if self.rbs < self.tbs:
             raise ConfigError(f"rbs: must be >= tbs ({self.tbs}), got {self.rbs}")
         if self.group_size > self.num_instances * self.slots_per_instance:
@@ -78,10 +106,9 @@ class ControllerConfig:
                 f"group_size: {self.group_size} samples do not fit in "
                 f"{self.num_instances} x {self.slots_per_instance} slots"
             )
-        if self.max_groups is not None and self.max_groups < self.total_steps * self.tbs:
-            raise ConfigError(
-                f"max_groups: {self.max_groups} < total_steps x tbs = {self.total_steps * self.tbs}"
-            )
+        needed = (self.total_steps - self.initial_version) * self.tbs
+        if self.max_groups is not None and self.max_groups < needed:
+            raise ConfigError(f"max_groups: {self.max_groups} < steps to run x tbs = {needed}")
         if not 0.0 < self.kv_offload_threshold <= 1.0:
             raise ConfigError(
                 f"kv_offload_threshold: must be in (0, 1], got {self.kv_offload_threshold}"

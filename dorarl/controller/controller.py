@@ -29,6 +29,7 @@ where out(<= w) counts outstanding (dispatched, not consumed) groups of version 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from dorarl.controller.commands import Command, Finish, Train, parse_request_id, request_id
 from dorarl.controller.config import ControllerConfig
@@ -105,8 +106,24 @@ class Controller:
             "consumed": ledger.consumed,
             "queued": ledger.completed - ledger.consumed,
             "in_flight": ledger.dispatched - ledger.completed,
-            "steps_started": ledger.t,
+            "steps_started": ledger.t - self.config.initial_version,
             "steps_done": ledger.steps_done,
+        }
+
+    def resume_state(self) -> dict[str, Any]:
+        """The data position of a checkpoint of version `t`, for `ControllerConfig`'s resume
+        keys: prompts dispatched but not trained on come first in the resumed run.
+
+        Valid when no training step is in flight, or when the one in flight has finished and
+        its TrainDone is not delivered yet (the runtime checkpoints then, before the next
+        step can be queued on the trainer).
+        """
+        ledger = self.ledger
+        return {
+            "version": ledger.t,
+            "first_group": ledger.next_group,
+            "first_prompt": ledger.next_prompt,
+            "resume_prompts": ledger.untrained_prompts(),
         }
 
     # ---- handlers -------------------------------------------------------------------------
@@ -152,7 +169,7 @@ class Controller:
         ledger.newest = event.new_version
         ledger.training = False
         ledger.steps_done += 1
-        if ledger.steps_done >= self.config.total_steps:
+        if ledger.newest >= self.config.total_steps:
             self.finished = True
             return [Finish(f"{ledger.steps_done} training steps done")]
         return self.orchestrator.on_train_done()

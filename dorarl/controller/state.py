@@ -59,7 +59,8 @@ class Ledger:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.slots = config.slots_per_instance
-        self.instances = [InstanceState(i, 0) for i in range(config.num_instances)]
+        start = config.initial_version
+        self.instances = [InstanceState(i, start) for i in range(config.num_instances)]
         self.groups: dict[int, GroupState] = {}
         self.requests: dict[str, RequestState] = {}
         self.out: dict[int, int] = defaultdict(int)
@@ -70,15 +71,17 @@ class Ledger:
         self.buckets: dict[int, list[dict[int, None]]] = {}  # v -> free count -> ready instances
         self.sources: dict[int, dict[int, None]] = defaultdict(dict)  # ready, can serve weights
         self.awaiting: dict[int, None] = {}  # assigned, waiting for a weight source
-        self.t = 0  # version the next training step updates
-        self.newest = 0  # newest published version
+        self.t = start  # version the next training step updates
+        self.newest = start  # newest published version
         self.training = False
         self.steps_done = 0
-        self.next_group = 0
+        self.next_group = config.first_group
+        self.next_prompt = config.first_prompt
+        self.resume_prompts = deque(config.resume_prompts)  # first, before new prompts
         self.trainer_loads = 0
         self.dispatched = self.completed = self.consumed = 0
         for inst in self.instances:
-            self.hosts[0][inst.instance_id] = None
+            self.hosts[start][inst.instance_id] = None
             self._index(inst)
             self._update_source(inst)
 
@@ -116,7 +119,9 @@ class Ledger:
     def new_group(self, version: int) -> GroupState:
         gid = self.next_group
         self.next_group += 1
-        group = GroupState(gid, gid, version, remaining=self.config.group_size)
+        group = GroupState(
+            gid, self._next_prompt_index(), version, remaining=self.config.group_size
+        )
         self.groups[gid] = group
         self.out[version] += 1
         self.dispatched += 1
@@ -128,6 +133,17 @@ class Ledger:
             rid = request_id(group.group_id, s)
             self.requests[rid] = RequestState(group.group_id, s, inst.instance_id)
             self._add(inst, rid)
+
+    def _next_prompt_index(self) -> int:
+        if self.resume_prompts:
+            return self.resume_prompts.popleft()
+        self.next_prompt += 1
+        return self.next_prompt - 1
+
+    def untrained_prompts(self) -> list[int]:
+        """Prompt indices dispatched but not consumed, then those not dispatched yet of the
+        resume list: what a run resumed from a checkpoint taken now must dispatch first."""
+        return [g.prompt_index for g in self.groups.values()] + list(self.resume_prompts)
 
     def finish_sample(self, rid: str, tokens: int) -> GroupState | None:
         """Record a finished sample; returns its group when that completes the group."""

@@ -62,16 +62,19 @@ class Recorder:
         slots_per_instance: int,
         trajectories: bool = True,
         trace: bool = True,
+        first_version: int = 0,
     ) -> None:
         self.mode, self.k = mode, k
+        self.first_version = first_version  # a resumed run: steps and versions continue
         self.num_instances, self.slots = num_instances, slots_per_instance
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._metrics_file = self._traj_file = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._metrics_file = open(self.out_dir / "metrics.jsonl", "w")  # noqa: SIM115
+            how = "a" if first_version else "w"  # a resumed run adds to the run's files
+            self._metrics_file = open(self.out_dir / "metrics.jsonl", how)  # noqa: SIM115
             if trajectories:
-                self._traj_file = open(self.out_dir / "trajectories.jsonl", "w")  # noqa: SIM115
+                self._traj_file = open(self.out_dir / "trajectories.jsonl", how)  # noqa: SIM115
         self.trace = TraceBuilder(num_instances) if trace and self.out_dir is not None else None
         self.steps: list[dict[str, Any]] = []
         self.summary: dict[str, Any] | None = None
@@ -92,8 +95,8 @@ class Recorder:
         self._busy = [0] * n
         self._area = [0.0] * n
         self._area_at = [0.0] * n
-        self._hosted = [0] * n
-        self._assigned = [0] * n
+        self._hosted = [self.first_version] * n
+        self._assigned = [self.first_version] * n
         self._hosted_since = [0.0] * n
         self._loading: dict[int, tuple[float, int, int]] = {}
 
@@ -318,7 +321,7 @@ class Recorder:
         ]
         train_start = step.train_start if step.train_start is not None else now
         line: dict[str, Any] = {
-            "step": len(self.steps),
+            "step": self.first_version + len(self.steps),
             "version": step.version,
             "new_version": new_version,
             "time_s": now,

@@ -113,12 +113,15 @@ class SimRuntime:
             slots_per_instance=config.slots_per_instance,
             trajectories=trajectories,
             trace=trace,
+            first_version=config.initial_version,
         )
         threshold = config.kv_offload_threshold
         self.instances = [
             SimInstance(i, self.cost, config.slots_per_instance, threshold)
             for i in range(config.num_instances)
         ]
+        for inst in self.instances:
+            inst.version = config.initial_version
         self.queue = EventQueue()
         self.now = 0.0
         self.finished = False
@@ -126,7 +129,7 @@ class SimRuntime:
         self._pending = 0  # queued items other than timers
         self._watchdog = watchdog_events  # events allowed without a finished training step
         self._since_step = 0
-        self._published = 0
+        self._published = config.initial_version
         self._links: dict[int, float] = {}  # weight source -> busy until
         self._groups: dict[int, tuple[int, int]] = {}  # group -> (prompt index, version)
         self._lengths: dict[int, list[int]] = {}

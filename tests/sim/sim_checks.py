@@ -41,9 +41,10 @@ def check_run(result: RunResult, cfg: ControllerConfig) -> None:
 
 def _check_summary(summary: dict, controller: Controller, cfg: ControllerConfig) -> None:
     counts = controller.counts()
-    assert summary["steps"] == cfg.total_steps
+    steps = cfg.total_steps - cfg.initial_version
+    assert summary["steps"] == steps
     assert summary["dropped_total"] == 0, summary["dropped"]
-    assert summary["consumed"] == cfg.total_steps * cfg.tbs == counts["consumed"]
+    assert summary["consumed"] == steps * cfg.tbs == counts["consumed"]
     assert summary["dispatched"] == counts["dispatched"]
     assert summary["completed"] == counts["completed"]
     assert summary["in_flight_at_end"] == counts["in_flight"]
@@ -54,7 +55,7 @@ def _check_summary(summary: dict, controller: Controller, cfg: ControllerConfig)
 
 def _check_metrics(out: Path, cfg: ControllerConfig) -> None:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == list(range(cfg.total_steps))
+    assert [m["step"] for m in lines] == list(range(cfg.initial_version, cfg.total_steps))
     for m in lines:
         assert m["consumed_groups"] == cfg.tbs
         assert all(0 <= int(s) <= cfg.staleness_bound for s in m["staleness"])
@@ -79,7 +80,7 @@ def _check_trajectories(out: Path, cfg: ControllerConfig) -> None:
         else:
             assert isinstance(versions, int), "one-version modes must record one version"
             assert 0 <= t["train_version"] - versions <= bound
-    assert len(groups) == cfg.total_steps * cfg.tbs
+    assert len(groups) == (cfg.total_steps - cfg.initial_version) * cfg.tbs
     for trajectories in groups.values():
         assert sorted(t["sample_index"] for t in trajectories) == list(range(cfg.group_size))
         assert len({t["train_version"] for t in trajectories}) == 1
@@ -98,7 +99,7 @@ def _check_trace(out: Path, cfg: ControllerConfig) -> None:
 
     def newest(ts: float, strictly_before: bool = False) -> int:
         idx = bisect.bisect_left(times, ts) if strictly_before else bisect.bisect_right(times, ts)
-        return published[idx - 1][1] if idx else 0
+        return published[idx - 1][1] if idx else cfg.initial_version
 
     hosted = defaultdict(list)  # pid -> [(start, end, version)]
     busy = defaultdict(list)  # pid -> [(ts, value)]
