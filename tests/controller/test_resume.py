@@ -4,7 +4,7 @@ the prompts that were never trained on first, and reports the data position to s
 import pytest
 
 from dorarl.config import ConfigError
-from dorarl.controller import (  # noqa: I001
+from dorarl.controller import (
     Controller,
     ControllerConfig,
     Dispatch,
