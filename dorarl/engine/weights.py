@@ -8,6 +8,7 @@ read with safetensors only (never pickle).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,11 +156,28 @@ def random_named(spec: ModelSpec, seed: int, std: float = 0.02) -> dict[str, tor
     return named
 
 
+def weight_files(folder: str | Path) -> list[Path]:
+    """The model's safetensors files, by the Hugging Face layout: the shards an index names,
+    else model.safetensors, else model-*.safetensors. Other safetensors files in the folder
+    (a trainer checkpoint's optimizer and RNG state) are not weights."""
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+        missing = [name for name in shards if not (folder / name).is_file()]
+        if missing or not shards:
+            raise UserInputError(f"{index}: weight_map names missing shards {missing}")
+        return [folder / name for name in shards]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    return sorted(folder.glob("model-*.safetensors"))
+
+
 def load_folder(folder: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the *.safetensors files of a model folder (sharded or not)."""
-    files = sorted(Path(folder).glob("*.safetensors"))
+    """Every tensor of a model folder's weight files (sharded or not)."""
+    files = weight_files(folder)
     if not files:
-        raise UserInputError(f"{folder}: no *.safetensors weight files in the model folder")
+        raise UserInputError(f"{folder}: no model.safetensors (or indexed shards) in the folder")
     named: dict[str, torch.Tensor] = {}
     for path in files:
         named.update(load_file(str(path), device="cpu"))

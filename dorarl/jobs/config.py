@@ -12,6 +12,7 @@ from typing import Literal
 from dorarl.config import ConfigError
 from dorarl.controller import ControllerConfig, Mode
 from dorarl.engine import EngineConfig
+from dorarl.jobs.resume import ResumePoint, read_resume_point
 from dorarl.sim.lengths import LengthDist
 from dorarl.trainer import LossConfig, TrainerConfig
 
@@ -114,7 +115,9 @@ class TrainConfig:
     )
     K: int = field(default=1, metadata={"help": "staleness bound (dora, partial_rollout)"})
     runtime: Literal["ray", "sim"] = field(default="ray", metadata={"help": "ray | sim"})
-    steps: int = field(default=60, metadata={"help": "training steps"})
+    steps: int = field(
+        default=60, metadata={"help": "training steps (a resumed run ends at this version)"}
+    )
     instances: int = field(default=2, metadata={"help": "rollout instances"})
     rbs: int = field(default=24, metadata={"help": "groups outstanding (dispatched, not consumed)"})
     tbs: int = field(default=16, metadata={"help": "groups per training step"})
@@ -125,6 +128,10 @@ class TrainConfig:
     )
     checkpoint_every: int = field(
         default=0, metadata={"help": "checkpoint every N steps (0: at the end only)"}
+    )
+    resume: str | None = field(
+        default=None,
+        metadata={"help": "checkpoint folder, or run folder (its newest), to continue from"},
     )
     wandb: bool = field(default=False, metadata={"help": "also log to Weights & Biases"})
     progress: bool = field(default=True, metadata={"help": "live progress display"})
@@ -143,6 +150,8 @@ class TrainConfig:
         self.trainer.temperature = self.sampling.temperature
 
     def validate(self) -> None:
+        if self.resume and self.runtime != "ray":
+            raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
         self.controller_config().validate()
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
@@ -158,6 +167,7 @@ class TrainConfig:
 
     def controller_config(self) -> ControllerConfig:
         """The controller's view; its errors name its own keys, which map one to one."""
+        point = self.resume_point()
         try:
             return ControllerConfig(
                 mode=self.mode,
@@ -173,9 +183,13 @@ class TrainConfig:
                 p2p_weights=self.orchestrator.p2p_weights,
                 legacy_fill=self.orchestrator.legacy_fill,
                 kv_packing=self.orchestrator.kv_packing,
+                **(point.controller_keys() if point else {}),
             )
         except ConfigError as exc:
             raise ConfigError(_controller_key(str(exc))) from None
+
+    def resume_point(self) -> ResumePoint | None:
+        return read_resume_point(self.resume) if self.resume else None
 
 
 _CONTROLLER_KEYS = {
@@ -183,6 +197,7 @@ _CONTROLLER_KEYS = {
     "num_instances": "instances",
     "slots_per_instance": "engine.max_num_seqs",
     "total_steps": "steps",
+    "initial_version": "resume",
     "kv_offload_threshold": "orchestrator.kv_offload_threshold",
     "rebalance_period_s": "orchestrator.rebalance_period_s",
 }

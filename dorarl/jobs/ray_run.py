@@ -17,6 +17,7 @@ import ray
 from dorarl.engine import EngineConfig
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.progress import TrainProgress
+from dorarl.jobs.resume import ResumePoint
 from dorarl.jobs.train import finish_outputs
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
@@ -47,11 +48,12 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
     return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
 
 
-def eval_versions(config: TrainConfig) -> set[int]:
-    """The base, every `eval.every`-th version (the first row already shows the base), the last."""
+def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
+    """The starting version, every `eval.every`-th after it (the first row already shows the
+    start), the last."""
     every = config.eval.every
-    periodic = {v for v in range(2, config.steps + 1) if every and v % every == 0}
-    return {0, config.steps} | periodic
+    periodic = {v for v in range(start + 2, config.steps + 1) if every and v % every == 0}
+    return {start, config.steps} | periodic
 
 
 def run_ray(
@@ -61,11 +63,12 @@ def run_ray(
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
 ) -> dict[str, Any]:
-    model_folder = str(config.model or shipped_base_model())
+    point = config.resume_point()
+    model_folder = str(point.folder if point else (config.model or shipped_base_model()))
     task = build_task(config, model_folder)
     _init_ray(config)
     try:
-        return _run(config, out_dir, model_folder, task, pace=pace, defer_eval=defer_eval)
+        return _run(config, out_dir, model_folder, task, point, pace=pace, defer_eval=defer_eval)
     finally:
         ray.shutdown()
 
@@ -82,15 +85,18 @@ def _run(
     out_dir: Path,
     model_folder: str,
     task: Task,
+    point: ResumePoint | None,
     *,
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
 ) -> dict[str, Any]:
     controller_config = config.controller_config()
+    start = controller_config.initial_version
     threads = config.ray.threads_per_actor
-    trainer_args = (model_folder, config.trainer, threads)
+    resume_from = str(point.folder) if point else None
+    trainer_args = (model_folder, config.trainer, threads, resume_from)
     workers, trainer = start_workers(
-        config.instances, model_folder, config.engine, trainer_args, threads, pace
+        config.instances, model_folder, config.engine, trainer_args, threads, pace, start
     )
     evaluator = _start_evaluator(config, model_folder, task, threads)
     recorder = Recorder(
@@ -99,17 +105,24 @@ def _run(
         k=controller_config.staleness_bound,
         num_instances=config.instances,
         slots_per_instance=config.engine.max_num_seqs,
+        first_version=start,
     )
-    wanted = eval_versions(config)
+    wanted = eval_versions(config, start)
     evals: dict[int, ray.ObjectRef] = {}
-    deferred: dict[int, ray.ObjectRef | None] = {0: None}  # version -> weights, evaluated later
+    deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights, for later
     if not defer_eval:
-        evals[0] = evaluator.evaluate.remote(None, 0)
+        evals[start] = evaluator.evaluate.remote(None, start)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     runtime = RayRuntime(
         controller_config, task, _rollout(config, task), workers, trainer, recorder
     )
-    with TrainProgress(config.steps, enabled=config.progress) as progress:
+
+    def on_publish(version: int) -> None:
+        if config.checkpoint_every and version % config.checkpoint_every == 0:
+            _checkpoint(trainer, out_dir, version, runtime.controller.resume_state())
+
+    runtime.on_publish = on_publish
+    with TrainProgress(config.steps - start, enabled=config.progress) as progress:
 
         def on_step(row: dict[str, Any], groups: list) -> None:
             version = row["new_version"]
@@ -117,8 +130,6 @@ def _run(
                 deferred[version] = runtime.weights_ref[version]
             elif version in wanted and version not in evals:
                 evals[version] = evaluator.evaluate.remote(runtime.weights_ref[version], version)
-            if config.checkpoint_every and version % config.checkpoint_every == 0:
-                _checkpoint(trainer, out_dir, version)
             scalars.log(row)
             progress.update(row, _ready_accuracy(evals))
 
@@ -128,7 +139,8 @@ def _run(
         if defer_eval:
             evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
         results = {v: ray.get(ref) for v, ref in evals.items()}
-    _checkpoint(trainer, out_dir, runtime.published, wait=True)
+    final = runtime.controller.resume_state()  # no step in flight once the run finished
+    _checkpoint(trainer, out_dir, runtime.published, final, wait=True)
     rows = finish_outputs(
         out_dir, results, f"{config.mode} (K={controller_config.staleness_bound})"
     )
@@ -162,9 +174,13 @@ def _rollout(config: TrainConfig, task: Task) -> RolloutSettings:
     )
 
 
-def _checkpoint(trainer: Any, out_dir: Path, version: int, wait: bool = False) -> None:
+def _checkpoint(
+    trainer: Any, out_dir: Path, version: int, position: dict[str, Any], wait: bool = False
+) -> None:
+    """Queue a checkpoint of `version` on the trainer, with the data position to resume at."""
+    assert position["version"] == version, f"data position of v{position['version']} for v{version}"
     folder = out_dir / "checkpoints" / f"version_{version:05d}"
-    ref = trainer.save_checkpoint.remote(str(folder), {"version": version})
+    ref = trainer.save_checkpoint.remote(str(folder), position)
     if wait:
         ray.get(ref)
 

@@ -116,15 +116,17 @@ def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) 
     path = out_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for row in rows:
-        _attach_eval(row, evals)
+        _attach_eval(row, evals, first_step=rows[0]["step"])
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     plot_training_curve(rows, out_dir / "reward_curve.png", title=title)
     return rows
 
 
-def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]]) -> None:
-    """Row of the first step carries the base model's evaluation; others the version they made."""
-    version = 0 if row["step"] == 0 and 0 in evals else row.get("new_version")
+def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_step: int) -> None:
+    """The first row carries the evaluation of the version it started from (the base model,
+    or a resumed checkpoint); other rows that of the version they made."""
+    start = row["step"] == first_step and row.get("version") in evals
+    version = row["version"] if start else row.get("new_version")
     result = evals.get(version)
     if result is not None:
         row["eval_accuracy"] = result["accuracy"]

@@ -63,21 +63,23 @@ class EngineWorker:
         config: EngineConfig,
         threads: int = 1,
         pace: DeviceModel | None = None,
+        version: int = 0,
     ):
         torch.set_num_threads(threads)
         self.instance_id = instance_id
         self.model_folder = model_folder
         self.config = config
-        self.engine = Engine.from_pretrained(model_folder, config, version=0)
+        self.first_version = version  # the folder's weights: a base model, or a checkpoint
+        self.engine = Engine.from_pretrained(model_folder, config, version=version)
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
 
     def reset(self) -> int:
-        """A fresh engine on the base weights (version 0), as if the actor had just started;
-        lets a benchmark run several modes on one set of actors instead of paying process
-        start-up per mode. Returns the hosted version."""
+        """A fresh engine on the folder's weights, as if the actor had just started; lets a
+        benchmark run several modes on one set of actors instead of paying process start-up
+        per mode. Returns the hosted version."""
         del self.engine  # free the old KV pool before the new one is allocated
-        self.engine = Engine.from_pretrained(self.model_folder, self.config, version=0)
+        self.engine = Engine.from_pretrained(self.model_folder, self.config, self.first_version)
         self.pacer = Pacer() if self.pace is not None else None
         return self.engine.version
 

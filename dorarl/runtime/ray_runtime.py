@@ -94,6 +94,7 @@ class RayRuntime:
         recorder: Recorder,
         *,
         on_step: Callable[[dict[str, Any], list[Group]], None] | None = None,
+        on_publish: Callable[[int], None] | None = None,
         steps_per_call: int = STEPS_PER_CALL,
     ) -> None:
         self.config = controller_config
@@ -103,6 +104,7 @@ class RayRuntime:
         self.prompts: list[Prompt] = task.train_prompts()
         self.workers, self.trainer, self.recorder = engine_workers, trainer, recorder
         self.on_step = on_step
+        self.on_publish = on_publish
         self.t0 = time.monotonic()
         self.finished = False
         self.pending: dict[ray.ObjectRef, _Pending] = {}
@@ -112,7 +114,7 @@ class RayRuntime:
         self.kv_above = [False] * controller_config.num_instances
         self.timers: list[float] = []
         self.weights_ref: dict[int, ray.ObjectRef] = {}
-        self.published = 0
+        self.published = controller_config.initial_version
         self.groups: dict[int, tuple[int, int]] = {}  # group -> (prompt index, version)
         self.completed: dict[int, list[Sample]] = defaultdict(list)
         self.parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> abort result
@@ -135,7 +137,7 @@ class RayRuntime:
     def run(self) -> dict[str, Any]:
         """Wait for every actor to be up (the clock starts then), run to `Finish`, close."""
         ray.get([w.stats.remote() for w in self.workers] + [self.trainer.version.remote()])
-        self.weights_ref[0] = self.trainer.weights.remote()
+        self.weights_ref[self.published] = self.trainer.weights.remote()
         self.t0 = time.monotonic()
         self._deliver(Start(self.now()))
         while not self.finished:
@@ -265,6 +267,8 @@ class RayRuntime:
             metrics["pace_train"] = self.pace_step["train"].to_dict()
             self.pace_step = {"engine": PaceStats(), "train": PaceStats()}
         self.recorder.step_metrics(metrics)
+        if self.on_publish is not None:  # before the controller can queue the next step
+            self.on_publish(self.published)
         self._deliver(TrainDone(self.published, self.now()))
         if self.on_step is not None:
             self.on_step(self.recorder.steps[-1], groups)
@@ -386,13 +390,15 @@ def start_workers(
     trainer_args: tuple[Any, ...],
     threads: int,
     pace: DeviceModel | None = None,
+    version: int = 0,
 ) -> tuple[list[Any], Any]:
-    """Create the engine actors and the trainer actor (local Ray or a cluster); with `pace`,
-    every engine step and training step lasts its device time (device emulation)."""
+    """Create the engine actors and the trainer actor (local Ray or a cluster); engines host
+    `model_folder`'s weights as `version`; with `pace`, every engine step and training step
+    lasts its device time (device emulation)."""
     engine_actor = ray.remote(num_cpus=0)(EngineWorker)
     trainer_actor = ray.remote(num_cpus=0)(TrainerWorker)
     workers = [
-        engine_actor.remote(i, model_folder, engine_config, threads, pace)
+        engine_actor.remote(i, model_folder, engine_config, threads, pace, version)
         for i in range(num_instances)
     ]
     trainer = trainer_actor.remote(*trainer_args, pace=pace)

@@ -1,5 +1,7 @@
 """Loading from a folder, versioned weight swaps, and per-token version tags."""
 
+import json
+
 import pytest
 import torch
 from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, tiny_config, tiny_model
@@ -109,3 +111,24 @@ def test_sliding_window_qwen2_is_refused():
     config = tiny_config("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0)
     with pytest.raises(UserInputError, match="sliding-window"):
         Engine.from_hf_config(config, EngineConfig(max_model_len=64))
+
+
+def test_only_the_model_weight_files_are_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    from dorarl.engine.weights import weight_files
+
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    save_file({"state.w.exp_avg": torch.zeros(2)}, str(tmp_path / "optimizer.safetensors"))
+    assert weight_files(tmp_path) == [tmp_path / "model.safetensors"]
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+        save_file({name: torch.zeros(1)}, str(sharded / name))
+    save_file({"x": torch.zeros(1)}, str(sharded / "rng.safetensors"))
+    assert [p.name for p in weight_files(sharded)] == [
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    ]  # fmt: skip
+    index = {"weight_map": {"a": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert [p.name for p in weight_files(sharded)] == ["model-00002-of-00002.safetensors"]

@@ -1,0 +1,68 @@
+"""Where a resumed run starts: a checkpoint folder, its version and its data position.
+
+`resume=` names a checkpoint (`checkpoints/version_N`) or a run folder (its newest
+checkpoint). The trainer restores weights, optimizer and RNG from it; engines load its
+weights as version N; the controller dispatches the prompts the checkpoint never trained
+on first (`Controller.resume_state`, saved with every checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dorarl.config import ConfigError
+from dorarl.trainer.checkpoint import STATE_FILE, read_state
+
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    folder: Path
+    version: int
+    first_group: int = 0
+    first_prompt: int = 0
+    resume_prompts: list[int] = field(default_factory=list)
+
+    def controller_keys(self) -> dict[str, Any]:
+        return {
+            "initial_version": self.version,
+            "first_group": self.first_group,
+            "first_prompt": self.first_prompt,
+            "resume_prompts": list(self.resume_prompts),
+        }
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The checkpoint `path` names: itself, or the newest under `path`/checkpoints."""
+    path = Path(path)
+    if (path / STATE_FILE).is_file():
+        return path
+    found = sorted((path / CHECKPOINTS).glob(f"version_*/{STATE_FILE}"))
+    if not found:
+        raise ConfigError(
+            f"resume: {path} is neither a checkpoint (no {STATE_FILE}) nor a run folder with "
+            f"{CHECKPOINTS}/version_*"
+        )
+    return found[-1].parent  # zero-padded names sort by version
+
+
+def read_resume_point(path: str | Path) -> ResumePoint:
+    folder = find_checkpoint(path)
+    state = read_state(folder)
+    extra = state.get("extra_state", {})
+    version = int(state["version"])
+    if int(extra.get("version", version)) != version:
+        raise ConfigError(
+            f"resume: {folder} holds trainer version {version} but its data position is of "
+            f"version {extra['version']}"
+        )
+    return ResumePoint(
+        folder=folder,
+        version=version,
+        first_group=int(extra.get("first_group", 0)),
+        first_prompt=int(extra.get("first_prompt", 0)),
+        resume_prompts=[int(p) for p in extra.get("resume_prompts", [])],
+    )

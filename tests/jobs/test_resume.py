@@ -1,0 +1,93 @@
+"""`dorarl train resume=`: continue a run from a checkpoint, its version and data position."""
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from dorarl.cli import main as cli_main
+from dorarl.config import ConfigError, load_config
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.resume import find_checkpoint, read_resume_point
+from dorarl.jobs.train import main as train_main
+from dorarl.tasks import make_task
+
+
+def _fake_checkpoint(folder, version, **extra):
+    folder.mkdir(parents=True)
+    state = {"version": version, "extra_state": {"version": version, **extra}}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    return folder
+
+
+def test_a_run_folder_resumes_from_its_newest_checkpoint(tmp_path):
+    for v in (2, 10, 4):
+        _fake_checkpoint(tmp_path / "checkpoints" / f"version_{v:05d}", v)
+    assert find_checkpoint(tmp_path).name == "version_00010"
+    point = read_resume_point(_fake_checkpoint(tmp_path / "one", 7, first_group=40,
+                                               first_prompt=41, resume_prompts=[3, 9]))  # fmt: skip
+    assert (point.version, point.first_group, point.first_prompt) == (7, 40, 41)
+    assert point.controller_keys()["resume_prompts"] == [3, 9]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [([], "resume: "), (["runtime=sim"], "resume: only runtime=ray"),
+     (["steps=3"], "steps: the run starts at version 3")],
+)  # fmt: skip
+def test_bad_resume_settings_exit_2_with_one_line(tmp_path, capsys, extra, needle):
+    ckpt = _fake_checkpoint(tmp_path / "ckpt", 3) if extra else tmp_path / "nothing"
+    rc = cli_main(["train", f"resume={ckpt}", "progress=false", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_a_data_position_of_another_version_is_refused(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    state = {"version": 5, "extra_state": {"version": 4}}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="resume: .* version 5 .* version 4"):
+        load_config(TrainConfig, overrides=[f"resume={folder}"]).controller_config()
+
+
+SMALL = ["instances=2", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
+         "eval.max_prompts=4", "eval.every=0", "progress=false", "mode=dora", "K=1"]  # fmt: skip
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_model_dir):
+    first = tmp_path / "first"
+    args = [f"model={tiny_model_dir}", *SMALL]
+    assert train_main([*args, "steps=2", "checkpoint_every=1", "--out", str(first)]) == 0
+    middle = first / "checkpoints" / "version_00001"
+    saved = json.loads((middle / "trainer_state.json").read_text())
+    assert saved["version"] == 1 and saved["extra_state"]["version"] == 1
+    position = saved["extra_state"]
+    assert len(position["resume_prompts"]) >= 2  # the step-1 batch at least was untrained
+
+    # from the middle checkpoint into a new folder: steps 1..2, the untrained prompts first
+    second = tmp_path / "second"
+    assert train_main([*args, f"resume={middle}", "steps=3", "--out", str(second)]) == 0
+    metrics = _lines(second / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[0]["version"] == 1
+    state = json.loads(
+        (second / "checkpoints" / "version_00003" / "trainer_state.json").read_text()
+    )
+    assert state["version"] == 3 and state["optimizer_steps"] == 3
+    task = make_task("running_sum", seed=0, tokenizer=AutoTokenizer.from_pretrained(middle))
+    prompts = task.train_prompts()
+    by_group = {t["group_id"]: t["prompt_id"] for t in _lines(second / "trajectories.jsonl")}
+    replayed = [by_group.get(position["first_group"] + i) for i in range(2)]
+    expected = [prompts[p % len(prompts)].prompt_id for p in position["resume_prompts"][:2]]
+    assert replayed == expected  # K=1: groups of v1 are all consumed by step 2
+    assert all(t["behavior_version"] >= 1 for t in _lines(second / "trajectories.jsonl"))
+
+    # from the run folder itself (its newest checkpoint, v2), into it: metrics continue
+    assert train_main([*args, f"resume={first}", "steps=3", "--out", str(first)]) == 0
+    assert [m["step"] for m in _lines(first / "metrics.jsonl")] == [0, 1, 2]
+    assert (first / "checkpoints" / "version_00003").is_dir()
