@@ -1,7 +1,8 @@
 """The `dorarl` command: dispatches sub-commands to their modules, imported lazily.
 
 Every sub-command is `main(argv) -> int`. User errors (`ConfigError`, `UserInputError`)
-print one line and exit 2; nothing else is swallowed.
+print one line and exit 2; a run that failed on a worker (`RunFailed`) prints one line with
+how to resume and exits 1; nothing else is swallowed.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import importlib
 import sys
 
 from dorarl.config import ConfigError
-from dorarl.errors import UserInputError
+from dorarl.errors import RunFailed, UserInputError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserInputError) as exc:
         print(f"dorarl: error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:
+        print(f"dorarl: run failed: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,10 +14,12 @@ from typing import Any
 
 import ray
 
+from dorarl.config import ConfigError
 from dorarl.engine import EngineConfig
+from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.progress import TrainProgress
-from dorarl.jobs.resume import ResumePoint
+from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.train import finish_outputs
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
@@ -69,8 +71,24 @@ def run_ray(
     _init_ray(config)
     try:
         return _run(config, out_dir, model_folder, task, point, pace=pace, defer_eval=defer_eval)
+    except WorkerFailed as exc:
+        raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
         ray.shutdown()
+
+
+def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
+    """Write the worker's full error to the run folder; one line on what failed and how to
+    go on from the newest checkpoint."""
+    details = out_dir / "failure.txt"
+    details.write_text(f"{exc}\n\n{exc.detail}\n")
+    try:
+        newest = find_checkpoint(out_dir)
+    except ConfigError:
+        how = "no checkpoint yet to resume from (checkpoint_every=N writes them along the way)"
+    else:
+        how = f"resume from {newest.name} with: dorarl train resume={out_dir}"
+    return f"{exc} (full error in {details}); {how}"
 
 
 def _init_ray(config: TrainConfig) -> None:

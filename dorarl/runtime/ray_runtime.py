@@ -47,6 +47,7 @@ from dorarl.controller import (
 )
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, RequestOutput, SamplingParams
+from dorarl.errors import WorkerFailed
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest, RunReport, WeightsReport
 from dorarl.runtime.pacing import DeviceModel, PaceStats
 from dorarl.runtime.recorder import Recorder
@@ -188,7 +189,11 @@ class RayRuntime:
 
     # ---- completions ---------------------------------------------------------------------
     def _complete(self, ref: ray.ObjectRef, job: _Pending) -> None:
-        self._completions[job.kind](ray.get(ref), job)
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            raise WorkerFailed(_worker_of(job), str(exc)) from exc
+        self._completions[job.kind](result, job)
 
     def _on_run(self, report: RunReport, job: _Pending) -> None:
         iid = report.instance_id
@@ -366,7 +371,7 @@ class RayRuntime:
         if self.held[iid] > 0 and iid not in self.running_call:
             ref = self.workers[iid].run.remote(self.steps_per_call)
             self.running_call[iid] = ref
-            self._submit(ref, "run")
+            self._submit(ref, "run", iid)
 
     def _prompt(self, prompt_index: int) -> Prompt:
         return self.prompts[prompt_index % len(self.prompts)]
@@ -376,6 +381,15 @@ class RayRuntime:
         prompt_index, version = self.groups.pop(group_id)
         assert len(samples) == self.config.group_size, f"group {group_id} is incomplete"
         return Group(group_id, self._prompt(prompt_index).prompt_id, version, samples)
+
+
+def _worker_of(job: _Pending) -> str:
+    """The worker a pending call ran on, for error messages."""
+    if job.kind == "train":
+        return f"the trainer (training step {job.args[0]})"
+    if job.kind == "migrate":
+        return f"engine instance {job.args[0]} or {job.args[1]} (request migration)"
+    return f"engine instance {job.args[0]} ({'weight load' if job.kind == 'load' else 'decoding'})"
 
 
 def _request_seed(seed: int, group_id: int, sample_index: int) -> int:

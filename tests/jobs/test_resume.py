@@ -1,4 +1,5 @@
-"""`dorarl train resume=`: continue a run from a checkpoint, its version and data position."""
+"""`dorarl train resume=`: continue a run from a checkpoint, its version and data position;
+a run whose worker failed says so on one line and how to resume."""
 
 import json
 
@@ -7,7 +8,9 @@ from transformers import AutoTokenizer
 
 from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
+from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.ray_run import failure_report
 from dorarl.jobs.resume import find_checkpoint, read_resume_point
 from dorarl.jobs.train import main as train_main
 from dorarl.tasks import make_task
@@ -91,3 +94,25 @@ def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_mod
     assert train_main([*args, f"resume={first}", "steps=3", "--out", str(first)]) == 0
     assert [m["step"] for m in _lines(first / "metrics.jsonl")] == [0, 1, 2]
     assert (first / "checkpoints" / "version_00003").is_dir()
+
+
+def test_a_failed_worker_says_what_failed_and_how_to_resume(tmp_path):
+    exc = WorkerFailed("engine instance 2 (decoding)", "\nActorDiedError: boom\n  at line 3\n")
+    assert str(exc) == "engine instance 2 (decoding) failed: ActorDiedError: boom"
+    assert "no checkpoint yet" in failure_report(exc, tmp_path)
+    _fake_checkpoint(tmp_path / "checkpoints" / "version_00004", 4)
+    line = failure_report(exc, tmp_path)
+    assert f"dorarl train resume={tmp_path}" in line and "version_00004" in line
+    assert "at line 3" in (tmp_path / "failure.txt").read_text()  # the whole error is kept
+
+
+def test_the_cli_prints_a_failed_run_on_one_line_with_exit_1(monkeypatch, tmp_path, capsys):
+    import dorarl.jobs.ray_run as ray_run
+
+    def fail(config, out_dir, **kwargs):
+        raise RunFailed("the trainer (training step 3) failed: OOM; resume with ...")
+
+    monkeypatch.setattr(ray_run, "run_ray", fail)
+    rc = cli_main(["train", "progress=false", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and err[0].startswith("dorarl: run failed: the trainer")

@@ -4,12 +4,17 @@ import json
 from collections import defaultdict
 
 import pytest
+import ray
 
 from dorarl.config import load_config
+from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.ray_run import run_ray
+from dorarl.jobs.ray_run import _rollout, build_task, run_ray
 from dorarl.jobs.train import main as train_main
+from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
+from dorarl.runtime.ray_runtime import RayRuntime, start_workers
+from dorarl.runtime.recorder import Recorder
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +122,28 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
     assert summary["dropped_total"] == 0 and summary["steps"] == 2
     assert summary["reward_errors"] > 0
     assert metrics[-1]["reward_errors"] == summary["reward_errors"]
+
+
+def test_a_dead_engine_stops_the_run_naming_it(tiny_model_dir):
+    overrides = [f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1", "steps=8"]
+    config = load_config(TrainConfig, overrides=overrides)
+    task = build_task(config, str(tiny_model_dir))
+    start_local_ray(num_cpus=2)
+    try:
+        trainer_args = (str(tiny_model_dir), config.trainer, 1)
+        workers, trainer = start_workers(3, str(tiny_model_dir), config.engine, trainer_args, 1)
+        recorder = Recorder(None, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+        runtime = RayRuntime(
+            config.controller_config(), task, _rollout(config, task), workers, trainer, recorder
+        )
+
+        def kill_instance_1(row, groups):
+            if row["step"] == 1:
+                ray.kill(workers[1])
+
+        runtime.on_step = kill_instance_1
+        with pytest.raises(WorkerFailed, match=r"^engine instance 1 \(.*\) failed: "):
+            runtime.run()
+        assert runtime.controller.counts()["steps_done"] < 8
+    finally:
+        ray.shutdown()
