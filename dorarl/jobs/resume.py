@@ -8,6 +8,7 @@ on first (`Controller.resume_state`, saved with every checkpoint).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,11 @@ def find_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
-    found = sorted((path / CHECKPOINTS).glob(f"version_*/{STATE_FILE}"))
+    found = sorted(
+        state
+        for state in (path / CHECKPOINTS).glob(f"version_*/{STATE_FILE}")
+        if re.fullmatch(r"version_\d+", state.parent.name)  # not a .tmp/.old of a rewrite
+    )
     if not found:
         raise ConfigError(
             f"resume: {path} is neither a checkpoint (no {STATE_FILE}) nor a run folder with "

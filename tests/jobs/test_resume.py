@@ -26,6 +26,7 @@ def _fake_checkpoint(folder, version, **extra):
 def test_a_run_folder_resumes_from_its_newest_checkpoint(tmp_path):
     for v in (2, 10, 4):
         _fake_checkpoint(tmp_path / "checkpoints" / f"version_{v:05d}", v)
+    _fake_checkpoint(tmp_path / "checkpoints" / "version_00011.tmp", 11)  # an unfinished rewrite
     assert find_checkpoint(tmp_path).name == "version_00010"
     point = read_resume_point(_fake_checkpoint(tmp_path / "one", 7, first_group=40,
                                                first_prompt=41, resume_prompts=[3, 9]))  # fmt: skip
