@@ -192,7 +192,7 @@ class RayRuntime:
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            raise WorkerFailed(_worker_of(job), str(exc)) from exc
+            raise WorkerFailed(_worker_of(job), _describe(exc)) from exc
         self._completions[job.kind](result, job)
 
     def _on_run(self, report: RunReport, job: _Pending) -> None:
@@ -390,6 +390,14 @@ def _worker_of(job: _Pending) -> str:
     if job.kind == "migrate":
         return f"engine instance {job.args[0]} or {job.args[1]} (request migration)"
     return f"engine instance {job.args[0]} ({'weight load' if job.kind == 'load' else 'decoding'})"
+
+
+def _describe(exc: Exception) -> str:
+    """The worker's own exception first (a RayTaskError's first line is Ray's call header),
+    then Ray's full report with the remote traceback."""
+    cause = getattr(exc, "cause", None)
+    head = f"{type(cause).__name__}: {cause}" if cause is not None else type(exc).__name__
+    return f"{head}\n\n{exc}"
 
 
 def _request_seed(seed: int, group_id: int, sample_index: int) -> int:

@@ -13,7 +13,7 @@ from dorarl.jobs.ray_run import _rollout, build_task, run_ray
 from dorarl.jobs.train import main as train_main
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import RayRuntime, start_workers
+from dorarl.runtime.ray_runtime import RayRuntime, _describe, start_workers
 from dorarl.runtime.recorder import Recorder
 
 pytestmark = pytest.mark.slow
@@ -142,8 +142,22 @@ def test_a_dead_engine_stops_the_run_naming_it(tiny_model_dir):
                 ray.kill(workers[1])
 
         runtime.on_step = kill_instance_1
-        with pytest.raises(WorkerFailed, match=r"^engine instance 1 \(.*\) failed: "):
+        with pytest.raises(WorkerFailed, match=r"^engine instance 1 \(.*\) failed: ActorDied"):
             runtime.run()
         assert runtime.controller.counts()["steps_done"] < 8
     finally:
         ray.shutdown()
+
+
+def test_a_worker_error_leads_with_the_workers_own_exception():
+    class Wrapped(Exception):
+        cause = ValueError("weights of the wrong shape: lm_head")
+
+        def __str__(self):
+            return "ray::EngineWorker.load_weights() (pid=1)\nTraceback ..."
+
+    failed = WorkerFailed("engine instance 0 (weight load)", _describe(Wrapped()))
+    assert str(failed) == (
+        "engine instance 0 (weight load) failed: ValueError: weights of the wrong shape: lm_head"
+    )
+    assert "Traceback" in failed.detail
