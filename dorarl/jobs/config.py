@@ -150,6 +150,11 @@ class TrainConfig:
         self.trainer.temperature = self.sampling.temperature
 
     def validate(self) -> None:
+        for key, device in (
+            ("engine.device", self.engine.device),
+            ("trainer.device", self.trainer.device),
+        ):
+            _check_device(key, device, on_cluster=bool(self.ray.address))
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
         self.controller_config().validate()
@@ -201,6 +206,22 @@ _CONTROLLER_KEYS = {
     "kv_offload_threshold": "orchestrator.kv_offload_threshold",
     "rebalance_period_s": "orchestrator.rebalance_period_s",
 }
+
+
+def _check_device(key: str, device: str, on_cluster: bool) -> None:
+    """cpu, or cuda: Ray gives each actor one GPU and makes it the only one it sees, so a
+    cuda:N other than 0 would name a device the actor cannot see."""
+    if device == "cpu":
+        return
+    if device not in ("cuda", "cuda:0"):
+        raise ConfigError(
+            f"{key}: use cpu or cuda (Ray assigns each actor its GPU), got {device!r}"
+        )
+    if not on_cluster:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key}: cuda requested but this machine has no CUDA device")
 
 
 def _controller_key(message: str) -> str:

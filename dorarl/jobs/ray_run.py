@@ -25,7 +25,12 @@ from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
+from dorarl.runtime.ray_runtime import (
+    RayRuntime,
+    RolloutSettings,
+    actor_resources,
+    start_workers,
+)
 from dorarl.runtime.recorder import Recorder
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.assets import shipped_base_model
@@ -174,8 +179,10 @@ def _start_evaluator(config: TrainConfig, model_folder: str, task: Task, threads
         max_num_seqs=config.engine.max_num_seqs,
         max_model_len=config.engine.max_model_len,
         block_size=config.engine.block_size,
+        device=config.engine.device,
+        dtype=config.engine.dtype,
     )
-    actor = ray.remote(num_cpus=0)(EvalWorker)
+    actor = ray.remote(**actor_resources(engine.device))(EvalWorker)
     return actor.remote(model_folder, engine, task, config.eval.max_prompts, threads)
 
 

@@ -416,12 +416,20 @@ def start_workers(
 ) -> tuple[list[Any], Any]:
     """Create the engine actors and the trainer actor (local Ray or a cluster); engines host
     `model_folder`'s weights as `version`; with `pace`, every engine step and training step
-    lasts its device time (device emulation)."""
-    engine_actor = ray.remote(num_cpus=0)(EngineWorker)
-    trainer_actor = ray.remote(num_cpus=0)(TrainerWorker)
+    lasts its device time (device emulation). An actor on a cuda device asks Ray for a GPU."""
+    trainer_config = trainer_args[1]
+    engine_actor = ray.remote(**actor_resources(engine_config.device))(EngineWorker)
+    trainer_actor = ray.remote(**actor_resources(trainer_config.device))(TrainerWorker)
     workers = [
         engine_actor.remote(i, model_folder, engine_config, threads, pace, version)
         for i in range(num_instances)
     ]
     trainer = trainer_actor.remote(*trainer_args, pace=pace)
     return workers, trainer
+
+
+def actor_resources(device: str) -> dict[str, float]:
+    """Ray resources of an actor computing on `device`: one GPU for cuda (Ray then makes that
+    GPU the actor's only visible one, so `cuda` means it), none otherwise. CPU work is not
+    reserved: instances share cores, which the benchmarks' pacing accounts for."""
+    return {"num_cpus": 0, "num_gpus": 1 if device.startswith("cuda") else 0}

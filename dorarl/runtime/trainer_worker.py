@@ -34,14 +34,14 @@ class TrainerWorker:
         self.pacer = Pacer() if pace is not None else None
         self.extra_state: dict[str, Any] = {}
         if resume_from:
-            self.trainer, self.extra_state = Trainer.resume(resume_from, config)
+            self.trainer, self.extra_state = Trainer.resume(resume_from, config, config.device)
         else:
-            self.trainer = Trainer.from_pretrained(model_folder, config)
+            self.trainer = Trainer.from_pretrained(model_folder, config, config.device)
 
     def reset(self) -> int:
         """A fresh trainer from the base model (version 0, new optimizer), as if just started."""
         del self.trainer
-        self.trainer = Trainer.from_pretrained(self.model_folder, self.config)
+        self.trainer = Trainer.from_pretrained(self.model_folder, self.config, self.config.device)
         self.extra_state = {}
         self.pacer = Pacer() if self.pace is not None else None
         return self.trainer.version

@@ -96,6 +96,9 @@ class TrainerConfig:
     dtype: Literal["float32", "bfloat16"] = field(
         default="float32", metadata={"help": "parameter dtype"}
     )
+    device: str = field(
+        default="cpu", metadata={"help": "torch device: cpu, or cuda (the GPU Ray assigns)"}
+    )
     reference_path: str | None = field(
         default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
     )

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from dorarl.cli import main as cli_main
 from dorarl.config import load_config
@@ -74,3 +75,22 @@ def test_help_lists_the_main_keys(capsys):
 def test_eval_versions_cover_first_and_last():
     config = load_config(TrainConfig, overrides=["steps=7", "eval.every=3"])
     assert eval_versions(config) == {0, 3, 6, 7}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [(["trainer.device=cuda:1"], "trainer.device: use cpu or cuda"),
+     (["engine.device=tpu"], "engine.device: use cpu or cuda")],
+)  # fmt: skip
+def test_devices_are_cpu_or_the_gpu_ray_assigns(capsys, args, needle):
+    rc, err = _err(capsys, *args, "progress=false")
+    assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu_is_refused_before_anything_starts(capsys):
+    rc, err = _err(capsys, "engine.device=cuda", "progress=false")
+    assert rc == 2 and "engine.device: cuda requested but this machine has no CUDA" in err[0]
+    # joining a cluster, the GPUs are the cluster's: no local check
+    config = load_config(TrainConfig, overrides=["trainer.device=cuda", "ray.address=h:6379"])
+    config.validate()
