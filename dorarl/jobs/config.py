@@ -98,6 +98,10 @@ class RaySection:
         metadata={"help": "address a local Ray's services listen on (127.0.0.1: this machine)"},
     )
     threads_per_actor: int = field(default=1, metadata={"help": "torch threads in each actor"})
+    max_engine_restarts: int = field(
+        default=3,
+        metadata={"help": "dead engine instances replaced mid-run before the run stops"},
+    )
 
 
 def _default_engine() -> EngineConfig:
@@ -155,6 +159,8 @@ class TrainConfig:
             ("trainer.device", self.trainer.device),
         ):
             _check_device(key, device, on_cluster=bool(self.ray.address))
+        if self.ray.max_engine_restarts < 0:
+            raise ConfigError("ray.max_engine_restarts: must be >= 0")
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
         self.controller_config().validate()

@@ -29,6 +29,7 @@ from dorarl.runtime.ray_runtime import (
     RayRuntime,
     RolloutSettings,
     actor_resources,
+    spawn_engine,
     start_workers,
 )
 from dorarl.runtime.recorder import Recorder
@@ -136,8 +137,19 @@ def _run(
     if not defer_eval:
         evals[start] = evaluator.evaluate.remote(None, start)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
+
+    def respawn(instance_id: int) -> Any:
+        return spawn_engine(instance_id, model_folder, config.engine, threads, pace, start)
+
     runtime = RayRuntime(
-        controller_config, task, _rollout(config, task), workers, trainer, recorder
+        controller_config,
+        task,
+        _rollout(config, task),
+        workers,
+        trainer,
+        recorder,
+        respawn=respawn,
+        max_restarts=config.ray.max_engine_restarts,
     )
 
     def on_publish(version: int) -> None:

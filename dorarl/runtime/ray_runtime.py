@@ -51,6 +51,7 @@ from dorarl.errors import WorkerFailed
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest, RunReport, WeightsReport
 from dorarl.runtime.pacing import DeviceModel, PaceStats
 from dorarl.runtime.recorder import Recorder
+from dorarl.runtime.recovery import InstanceRecovery
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.sim.lengths import LengthDist
 from dorarl.tasks import Prompt, Task, score
@@ -80,6 +81,7 @@ class _Pending:
     args: tuple[Any, ...] = ()
     started: float = 0.0
     seq: int = 0
+    epoch: tuple[int, ...] = ()  # instance generations when submitted (see recovery)
 
 
 class RayRuntime:
@@ -97,6 +99,8 @@ class RayRuntime:
         on_step: Callable[[dict[str, Any], list[Group]], None] | None = None,
         on_publish: Callable[[int], None] | None = None,
         steps_per_call: int = STEPS_PER_CALL,
+        respawn: Callable[[int], Any] | None = None,
+        max_restarts: int = 0,
     ) -> None:
         self.config = controller_config
         self.steps_per_call = steps_per_call
@@ -112,6 +116,8 @@ class RayRuntime:
         self.running_call: dict[int, ray.ObjectRef] = {}
         self.held = [0] * controller_config.num_instances  # requests placed on each instance
         self.where: dict[str, int] = {}  # live request -> instance it was placed on
+        self.specs: dict[str, NewRequest] = {}  # live request -> how it was started
+        self.moving: set[str] = set()  # requests in a migration not yet landed
         self.kv_above = [False] * controller_config.num_instances
         self.timers: list[float] = []
         self.weights_ref: dict[int, ray.ObjectRef] = {}
@@ -130,6 +136,9 @@ class RayRuntime:
         self._seq = 0
         self.pace_step = {"engine": PaceStats(), "train": PaceStats()}  # since the last step
         self.pace_total = {"engine": PaceStats(), "train": PaceStats()}
+        self.recovery = (
+            InstanceRecovery(self, respawn, max_restarts) if respawn and max_restarts else None
+        )
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -175,7 +184,8 @@ class RayRuntime:
 
     def _submit(self, ref: ray.ObjectRef, kind: str, *args: Any) -> None:
         self._seq += 1
-        self.pending[ref] = _Pending(kind, args, self.now(), self._seq)
+        epoch = tuple(self.recovery.epoch) if self.recovery else ()
+        self.pending[ref] = _Pending(kind, args, self.now(), self._seq, epoch)
 
     def _place(self, rid: str, iid: int) -> None:
         self._unplace(rid)
@@ -192,7 +202,14 @@ class RayRuntime:
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:
-            raise WorkerFailed(_worker_of(job), _describe(exc)) from exc
+            recovered = (
+                self.recovery is not None
+                and self.recovery.recoverable(job, exc)
+                and self.recovery.on_failure(job)
+            )
+            if not recovered:
+                raise WorkerFailed(_worker_of(job), _describe(exc)) from exc
+            return
         self._completions[job.kind](result, job)
 
     def _on_run(self, report: RunReport, job: _Pending) -> None:
@@ -208,6 +225,7 @@ class RayRuntime:
     def _on_sample_finished(self, iid: int, output: RequestOutput) -> None:
         group_id, sample_index = parse_request_id(output.request_id)
         self._unplace(output.request_id)
+        self.specs.pop(output.request_id, None)
         prompt_index, _ = self.groups[group_id]
         sample = self._sample(group_id, sample_index, prompt_index, output)
         self.completed[group_id].append(sample)
@@ -249,7 +267,8 @@ class RayRuntime:
         self._deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
 
     def _on_migrated(self, ids: list[str], job: _Pending) -> None:
-        src, dst = job.args
+        src, dst, rids = job.args
+        self.moving.difference_update(rids)
         for rid in ids:
             self._place(rid, dst)
         self.recorder.overhead("request_transfer", self.now() - job.started)
@@ -300,6 +319,7 @@ class RayRuntime:
         self.workers[c.instance_id].add.remote(requests)
         for req in requests:
             self._place(req.request_id, c.instance_id)
+            self.specs[req.request_id] = req
         self._keep_running(c.instance_id)
 
     def _target_lengths(self, group_id: int) -> list[int | None]:
@@ -329,12 +349,13 @@ class RayRuntime:
         else:
             weights = self.workers[c.source].weights.remote()
         ref = self.workers[c.instance_id].load_weights.remote(weights, c.version)
-        self._submit(ref, "load", c.instance_id)
+        self._submit(ref, "load", c.instance_id, c.version, c.source)
 
     def _migrate(self, c: Migrate) -> None:
         exported = self.workers[c.src].export.remote(list(c.request_ids))
         ref = self.workers[c.dst].import_.remote(exported)
-        self._submit(ref, "migrate", c.src, c.dst)
+        self.moving.update(c.request_ids)
+        self._submit(ref, "migrate", c.src, c.dst, c.request_ids)
 
     def _interrupt(self, c: Interrupt) -> None:
         aborted = self.workers[c.instance_id].abort.remote(list(c.request_ids))
@@ -418,14 +439,26 @@ def start_workers(
     `model_folder`'s weights as `version`; with `pace`, every engine step and training step
     lasts its device time (device emulation). An actor on a cuda device asks Ray for a GPU."""
     trainer_config = trainer_args[1]
-    engine_actor = ray.remote(**actor_resources(engine_config.device))(EngineWorker)
     trainer_actor = ray.remote(**actor_resources(trainer_config.device))(TrainerWorker)
     workers = [
-        engine_actor.remote(i, model_folder, engine_config, threads, pace, version)
+        spawn_engine(i, model_folder, engine_config, threads, pace, version)
         for i in range(num_instances)
     ]
     trainer = trainer_actor.remote(*trainer_args, pace=pace)
     return workers, trainer
+
+
+def spawn_engine(
+    instance_id: int,
+    model_folder: str,
+    engine_config: EngineConfig,
+    threads: int,
+    pace: DeviceModel | None = None,
+    version: int = 0,
+) -> Any:
+    """One engine actor (at start, or replacing a dead one)."""
+    engine_actor = ray.remote(**actor_resources(engine_config.device))(EngineWorker)
+    return engine_actor.remote(instance_id, model_folder, engine_config, threads, pace, version)
 
 
 def actor_resources(device: str) -> dict[str, float]:

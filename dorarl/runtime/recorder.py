@@ -127,6 +127,14 @@ class Recorder:
     def reprefill(self, tokens: int) -> None:
         self._step.reprefill += tokens
 
+    def restarted(self, instance_id: int, requests: int, now: float) -> None:
+        """A dead instance was replaced; its `requests` start again from their prompts."""
+        self.counts["engine_restarts"] += 1
+        self.counts["restarted_requests"] += requests
+        if self.trace is not None:
+            name = f"instance restarted ({requests} requests start again)"
+            self.trace.instant(instance_pid(instance_id), name, now)
+
     def lost(self, group_id: int, reason: str) -> None:
         """A runtime could not keep a group (e.g. an engine failed): reported as dropped."""
         if self._state.get(group_id) != "dropped":
@@ -387,6 +395,8 @@ class Recorder:
             "migrations": totals["migrations"],
             "offloads": totals["offloads"],
             "reprefill_tokens": totals["reprefill"],
+            "engine_restarts": self.counts["engine_restarts"],
+            "restarted_requests": self.counts["restarted_requests"],
         }
         self.summary = summary
         self._write_outputs(summary)

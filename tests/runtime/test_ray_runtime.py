@@ -13,7 +13,7 @@ from dorarl.jobs.ray_run import _rollout, build_task, run_ray
 from dorarl.jobs.train import main as train_main
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import RayRuntime, _describe, start_workers
+from dorarl.runtime.ray_runtime import RayRuntime, _describe, spawn_engine, start_workers
 from dorarl.runtime.recorder import Recorder
 
 pytestmark = pytest.mark.slow
@@ -161,3 +161,38 @@ def test_a_worker_error_leads_with_the_workers_own_exception():
         "engine instance 0 (weight load) failed: ValueError: weights of the wrong shape: lm_head"
     )
     assert "Traceback" in failed.detail
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_dead_engine_is_replaced_and_the_run_completes(tmp_path, tiny_model_dir, victim):
+    overrides = [f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1", "steps=8"]
+    config = load_config(TrainConfig, overrides=overrides)
+    task = build_task(config, str(tiny_model_dir))
+    folder = str(tiny_model_dir)
+    start_local_ray(num_cpus=2)
+    try:
+        trainer_args = (folder, config.trainer, 1)
+        pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
+        workers, trainer = start_workers(3, folder, config.engine, trainer_args, 1, pace)
+        out = tmp_path / "run"
+        recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+        runtime = RayRuntime(
+            config.controller_config(), task, _rollout(config, task), workers, trainer,
+            recorder, respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace),
+            max_restarts=2,
+        )  # fmt: skip
+        killed = []
+
+        def kill_once(row, groups):
+            if row["step"] == 2 and not killed:
+                killed.append(runtime.workers[victim])
+                ray.kill(runtime.workers[victim])
+
+        runtime.on_step = kill_once
+        summary = runtime.run()
+    finally:
+        ray.shutdown()
+    assert killed and summary["steps"] == 8 and summary["engine_restarts"] == 1
+    summary, trajectories, metrics, trace = _read(out)
+    _check_invariants(summary, trajectories, k=1)
+    assert [m["step"] for m in metrics] == list(range(8))
