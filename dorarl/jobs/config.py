@@ -131,7 +131,10 @@ class TrainConfig:
         default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
     )
     checkpoint_every: int = field(
-        default=0, metadata={"help": "checkpoint every N steps (0: at the end only)"}
+        default=20, metadata={"help": "checkpoint every N versions (0: at the end only)"}
+    )
+    checkpoint_keep: int = field(
+        default=3, metadata={"help": "newest checkpoints kept in the run folder (0: all)"}
     )
     resume: str | None = field(
         default=None,
@@ -159,6 +162,8 @@ class TrainConfig:
             ("trainer.device", self.trainer.device),
         ):
             _check_device(key, device, on_cluster=bool(self.ray.address))
+        if self.checkpoint_every < 0 or self.checkpoint_keep < 0:
+            raise ConfigError("checkpoint_every: checkpoint_every and checkpoint_keep must be >= 0")
         if self.ray.max_engine_restarts < 0:
             raise ConfigError("ray.max_engine_restarts: must be >= 0")
         if self.resume and self.runtime != "ray":

@@ -153,8 +153,10 @@ def _run(
     )
 
     def on_publish(version: int) -> None:
-        if config.checkpoint_every and version % config.checkpoint_every == 0:
-            _checkpoint(trainer, out_dir, version, runtime.controller.resume_state())
+        periodic = config.checkpoint_every and version % config.checkpoint_every == 0
+        if periodic and version < config.steps:  # the last version is saved at the end
+            position = runtime.controller.resume_state()
+            _checkpoint(trainer, out_dir, version, position, config.checkpoint_keep)
 
     runtime.on_publish = on_publish
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
@@ -175,7 +177,7 @@ def _run(
             evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
         results = {v: ray.get(ref) for v, ref in evals.items()}
     final = runtime.controller.resume_state()  # no step in flight once the run finished
-    _checkpoint(trainer, out_dir, runtime.published, final, wait=True)
+    _checkpoint(trainer, out_dir, runtime.published, final, config.checkpoint_keep, wait=True)
     rows = finish_outputs(
         out_dir, results, f"{config.mode} (K={controller_config.staleness_bound})"
     )
@@ -212,12 +214,17 @@ def _rollout(config: TrainConfig, task: Task) -> RolloutSettings:
 
 
 def _checkpoint(
-    trainer: Any, out_dir: Path, version: int, position: dict[str, Any], wait: bool = False
+    trainer: Any,
+    out_dir: Path,
+    version: int,
+    position: dict[str, Any],
+    keep: int,
+    wait: bool = False,
 ) -> None:
     """Queue a checkpoint of `version` on the trainer, with the data position to resume at."""
     assert position["version"] == version, f"data position of v{position['version']} for v{version}"
     folder = out_dir / "checkpoints" / f"version_{version:05d}"
-    ref = trainer.save_checkpoint.remote(str(folder), position)
+    ref = trainer.save_checkpoint.remote(str(folder), position, keep)
     if wait:
         ray.get(ref)
 

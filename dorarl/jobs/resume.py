@@ -8,13 +8,12 @@ on first (`Controller.resume_state`, saved with every checkpoint).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dorarl.config import ConfigError
-from dorarl.trainer.checkpoint import STATE_FILE, read_state
+from dorarl.trainer.checkpoint import STATE_FILE, read_state, version_folders
 
 CHECKPOINTS = "checkpoints"
 
@@ -41,17 +40,13 @@ def find_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
-    found = sorted(
-        state
-        for state in (path / CHECKPOINTS).glob(f"version_*/{STATE_FILE}")
-        if re.fullmatch(r"version_\d+", state.parent.name)  # not a .tmp/.old of a rewrite
-    )
+    found = version_folders(path / CHECKPOINTS)
     if not found:
         raise ConfigError(
             f"resume: {path} is neither a checkpoint (no {STATE_FILE}) nor a run folder with "
             f"{CHECKPOINTS}/version_*"
         )
-    return found[-1].parent  # zero-padded names sort by version
+    return found[-1]
 
 
 def read_resume_point(path: str | Path) -> ResumePoint:

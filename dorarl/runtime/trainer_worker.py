@@ -16,6 +16,7 @@ import torch
 from dorarl.data import Group
 from dorarl.runtime.pacing import DeviceModel, Pacer
 from dorarl.trainer import Trainer, TrainerConfig
+from dorarl.trainer import checkpoint as ckpt
 
 
 class TrainerWorker:
@@ -66,8 +67,11 @@ class TrainerWorker:
     def weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.named_tensors()
 
-    def save_checkpoint(self, folder: str, extra_state: dict[str, Any]) -> str:
-        return str(self.trainer.save_checkpoint(Path(folder), extra_state))
+    def save_checkpoint(self, folder: str, extra_state: dict[str, Any], keep: int = 0) -> str:
+        """Write a checkpoint, then delete all but the newest `keep` beside it (0: keep all)."""
+        written = self.trainer.save_checkpoint(Path(folder), extra_state)
+        ckpt.prune(written.parent, keep)
+        return str(written)
 
 
 def _trained_tokens(groups: list[Group]) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -172,3 +173,27 @@ def read_state(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserInputError(f"{folder}: not a trainer checkpoint (no {STATE_FILE})")
     return json.loads(path.read_text())
+
+
+VERSION_FOLDER = re.compile(r"version_(\d+)")
+
+
+def version_folders(parent: Path) -> list[Path]:
+    """Complete checkpoints under `parent` (version_N with a state file), oldest first; a
+    .tmp/.old left by an interrupted rewrite is not one."""
+    found = [
+        (int(match.group(1)), path)
+        for path in Path(parent).glob("version_*")
+        if (match := VERSION_FOLDER.fullmatch(path.name)) and (path / STATE_FILE).is_file()
+    ]
+    return [path for _, path in sorted(found)]
+
+
+def prune(parent: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` checkpoints under `parent` (keep <= 0: none)."""
+    if keep <= 0:
+        return []
+    doomed = version_folders(parent)[:-keep]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed

@@ -102,3 +102,18 @@ def test_non_json_extra_state_and_missing_checkpoint_are_errors(tiny_model_dir, 
         trainer.save_checkpoint(tmp_path / "ckpt", {"bad": object()})
     with pytest.raises(UserInputError, match="not a trainer checkpoint"):
         Trainer.resume(tiny_model_dir, _config())
+
+
+def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
+    from dorarl.trainer.checkpoint import STATE_FILE, prune, version_folders
+
+    for v in (3, 12, 100, 7):
+        (tmp_path / f"version_{v:05d}").mkdir()
+        (tmp_path / f"version_{v:05d}" / STATE_FILE).write_text("{}")
+    (tmp_path / "version_00200.tmp").mkdir()  # an interrupted rewrite: never counted
+    (tmp_path / "version_00300").mkdir()  # no state file: not a checkpoint
+    names = [p.name for p in version_folders(tmp_path)]
+    assert names == ["version_00003", "version_00007", "version_00012", "version_00100"]
+    assert [p.name for p in prune(tmp_path, keep=2)] == ["version_00003", "version_00007"]
+    assert [p.name for p in version_folders(tmp_path)] == ["version_00012", "version_00100"]
+    assert prune(tmp_path, keep=0) == [] and len(version_folders(tmp_path)) == 2
