@@ -233,13 +233,24 @@ PAPER_TARGETS = {
 }
 
 
-def check_bars(preset: str | None, results: dict[str, dict]) -> list[dict]:
-    """The paper's figures against a paper preset's results (empty for other presets)."""
+def _against_paper(
+    preset: str | None, results: dict[str, dict]
+) -> tuple[dict[str, float], dict, dict, float] | None:
+    """(paper target, sync figures, dora figures, dora/sync step speedup) for a paper preset
+    whose run has both modes; None otherwise."""
     target = PAPER_TARGETS.get(preset or "")
     if target is None or not {"sync", "dora"} <= set(results):
-        return []
+        return None
     sync, dora = results["sync"], results["dora"]
-    speedup = sync["step_time_s"]["mean"] / dora["step_time_s"]["mean"]
+    return target, sync, dora, sync["step_time_s"]["mean"] / dora["step_time_s"]["mean"]
+
+
+def check_bars(preset: str | None, results: dict[str, dict]) -> list[dict]:
+    """The paper's figures against a paper preset's results (empty for other presets)."""
+    found = _against_paper(preset, results)
+    if found is None:
+        return []
+    target, sync, dora, speedup = found
     bars = [
         ("sync rollout-only share", sync["rollout_only_share"], target["sync_share"], 0.10),
         ("dora rollout-only share", dora["rollout_only_share"], target["dora_share"], 0.10),
@@ -265,11 +276,10 @@ def reference_consistency(preset: str | None, results: dict[str, dict]) -> dict[
     (1 - dora_share) / (1 - sync_share). The paper's figures imply a ratio well above 1, which
     a simulator charging both modes the same training step cannot reproduce.
     """
-    target = PAPER_TARGETS.get(preset or "")
-    if target is None or not {"sync", "dora"} <= set(results):
+    found = _against_paper(preset, results)
+    if found is None:
         return {}
-    sync, dora = results["sync"], results["dora"]
-    speedup = sync["step_time_s"]["mean"] / dora["step_time_s"]["mean"]
+    target, sync, dora, speedup = found
     return {
         "paper_non_rollout_ratio": non_rollout_ratio(
             target["sync_share"], target["dora_share"], target["speedup"]

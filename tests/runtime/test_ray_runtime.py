@@ -124,22 +124,30 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
     assert metrics[-1]["reward_errors"] == summary["reward_errors"]
 
 
-def test_a_dead_engine_stops_the_run_naming_it(tiny_model_dir):
-    overrides = [f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1", "steps=8"]
+def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0) -> RayRuntime:
+    """dora K=1 for 8 steps on 3 engines, driven directly so a test can reach in mid-run
+    (local Ray must be up); with `max_restarts`, dead engines are replaced."""
+    folder = str(model_dir)
+    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8"]
     config = load_config(TrainConfig, overrides=overrides)
-    task = build_task(config, str(tiny_model_dir))
+    task = build_task(config, folder)
+    workers, trainer = start_workers(3, folder, config.engine, (folder, config.trainer, 1), 1, pace)
+    recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+    return RayRuntime(
+        config.controller_config(), task, _rollout(config, task), workers, trainer, recorder,
+        respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace),
+        max_restarts=max_restarts,
+    )  # fmt: skip
+
+
+def test_a_dead_engine_stops_the_run_naming_it(tiny_model_dir):
     start_local_ray(num_cpus=2)
     try:
-        trainer_args = (str(tiny_model_dir), config.trainer, 1)
-        workers, trainer = start_workers(3, str(tiny_model_dir), config.engine, trainer_args, 1)
-        recorder = Recorder(None, mode="dora", k=1, num_instances=3, slots_per_instance=8)
-        runtime = RayRuntime(
-            config.controller_config(), task, _rollout(config, task), workers, trainer, recorder
-        )
+        runtime = _dora_k1_runtime(tiny_model_dir)
 
         def kill_instance_1(row, groups):
             if row["step"] == 1:
-                ray.kill(workers[1])
+                ray.kill(runtime.workers[1])
 
         runtime.on_step = kill_instance_1
         with pytest.raises(WorkerFailed, match=r"^engine instance 1 \(.*\) failed: ActorDied"):
@@ -165,22 +173,11 @@ def test_a_worker_error_leads_with_the_workers_own_exception():
 
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_dead_engine_is_replaced_and_the_run_completes(tmp_path, tiny_model_dir, victim):
-    overrides = [f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1", "steps=8"]
-    config = load_config(TrainConfig, overrides=overrides)
-    task = build_task(config, str(tiny_model_dir))
-    folder = str(tiny_model_dir)
+    out = tmp_path / "run"
     start_local_ray(num_cpus=2)
     try:
-        trainer_args = (folder, config.trainer, 1)
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
-        workers, trainer = start_workers(3, folder, config.engine, trainer_args, 1, pace)
-        out = tmp_path / "run"
-        recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
-        runtime = RayRuntime(
-            config.controller_config(), task, _rollout(config, task), workers, trainer,
-            recorder, respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace),
-            max_restarts=2,
-        )  # fmt: skip
+        runtime = _dora_k1_runtime(tiny_model_dir, out, pace, max_restarts=2)
         killed = []
 
         def kill_once(row, groups):
