@@ -33,7 +33,10 @@ def start_local_ray(num_cpus: int | None = None, host: str = "127.0.0.1") -> str
     node address Ray reports (warns if Ray did not keep to a loopback `host`)."""
     if is_loopback(host):
         _single_node_mode()
+    # address="local": always a new cluster of our own, never one named by RAY_ADDRESS, a
+    # `ray start` on this host or a stale /tmp/ray/ray_current_cluster
     ray.init(
+        address="local",
         num_cpus=num_cpus or os.cpu_count() or 2,
         include_dashboard=False,
         log_to_driver=False,
