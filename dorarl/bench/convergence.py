@@ -109,7 +109,7 @@ def calibrate_pace(
     cal = calibrate(model_folder, train.engine, train.trainer, prompts, lengths,
                     len(task.tokenizer), decode_len, train.seed)  # fmt: skip
     sync_steps = makespan_steps(flat, train.instances * train.engine.max_num_seqs) + 1
-    kv_tokens = train.engine.num_blocks * train.engine.block_size
+    kv_tokens = train.engine.kv_blocks * train.engine.block_size
     device, derivation = choose_pace(cal, cfg.pace, num_instances=train.instances,
                                      kv_pool_tokens=kv_tokens, sync_rollout_steps=sync_steps)  # fmt: skip
     emulation = {

@@ -44,7 +44,7 @@ from dorarl.bench.figures import (
 from dorarl.bench.report import print_modes
 from dorarl.bench.timeline import plot_throughput, plot_timeline
 from dorarl.config import ConfigError, load_config
-from dorarl.controller import ControllerConfig
+from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.engine import EngineConfig
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
@@ -140,14 +140,14 @@ class ModesConfig:
         lockstep = mode in ("sync", "one_step_off")
         return ControllerConfig(
             mode=mode,
-            k=k,
+            K=k,
             rbs=self.tbs if lockstep else (k + 1) * self.tbs,  # the admission cap
             tbs=self.tbs,
             group_size=self.group_size,
-            num_instances=self.instances,
-            slots_per_instance=self.slots,
-            total_steps=self.steps,
-            rebalance_period_s=self.rebalance_period_s,
+            instances=self.instances,
+            slots=self.slots,
+            steps=self.steps,
+            orchestrator=OrchestratorConfig(rebalance_period_s=self.rebalance_period_s),
         )
 
 
@@ -206,7 +206,7 @@ def run_mode(
     recorder = Recorder(
         out / name,
         mode=mode,
-        k=controller.staleness_bound,
+        k=controller.effective_K,
         num_instances=cfg.instances,
         slots_per_instance=cfg.slots,
     )
@@ -237,7 +237,7 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
         cal,
         cfg.pace,
         num_instances=cfg.instances,
-        kv_pool_tokens=cfg.engine().num_blocks * cfg.engine().block_size,
+        kv_pool_tokens=cfg.engine().kv_blocks * cfg.engine().block_size,
         sync_rollout_steps=sync_rollout_steps(cfg, cfg.steps),
     )
     say(f"calibrated in {time.perf_counter() - started:.1f}s: decode step pace "

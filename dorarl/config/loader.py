@@ -22,7 +22,12 @@ class ConfigError(ValueError):
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
-    """Load `cls` from an optional YAML file, then apply dotted overrides, then validate."""
+    """Load `cls` from an optional YAML file, then apply dotted overrides, then validate.
+
+    A section given only in part keeps the defaults of the keys it does not name: each
+    section is built over its default instance (its `default_factory`), never from the class
+    defaults, so a default lives in one place whatever else is overridden.
+    """
     raw: dict[str, Any] = {}
     source = "command line" if overrides else "defaults"
     if path is not None:
@@ -31,34 +36,93 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
+    _refuse_derived(cls, raw, source)
     return _build(cls, raw, prefix="", source=source)
 
 
+def derived_keys(cls: type) -> dict[str, str]:
+    """Keys whose value a config derives from another key (`DERIVED_KEYS` on the root class:
+    dotted key -> the key it comes from); they are not settings and are never shown as such."""
+    return dict(getattr(cls, "DERIVED_KEYS", {}))
+
+
+def _refuse_derived(cls: type, raw: dict[str, Any], source: str) -> None:
+    for key, origin in derived_keys(cls).items():
+        node: Any = raw
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        if node is not _MISSING:
+            raise ConfigError(f"{key}: follows {origin}; set {origin} instead ({source})")
+
+
+_MISSING = object()
+
+
 def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """The settings of `config` as nested plain data, derived keys left out (so the result
+    loads back as a config file)."""
+    tree = dataclasses.asdict(config)
+    for key in derived_keys(type(config)):
+        *sections, name = key.split(".")
+        node = tree
+        for part in sections:
+            node = node[part]
+        node.pop(name, None)
+    return tree
 
 
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, default, help) for every leaf field, for `--help`."""
+def to_yaml(config: Any) -> str:
+    """The settings of `config` as YAML that `load_config` reads back to the same config."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as {dotted key: value}."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def describe(cls: type) -> list[tuple[str, str, str]]:
+    """(dotted key, default, help) for every setting, for `--help`: the defaults a run gets,
+    sections' included, derived keys left out."""
+    derived = derived_keys(cls)
+    rows = _describe(cls, _default_instance(cls), "")
+    return [row for row in rows if row[0] not in derived]
+
+
+def _describe(cls: type, defaults: Any, prefix: str) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         ftype = hints[f.name]
+        default = getattr(defaults, f.name, "<required>") if defaults is not None else "<required>"
         if dataclasses.is_dataclass(ftype):
-            rows.extend(describe(ftype, prefix=f"{key}."))
+            rows.extend(_describe(ftype, default, prefix=f"{key}."))
             continue
-        default = _default_of(f)
         rows.append((key, repr(default), f.metadata.get("help", "")))
     return rows
 
 
+def _default_instance(cls: type) -> Any:
+    try:
+        return cls()
+    except (TypeError, ConfigError):  # a class with required fields has no default instance
+        return None
+
+
 def _default_of(f: dataclasses.Field) -> Any:
+    """The field's default value (a fresh one for a factory); MISSING when it has none."""
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
-    return "<required>"
+    return dataclasses.MISSING
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -97,22 +161,32 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str) -> T:
+def _build(
+    cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: Any = None
+) -> T:
+    """`cls` from `raw`; keys that `raw` leaves out keep their value in `base` (the section's
+    default instance) or, at the root, the field defaults."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.')}: expected a section, got {raw!r} ({source})")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
     for key in raw:
         if key not in names:
             raise ConfigError(f"unknown config key {prefix}{key} ({source})")
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
         if f.name not in raw:
+            if base is not None:
+                kwargs[f.name] = getattr(base, f.name)
             continue
         key = f"{prefix}{f.name}"
         ftype = hints[f.name]
         if dataclasses.is_dataclass(ftype):
-            kwargs[f.name] = _build(ftype, raw[f.name], f"{key}.", source)
+            section = getattr(base, f.name) if base is not None else _default_of(f)
+            section = None if section is dataclasses.MISSING else section
+            kwargs[f.name] = _build(ftype, raw[f.name], f"{key}.", source, base=section)
         else:
             kwargs[f.name] = _coerce(ftype, raw[f.name], key, source)
     try:

@@ -19,7 +19,7 @@ from dorarl.controller.commands import (
     parse_request_id,
     request_id,
 )
-from dorarl.controller.config import MODES, ControllerConfig, Mode
+from dorarl.controller.config import MODES, ControllerConfig, Mode, OrchestratorConfig
 from dorarl.controller.controller import Controller
 from dorarl.controller.events import (
     Event,
@@ -48,6 +48,7 @@ __all__ = [
     "MigrationDone",
     "Mode",
     "Offload",
+    "OrchestratorConfig",
     "Resume",
     "SampleDone",
     "SetTimer",

@@ -1,7 +1,7 @@
 """`ControllerConfig`: the rollout/training schedule shared by every runtime.
 
 `validate()` raises `ConfigError("key: reason")`. Modes fix some knobs (sync: K=0 and
-RBS=TBS; one_step_off: K=1 and RBS=TBS); `staleness_bound` and `rollout_batch` give the
+RBS=TBS; one_step_off: K=1 and RBS=TBS); `effective_K` and `rollout_batch` give the
 values in force, and `ignored_settings()` names the knobs a mode overrides.
 """
 
@@ -18,11 +18,48 @@ MODES: tuple[str, ...] = ("sync", "one_step_off", "partial_rollout", "dora")
 
 
 @dataclass(kw_only=True)
+class OrchestratorConfig:
+    """The load-balancing orchestrator's knobs (dora): `dorarl train` and `dorarl simulate`
+    both take them as `orchestrator.*`."""
+
+    kv_offload_threshold: float = field(
+        default=0.9, metadata={"help": "KV usage share that triggers relief (migrate or offload)"}
+    )
+    rebalance_period_s: float = field(
+        default=5.0, metadata={"help": "temporal re-balance period (seconds)"}
+    )
+    p2p_weights: bool = field(
+        default=True, metadata={"help": "load weights from peer instances when possible"}
+    )
+    trainer_fanout: int = field(
+        default=1, metadata={"help": "concurrent weight loads served by one source"}
+    )
+    legacy_fill: bool = field(
+        default=True, metadata={"help": "fill idle legacy-version slots with new groups"}
+    )
+    kv_packing: bool = field(
+        default=True,
+        metadata={
+            "help": "consolidate a legacy version only down to the requests per instance "
+            "that fit under the KV threshold at the last reports, not its slots"
+        },
+    )
+
+    def validate(self) -> None:
+        if not 0.0 < self.kv_offload_threshold <= 1.0:
+            raise ConfigError(
+                f"kv_offload_threshold: must be in (0, 1], got {self.kv_offload_threshold}"
+            )
+        if not (self.rebalance_period_s > 0 and math.isfinite(self.rebalance_period_s)):
+            raise ConfigError(f"rebalance_period_s: must be > 0, got {self.rebalance_period_s}")
+
+
+@dataclass(kw_only=True)
 class ControllerConfig:
     mode: Mode = field(
         default="dora", metadata={"help": "sync | one_step_off | partial_rollout | dora"}
     )
-    k: int = field(
+    K: int = field(
         default=2, metadata={"help": "staleness bound K of Eq. 1 (dora, partial_rollout)"}
     )
     rbs: int = field(
@@ -31,13 +68,11 @@ class ControllerConfig:
     )
     tbs: int = field(default=32, metadata={"help": "TBS: groups consumed by one training step"})
     group_size: int = field(default=8, metadata={"help": "G: samples per group (prompt)"})
-    num_instances: int = field(default=4, metadata={"help": "rollout instances (one version each)"})
-    slots_per_instance: int = field(
-        default=64, metadata={"help": "max running requests per instance"}
-    )
-    total_steps: int = field(
+    instances: int = field(default=4, metadata={"help": "rollout instances (one version each)"})
+    slots: int = field(default=64, metadata={"help": "max running requests per instance"})
+    steps: int = field(
         default=10,
-        metadata={"help": "version the run ends at (steps run: total_steps - initial_version)"},
+        metadata={"help": "version the run ends at (steps run: steps - initial_version)"},
     )
     initial_version: int = field(
         default=0, metadata={"help": "version every instance and the trainer start at (resume)"}
@@ -56,44 +91,21 @@ class ControllerConfig:
         default=None,
         metadata={"help": "cap on dispatched groups (dataset passes); None: unbounded"},
     )
-    kv_offload_threshold: float = field(
-        default=0.9,
-        metadata={"help": "KV usage fraction that triggers relief (migrate or offload)"},
-    )
-    rebalance_period_s: float = field(
-        default=30.0, metadata={"help": "temporal re-balance period (dora)"}
-    )
-    p2p_weights: bool = field(
-        default=True, metadata={"help": "load weights from peer instances when possible"}
-    )
-    trainer_fanout: int = field(
-        default=1, metadata={"help": "concurrent weight loads served by one source"}
-    )
-    legacy_fill: bool = field(
-        default=True, metadata={"help": "fill idle legacy slots with new groups (dora)"}
-    )
-    kv_packing: bool = field(
-        default=True,
-        metadata={
-            "help": "consolidate a legacy version only down to the requests per instance "
-            "that fit under the KV threshold at the last reports, not its slots (dora)"
-        },
-    )
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
-        _at_least("k", self.k, 0)
-        for key in ("tbs", "group_size", "num_instances", "slots_per_instance", "total_steps"):
+        _at_least("K", self.K, 0)
+        for key in ("tbs", "group_size", "instances", "slots", "steps"):
             _at_least(key, getattr(self, key), 1)
-        _at_least("trainer_fanout", self.trainer_fanout, 1)
         _at_least("initial_version", self.initial_version, 0)
         _at_least("first_group", self.first_group, 0)
         _at_least("first_prompt", self.first_prompt, 0)
-        if self.initial_version >= self.total_steps:
+        if self.initial_version >= self.steps:
             raise ConfigError(
-                f"total_steps: the run starts at version {self.initial_version}, so it must end "
-                f"after it, got {self.total_steps}"
+                f"steps: the run starts at version {self.initial_version}, so it must end "
+                f"after it, got {self.steps}"
             )
         if any(p < 0 for p in self.resume_prompts):
             raise ConfigError(
@@ -101,32 +113,30 @@ class ControllerConfig:
             )
         if self.rbs < self.tbs:
             raise ConfigError(f"rbs: must be >= tbs ({self.tbs}), got {self.rbs}")
-        if self.group_size > self.num_instances * self.slots_per_instance:
+        if self.group_size > self.instances * self.slots:
             raise ConfigError(
                 f"group_size: {self.group_size} samples do not fit in "
-                f"{self.num_instances} x {self.slots_per_instance} slots"
+                f"{self.instances} x {self.slots} slots"
             )
-        needed = (self.total_steps - self.initial_version) * self.tbs
+        needed = (self.steps - self.initial_version) * self.tbs
         if self.max_groups is not None and self.max_groups < needed:
             raise ConfigError(f"max_groups: {self.max_groups} < steps to run x tbs = {needed}")
-        if not 0.0 < self.kv_offload_threshold <= 1.0:
-            raise ConfigError(
-                f"kv_offload_threshold: must be in (0, 1], got {self.kv_offload_threshold}"
-            )
-        if not (self.rebalance_period_s > 0 and math.isfinite(self.rebalance_period_s)):
-            raise ConfigError(f"rebalance_period_s: must be > 0, got {self.rebalance_period_s}")
+        try:
+            self.orchestrator.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"orchestrator.{exc}") from None
 
     @property
-    def staleness_bound(self) -> int:
-        """K in force: sync 0, one_step_off 1, otherwise `k`."""
-        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.k)
+    def effective_K(self) -> int:
+        """K in force: sync 0, one_step_off 1, otherwise `K`."""
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.K)
 
     @property
     def rollout_batch(self) -> int:
         """RBS in force: TBS for the lockstep modes; admission caps it at (K+1) x TBS."""
         if self.mode in ("sync", "one_step_off"):
             return self.tbs
-        return min(self.rbs, (self.staleness_bound + 1) * self.tbs)
+        return min(self.rbs, (self.effective_K + 1) * self.tbs)
 
     @property
     def lockstep(self) -> bool:
@@ -136,8 +146,8 @@ class ControllerConfig:
     def ignored_settings(self) -> list[str]:
         """Human-readable notes on settings the mode overrides (for warnings)."""
         notes = []
-        if self.k != self.staleness_bound:
-            notes.append(f"k={self.k} ignored: {self.mode} uses K={self.staleness_bound}")
+        if self.effective_K != self.K:
+            notes.append(f"K={self.K} ignored: {self.mode} uses K={self.effective_K}")
         if self.rbs != self.rollout_batch:
             why = "lockstep mode" if self.lockstep else "admission caps it at (K+1) x tbs"
             notes.append(f"rbs={self.rbs} ignored: {why}, effective {self.rollout_batch}")

@@ -144,11 +144,11 @@ class Controller:
         inst.kv_used_frac = event.kv_used_frac
         if event.running > 0 and event.kv_used_frac > 0:
             inst.kv_fit = kv_fit(
-                event.running, event.kv_used_frac, self.config.kv_offload_threshold
+                event.running, event.kv_used_frac, self.config.orchestrator.kv_offload_threshold
             )
-        if event.kv_used_frac >= self.config.kv_offload_threshold and inst.ready:
+        if event.kv_used_frac >= self.config.orchestrator.kv_offload_threshold and inst.ready:
             return self.orchestrator.on_kv_pressure(inst)
-        if event.kv_used_frac < self.config.kv_offload_threshold:
+        if event.kv_used_frac < self.config.orchestrator.kv_offload_threshold:
             inst.offloaded.clear()  # the engine restores offloaded KV once under the threshold
         return []
 
@@ -169,7 +169,7 @@ class Controller:
         ledger.newest = event.new_version
         ledger.training = False
         ledger.steps_done += 1
-        if ledger.newest >= self.config.total_steps:
+        if ledger.newest >= self.config.steps:
             self.finished = True
             return [Finish(f"{ledger.steps_done} training steps done")]
         return self.orchestrator.on_train_done()
@@ -179,12 +179,12 @@ class Controller:
 
     def _maybe_train(self) -> list[Command]:
         ledger, cfg = self.ledger, self.config
-        if ledger.training or ledger.t >= cfg.total_steps:
+        if ledger.training or ledger.t >= cfg.steps:
             return []
         if ledger.completed - ledger.consumed < cfg.tbs:
             return []
         out, done = ledger.out_counts(), ledger.done_counts()
-        if not batch_ready(out, done, cfg.staleness_bound, ledger.t, cfg.tbs):
+        if not batch_ready(out, done, cfg.effective_K, ledger.t, cfg.tbs):
             return []
         group_ids = select_batch(ledger.done, cfg.tbs)
         ledger.consume(group_ids)

@@ -19,7 +19,7 @@ from dorarl.controller.state import InstanceState
 
 class DoraOrchestrator(Orchestrator):
     def on_start(self, now: float) -> list[Command]:
-        return [SetTimer(now + self.config.rebalance_period_s)]
+        return [SetTimer(now + self.config.orchestrator.rebalance_period_s)]
 
     def on_train_started(self) -> list[Command]:
         return self.rebalance()
@@ -40,11 +40,11 @@ class DoraOrchestrator(Orchestrator):
     def on_loaded(self, inst: InstanceState) -> list[Command]:
         """A load of an older version ended, or freed a source the window has left: re-plan."""
         ledger = self.ledger
-        stale = min(ledger.hosts) < ledger.newest - self.config.staleness_bound
+        stale = min(ledger.hosts) < ledger.newest - self.config.effective_K
         return self.rebalance() if inst.version != ledger.newest or stale else []
 
     def on_timer(self, now: float) -> list[Command]:
-        return self.rebalance() + [SetTimer(now + self.config.rebalance_period_s)]
+        return self.rebalance() + [SetTimer(now + self.config.orchestrator.rebalance_period_s)]
 
     def on_kv_pressure(self, inst: InstanceState) -> list[Command]:
         return self.relieve(inst) + self.rebalance()
@@ -53,9 +53,9 @@ class DoraOrchestrator(Orchestrator):
         """Newest first; then legacy versions (newest to oldest) for residual idle slots,
         only if a group dispatched now could still wait one more step (w + K >= t + 1),
         so a fresh group never holds up the very next step."""
-        ledger, bound = self.ledger, self.config.staleness_bound
+        ledger, bound = self.ledger, self.config.effective_K
         versions = [ledger.newest]
-        if self.config.legacy_fill:
+        if self.config.orchestrator.legacy_fill:
             oldest = max(ledger.t + 1 - bound, 0)
             versions += [w for w in range(ledger.newest - 1, oldest - 1, -1) if ledger.hosts.get(w)]
         return versions
@@ -81,7 +81,7 @@ class DoraOrchestrator(Orchestrator):
             workload[ledger.newest] = workload.get(ledger.newest, 0) + demand
         floors = {v: self._floor(v, n) for v, n in running.items() if n}
         caps = {v: len(ledger.hosts[v]) for v in running if v != ledger.newest}
-        return plan_partition(workload, floors, caps, ledger.newest, self.config.num_instances)
+        return plan_partition(workload, floors, caps, ledger.newest, self.config.instances)
 
     def _floor(self, version: int, running: int) -> int:
         """Instances `version`'s running requests need.
@@ -92,8 +92,8 @@ class DoraOrchestrator(Orchestrator):
         requests need at the count that fit under the KV threshold at the last reports. It
         never grows: the floor is capped at its current instances.
         """
-        ledger, slots = self.ledger, self.config.slots_per_instance
-        if version == ledger.newest or not self.config.kv_packing:
+        ledger, slots = self.ledger, self.config.slots
+        if version == ledger.newest or not self.config.orchestrator.kv_packing:
             return capacity_floor(running, slots)
         hosts = ledger.hosts[version]
         per = packing_limit(slots, (ledger.instances[i].kv_fit for i in hosts))
@@ -136,7 +136,7 @@ class DoraOrchestrator(Orchestrator):
         threshold in turn, and moving it back would bounce it forever without progress.
         """
         ledger = self.ledger
-        threshold = self.config.kv_offload_threshold
+        threshold = self.config.orchestrator.kv_offload_threshold
         peers = [
             p
             for p in ledger.open_instances(inst.version)

@@ -20,7 +20,7 @@ def violations(ledger: Ledger) -> list[str]:
 
 def _admission(ledger: Ledger) -> list[str]:
     cfg = ledger.config
-    bound, problems, below = cfg.staleness_bound, [], 0
+    bound, problems, below = cfg.effective_K, [], 0
     for w in range(min(ledger.out, default=0), ledger.newest + 1):
         below += ledger.out.get(w, 0)
         cap = capacity(w, bound, ledger.t, cfg.tbs)
@@ -32,7 +32,7 @@ def _admission(ledger: Ledger) -> list[str]:
 
 
 def _instances(ledger: Ledger) -> list[str]:
-    allowed = window(ledger.newest, ledger.config.staleness_bound)
+    allowed = window(ledger.newest, ledger.config.effective_K)
     problems = []
     for inst in ledger.instances:
         # a weight source may finish serving a transfer of a version that just left the

@@ -69,8 +69,8 @@ class Orchestrator:
                 peers,
                 trainer_has_version=inst.version == ledger.newest,
                 trainer_busy=ledger.trainer_loads,
-                fanout=self.config.trainer_fanout,
-                p2p=self.config.p2p_weights,
+                fanout=self.config.orchestrator.trainer_fanout,
+                p2p=self.config.orchestrator.p2p_weights,
             )
             if source is None:
                 continue

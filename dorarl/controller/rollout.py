@@ -24,7 +24,7 @@ class RolloutManager:
         the trainer waits; admission (not RBS) bounds how far it may run ahead.
         """
         ledger, cfg = self.ledger, self.config
-        if ledger.t >= cfg.total_steps:
+        if ledger.t >= cfg.steps:
             return 0
         want = cfg.rollout_batch - (ledger.dispatched - ledger.completed)
         if cfg.max_groups is not None:
@@ -34,7 +34,7 @@ class RolloutManager:
     def room(self, version: int) -> int:
         """Groups admission still allows under `version`."""
         ledger = self.ledger
-        bound = self.config.staleness_bound
+        bound = self.config.effective_K
         return headroom(ledger.out, version, ledger.newest, bound, ledger.t, self.config.tbs)
 
     def newest_demand(self) -> int:

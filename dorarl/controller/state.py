@@ -58,9 +58,9 @@ class GroupState:
 class Ledger:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        self.slots = config.slots_per_instance
+        self.slots = config.slots
         start = config.initial_version
-        self.instances = [InstanceState(i, start) for i in range(config.num_instances)]
+        self.instances = [InstanceState(i, start) for i in range(config.instances)]
         self.groups: dict[int, GroupState] = {}
         self.requests: dict[str, RequestState] = {}
         self.out: dict[int, int] = defaultdict(int)
@@ -227,7 +227,7 @@ class Ledger:
         self._update_source(inst)
 
     def _update_source(self, inst: InstanceState) -> None:
-        if inst.ready and inst.serving < self.config.trainer_fanout:
+        if inst.ready and inst.serving < self.config.orchestrator.trainer_fanout:
             self.sources[inst.version][inst.instance_id] = None
         else:
             self.sources[inst.version].pop(inst.instance_id, None)

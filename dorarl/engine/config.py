@@ -42,9 +42,15 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
-        if self.num_blocks is None:
-            self.num_blocks = self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
         self.validate()
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks on the device: `num_blocks`, or room for max_num_seqs full-length
+        sequences when unset (derived, not stored, so it follows the keys it comes from)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        return self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
 
     def _check_positive(self, *keys: str) -> None:
         for key in keys:
@@ -52,9 +58,9 @@ class EngineConfig:
                 raise ConfigError(f"engine.{key}: must be > 0, got {getattr(self, key)}")
 
     def validate(self) -> None:
-        self._check_positive(
-            "max_num_seqs", "block_size", "num_blocks", "max_model_len", "prefill_chunk_size"
-        )
+        self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
+        if self.num_blocks is not None:
+            self._check_positive("num_blocks")
         if self.host_blocks < 0:
             raise ConfigError(f"engine.host_blocks: must be >= 0, got {self.host_blocks}")
         if not 0.0 < self.offload_threshold <= 1.0:
@@ -64,9 +70,9 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
         # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
-        if self.num_blocks * self.block_size < self.max_model_len:
+        if self.kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(
-                f"engine.num_blocks: {self.num_blocks} blocks of {self.block_size} tokens cannot hold "
+                f"engine.num_blocks: {self.kv_blocks} blocks of {self.block_size} tokens cannot hold "
                 f"one request of max_model_len={self.max_model_len} tokens"
             )
 

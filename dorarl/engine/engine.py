@@ -60,8 +60,8 @@ class Engine:
         shape = KVShape(
             self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
         )
-        self.kv = KVCache(shape, config.num_blocks, config.host_blocks, self.device, self.dtype)
-        self.blocks = BlockManager(config.num_blocks, config.host_blocks, config.block_size)
+        self.kv = KVCache(shape, config.kv_blocks, config.host_blocks, self.device, self.dtype)
+        self.blocks = BlockManager(config.kv_blocks, config.host_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )

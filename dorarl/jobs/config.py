@@ -7,12 +7,13 @@ group_size, seed); components keep their own dataclasses (engine, trainer) as se
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from dorarl.config import ConfigError
-from dorarl.controller import ControllerConfig, Mode
+from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint, read_resume_point
+from dorarl.runtime.placement import PlacementPlan, plan_placement
 from dorarl.sim.lengths import LengthDist
 from dorarl.trainer import LossConfig, TrainerConfig
 
@@ -67,22 +68,6 @@ class ForcedLengthsSection:
 
 
 @dataclass(kw_only=True)
-class OrchestratorSection:
-    kv_offload_threshold: float = field(
-        default=0.9, metadata={"help": "KV usage share that triggers relief (migrate/offload)"}
-    )
-    rebalance_period_s: float = field(default=5.0, metadata={"help": "temporal re-balance period"})
-    p2p_weights: bool = field(default=True, metadata={"help": "load weights from peer instances"})
-    legacy_fill: bool = field(
-        default=True, metadata={"help": "fill idle legacy-version slots with new groups"}
-    )
-    kv_packing: bool = field(
-        default=True,
-        metadata={"help": "consolidate a legacy version only as far as its KV fits (not slots)"},
-    )
-
-
-@dataclass(kw_only=True)
 class EvalSection:
     every: int = field(default=10, metadata={"help": "evaluate every N versions (0: first/last)"})
     max_prompts: int = field(default=200, metadata={"help": "held-out prompts per evaluation"})
@@ -102,6 +87,32 @@ class RaySection:
         default=3,
         metadata={"help": "dead engine instances replaced mid-run before the run stops"},
     )
+    engine_gpus: float | None = field(
+        default=None,
+        metadata={"help": "GPU share of each engine on cuda (None: fit the node; 0.25: 4 a GPU)"},
+    )
+    trainer_gpus: float | None = field(
+        default=None, metadata={"help": "GPU share of the trainer on cuda (None: fit the node)"}
+    )
+    eval_gpus: float | None = field(
+        default=None,
+        metadata={
+            "help": "GPU share of the evaluator, inside the trainer's bundle (None: 0.1 of it)"
+        },
+    )
+    placement_timeout_s: float = field(
+        default=60.0, metadata={"help": "seconds to wait for Ray to place the actors' GPUs"}
+    )
+
+    def validate(self) -> None:
+        if self.max_engine_restarts < 0:
+            raise ConfigError("max_engine_restarts: must be >= 0")
+        for key in ("engine_gpus", "trainer_gpus", "eval_gpus"):
+            share = getattr(self, key)
+            if share is not None and not share > 0:
+                raise ConfigError(f"{key}: must be > 0 (or unset), got {share}")
+        if not self.placement_timeout_s > 0:
+            raise ConfigError("placement_timeout_s: must be > 0")
 
 
 def _default_engine() -> EngineConfig:
@@ -145,15 +156,17 @@ class TrainConfig:
     task: TaskSection = field(default_factory=TaskSection)
     sampling: SamplingSection = field(default_factory=SamplingSection)
     forced_lengths: ForcedLengthsSection = field(default_factory=ForcedLengthsSection)
-    orchestrator: OrchestratorSection = field(default_factory=OrchestratorSection)
+    orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     eval: EvalSection = field(default_factory=EvalSection)
     ray: RaySection = field(default_factory=RaySection)
     engine: EngineConfig = field(default_factory=_default_engine)
     trainer: TrainerConfig = field(default_factory=_default_trainer)
 
+    # The trainer divides logits by the temperature the engines sampled at, or its ratios
+    # would not be 1 on fresh data: one setting, sampling.temperature, gives both.
+    DERIVED_KEYS: ClassVar[dict[str, str]] = {"trainer.temperature": "sampling.temperature"}
+
     def __post_init__(self) -> None:
-        # One source of truth: the trainer divides logits by the temperature the engines
-        # sampled at, or its ratios would not be 1 on fresh data.
         self.trainer.temperature = self.sampling.temperature
 
     def validate(self) -> None:
@@ -161,11 +174,9 @@ class TrainConfig:
             ("engine.device", self.engine.device),
             ("trainer.device", self.trainer.device),
         ):
-            _check_device(key, device, on_cluster=bool(self.ray.address))
+            _check_device(key, device)
         if self.checkpoint_every < 0 or self.checkpoint_keep < 0:
             raise ConfigError("checkpoint_every: checkpoint_every and checkpoint_keep must be >= 0")
-        if self.ray.max_engine_restarts < 0:
-            raise ConfigError("ray.max_engine_restarts: must be >= 0")
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
         self.controller_config().validate()
@@ -182,60 +193,43 @@ class TrainConfig:
             )
 
     def controller_config(self) -> ControllerConfig:
-        """The controller's view; its errors name its own keys, which map one to one."""
+        """The controller's view: its knobs carry the names they have here (K, steps, instances,
+        rbs, tbs, group_size, orchestrator.*), so its errors name the keys a user typed."""
         point = self.resume_point()
-        try:
-            return ControllerConfig(
-                mode=self.mode,
-                k=self.K,
-                rbs=self.rbs,
-                tbs=self.tbs,
-                group_size=self.group_size,
-                num_instances=self.instances,
-                slots_per_instance=self.engine.max_num_seqs,
-                total_steps=self.steps,
-                kv_offload_threshold=self.orchestrator.kv_offload_threshold,
-                rebalance_period_s=self.orchestrator.rebalance_period_s,
-                p2p_weights=self.orchestrator.p2p_weights,
-                legacy_fill=self.orchestrator.legacy_fill,
-                kv_packing=self.orchestrator.kv_packing,
-                **(point.controller_keys() if point else {}),
-            )
-        except ConfigError as exc:
-            raise ConfigError(_controller_key(str(exc))) from None
+        return ControllerConfig(
+            mode=self.mode,
+            K=self.K,
+            rbs=self.rbs,
+            tbs=self.tbs,
+            group_size=self.group_size,
+            instances=self.instances,
+            slots=self.engine.max_num_seqs,
+            steps=self.steps,
+            orchestrator=self.orchestrator,
+            **(point.controller_keys() if point else {}),
+        )
+
+    def placement(self, node_gpus: float) -> PlacementPlan:
+        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs."""
+        return plan_placement(
+            instances=self.instances,
+            engine_on_gpu=self.engine.device != "cpu",
+            trainer_on_gpu=self.trainer.device != "cpu",
+            node_gpus=node_gpus,
+            engine_gpus=self.ray.engine_gpus,
+            trainer_gpus=self.ray.trainer_gpus,
+            eval_gpus=self.ray.eval_gpus,
+        )
 
     def resume_point(self) -> ResumePoint | None:
         return read_resume_point(self.resume) if self.resume else None
 
 
-_CONTROLLER_KEYS = {
-    "k": "K",
-    "num_instances": "instances",
-    "slots_per_instance": "engine.max_num_seqs",
-    "total_steps": "steps",
-    "initial_version": "resume",
-    "kv_offload_threshold": "orchestrator.kv_offload_threshold",
-    "rebalance_period_s": "orchestrator.rebalance_period_s",
-}
-
-
-def _check_device(key: str, device: str, on_cluster: bool) -> None:
-    """cpu, or cuda: Ray gives each actor one GPU and makes it the only one it sees, so a
-    cuda:N other than 0 would name a device the actor cannot see."""
-    if device == "cpu":
-        return
-    if device not in ("cuda", "cuda:0"):
+def _check_device(key: str, device: str) -> None:
+    """cpu, or cuda: Ray gives each actor its GPU share and makes that GPU the only one it
+    sees, so a cuda:N other than 0 would name a device the actor cannot see. Whether the
+    cluster has GPUs is checked when the actors are placed (`dorarl.runtime.placement`)."""
+    if device not in ("cpu", "cuda", "cuda:0"):
         raise ConfigError(
             f"{key}: use cpu or cuda (Ray assigns each actor its GPU), got {device!r}"
         )
-    if not on_cluster:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"{key}: cuda requested but this machine has no CUDA device")
-
-
-def _controller_key(message: str) -> str:
-    """Rename a controller key in an error to the key the user typed."""
-    key, _, rest = message.partition(":")
-    return f"{_CONTROLLER_KEYS.get(key, key)}:{rest}"

@@ -25,10 +25,11 @@ from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.pacing import DeviceModel
+from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.ray_runtime import (
     RayRuntime,
     RolloutSettings,
-    actor_resources,
+    actor_options,
     spawn_engine,
     start_workers,
 )
@@ -76,7 +77,10 @@ def run_ray(
     task = build_task(config, model_folder)
     _init_ray(config)
     try:
-        return _run(config, out_dir, model_folder, task, point, pace=pace, defer_eval=defer_eval)
+        placed = place_actors(config)
+        return _run(
+            config, out_dir, model_folder, task, point, placed, pace=pace, defer_eval=defer_eval
+        )
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
@@ -97,6 +101,15 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     return f"{exc} (full error in {details}); {how}"
 
 
+def place_actors(config: TrainConfig) -> PlacedActors:
+    """Reserve the actors' GPU shares on the cluster, or refuse in one line (exit 2) when it
+    cannot hold them; the plan is printed when it asks for GPUs."""
+    plan = config.placement(ray.cluster_resources().get("GPU", 0.0))
+    if plan.uses_gpus:
+        print("\n".join(f"placement: {line}" for line in plan.lines()))
+    return PlacedActors(plan, timeout_s=config.ray.placement_timeout_s)
+
+
 def _init_ray(config: TrainConfig) -> None:
     if config.ray.address:
         ray.init(address=config.ray.address, log_to_driver=False)
@@ -110,6 +123,7 @@ def _run(
     model_folder: str,
     task: Task,
     point: ResumePoint | None,
+    placed: PlacedActors,
     *,
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
@@ -120,13 +134,13 @@ def _run(
     resume_from = str(point.folder) if point else None
     trainer_args = (model_folder, config.trainer, threads, resume_from)
     workers, trainer = start_workers(
-        config.instances, model_folder, config.engine, trainer_args, threads, pace, start
+        config.instances, model_folder, config.engine, trainer_args, threads, pace, start, placed
     )
-    evaluator = _start_evaluator(config, model_folder, task, threads)
+    evaluator = _start_evaluator(config, model_folder, task, threads, placed)
     recorder = Recorder(
         out_dir,
         mode=config.mode,
-        k=controller_config.staleness_bound,
+        k=controller_config.effective_K,
         num_instances=config.instances,
         slots_per_instance=config.engine.max_num_seqs,
         first_version=start,
@@ -139,7 +153,9 @@ def _run(
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
 
     def respawn(instance_id: int) -> Any:
-        return spawn_engine(instance_id, model_folder, config.engine, threads, pace, start)
+        return spawn_engine(
+            instance_id, model_folder, config.engine, threads, pace, start, placed
+        )
 
     runtime = RayRuntime(
         controller_config,
@@ -178,9 +194,7 @@ def _run(
         results = {v: ray.get(ref) for v, ref in evals.items()}
     final = runtime.controller.resume_state()  # no step in flight once the run finished
     _checkpoint(trainer, out_dir, runtime.published, final, config.checkpoint_keep, wait=True)
-    rows = finish_outputs(
-        out_dir, results, f"{config.mode} (K={controller_config.staleness_bound})"
-    )
+    rows = finish_outputs(out_dir, results, f"{config.mode} (K={controller_config.effective_K})")
     for row in rows:
         if "eval_accuracy" in row:
             scalars.log({"step": row["step"], "eval_accuracy": row["eval_accuracy"]})
@@ -188,7 +202,9 @@ def _run(
     return _final_summary(out_dir, summary, results, runtime)
 
 
-def _start_evaluator(config: TrainConfig, model_folder: str, task: Task, threads: int) -> Any:
+def _start_evaluator(
+    config: TrainConfig, model_folder: str, task: Task, threads: int, placed: PlacedActors
+) -> Any:
     engine = EngineConfig(
         max_num_seqs=config.engine.max_num_seqs,
         max_model_len=config.engine.max_model_len,
@@ -196,7 +212,7 @@ def _start_evaluator(config: TrainConfig, model_folder: str, task: Task, threads
         device=config.engine.device,
         dtype=config.engine.dtype,
     )
-    actor = ray.remote(**actor_resources(engine.device))(EvalWorker)
+    actor = ray.remote(**actor_options("evaluator", engine.device, placed))(EvalWorker)
     return actor.remote(model_folder, engine, task, config.eval.max_prompts, threads)
 
 

@@ -11,11 +11,11 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dorarl.config import ConfigError, describe, load_config
+from dorarl.config import ConfigError, describe, load_config, to_yaml
 from dorarl.jobs.config import TrainConfig
 from dorarl.report.plots import plot_training_curve
 from dorarl.report.tensorboard import ScalarLogger
@@ -27,8 +27,15 @@ def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(_help())
         return 0
-    config_path, out, overrides = _parse_args(argv)
+    args = _parse_args(argv)
+    config_path, out, overrides = args.config, args.out, args.overrides
     config = load_config(TrainConfig, config_path, overrides)
+    if args.print_config:
+        print(to_yaml(config), end="")
+        return 0
+    if args.print_placement is not None:
+        print("\n".join(config.placement(args.print_placement).lines()))
+        return 0
     out_dir = Path(out) if out else _default_out(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
@@ -45,21 +52,44 @@ def main(argv: list[str]) -> int:
     return 0 if summary.get("dropped_total", 0) == 0 else 1
 
 
-def _parse_args(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    config_path = out = None
-    overrides: list[str] = []
+@dataclass
+class TrainArgs:
+    config: str | None = None
+    out: str | None = None
+    print_config: bool = False
+    print_placement: float | None = None  # GPUs of the node to plan for
+    overrides: list[str] = field(default_factory=list)
+
+
+def _parse_args(argv: list[str]) -> TrainArgs:
+    parsed = TrainArgs()
     args = iter(argv)
     for arg in args:
-        if arg in ("--config", "--out"):
+        if arg in ("--config", "--out", "--print-placement"):
             value = next(args, None)
             if value is None:
                 raise ConfigError(f"{arg} needs a value")
-            config_path, out = (value, out) if arg == "--config" else (config_path, value)
+            if arg == "--print-placement":
+                parsed.print_placement = _gpu_count(value)
+            else:
+                setattr(parsed, arg.removeprefix("--"), value)
+        elif arg == "--print-config":
+            parsed.print_config = True
         elif arg.startswith("--"):
             raise ConfigError(f"unknown option {arg} (use key=value for settings)")
         else:
-            overrides.append(arg)
-    return config_path, out, overrides
+            parsed.overrides.append(arg)
+    return parsed
+
+
+def _gpu_count(text: str) -> float:
+    try:
+        gpus = float(text)
+    except ValueError:
+        gpus = -1.0
+    if gpus < 0:
+        raise ConfigError(f"--print-placement: expected the node's GPU count, got {text!r}")
+    return gpus
 
 
 def _default_out(config: TrainConfig) -> Path:
@@ -72,6 +102,12 @@ def _help() -> str:
     width = max(len(key) for key, _, _ in rows)
     lines = [
         "usage: dorarl train [--config FILE] [--out DIR] [key=value ...]",
+        "       dorarl train --print-config [--config FILE] [key=value ...]",
+        "       dorarl train --print-placement GPUS [--config FILE] [key=value ...]",
+        "",
+        "--print-config prints the resolved settings as YAML (a file --config reads back);",
+        "--print-placement prints the GPU shares the actors would ask for on a node with",
+        "GPUS GPUs. Neither starts anything.",
         "",
         "Runs RL training (default: the built-in running_sum task, dora mode, local Ray,",
         "the shipped base model). Settings, as key=value or in a YAML file:",

@@ -28,9 +28,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def start_local_ray(num_cpus: int | None = None, host: str = "127.0.0.1") -> str:
+def start_local_ray(
+    num_cpus: int | None = None, host: str = "127.0.0.1", num_gpus: int | None = None
+) -> str:
     """`ray.init` of a fresh local instance whose services listen on `host`; returns the
-    node address Ray reports (warns if Ray did not keep to a loopback `host`)."""
+    node address Ray reports (warns if Ray did not keep to a loopback `host`). `num_gpus`
+    None lets Ray count the machine's GPUs; a number declares that many."""
     if is_loopback(host):
         _single_node_mode()
     # address="local": always a new cluster of our own, never one named by RAY_ADDRESS, a
@@ -38,6 +41,7 @@ def start_local_ray(num_cpus: int | None = None, host: str = "127.0.0.1") -> str
     ray.init(
         address="local",
         num_cpus=num_cpus or os.cpu_count() or 2,
+        num_gpus=num_gpus,
         include_dashboard=False,
         log_to_driver=False,
         _node_ip_address=host,

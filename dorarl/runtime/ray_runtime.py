@@ -50,6 +50,7 @@ from dorarl.engine import EngineConfig, RequestOutput, SamplingParams
 from dorarl.errors import WorkerFailed
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest, RunReport, WeightsReport
 from dorarl.runtime.pacing import DeviceModel, PaceStats
+from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.recovery import InstanceRecovery
 from dorarl.runtime.trainer_worker import TrainerWorker
@@ -114,11 +115,11 @@ class RayRuntime:
         self.finished = False
         self.pending: dict[ray.ObjectRef, _Pending] = {}
         self.running_call: dict[int, ray.ObjectRef] = {}
-        self.held = [0] * controller_config.num_instances  # requests placed on each instance
+        self.held = [0] * controller_config.instances  # requests placed on each instance
         self.where: dict[str, int] = {}  # live request -> instance it was placed on
         self.specs: dict[str, NewRequest] = {}  # live request -> how it was started
         self.moving: set[str] = set()  # requests in a migration not yet landed
-        self.kv_above = [False] * controller_config.num_instances
+        self.kv_above = [False] * controller_config.instances
         self.timers: list[float] = []
         self.weights_ref: dict[int, ray.ObjectRef] = {}
         self.published = controller_config.initial_version
@@ -254,7 +255,7 @@ class RayRuntime:
 
     def _report_kv(self, iid: int, report: RunReport) -> None:
         usage = report.stats.kv_usage
-        above = usage >= self.config.kv_offload_threshold
+        above = usage >= self.config.orchestrator.kv_offload_threshold
         if above != self.kv_above[iid]:
             self.kv_above[iid] = above
             stats = report.stats
@@ -279,7 +280,7 @@ class RayRuntime:
         (version, groups) = job.args
         self.published = version + 1
         self.weights_ref[self.published] = self.trainer.weights.remote()
-        self.weights_ref.pop(version - self.config.staleness_bound - 1, None)
+        self.weights_ref.pop(version - self.config.effective_K - 1, None)
         metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
         metrics["reward_errors"] = self.reward_errors
         if "train_paced_s" in metrics:
@@ -434,14 +435,17 @@ def start_workers(
     threads: int,
     pace: DeviceModel | None = None,
     version: int = 0,
+    placed: PlacedActors | None = None,
 ) -> tuple[list[Any], Any]:
     """Create the engine actors and the trainer actor (local Ray or a cluster); engines host
     `model_folder`'s weights as `version`; with `pace`, every engine step and training step
-    lasts its device time (device emulation). An actor on a cuda device asks Ray for a GPU."""
+    lasts its device time (device emulation). `placed` gives each actor its GPU share and
+    bundle; without it an actor on cuda asks Ray for a whole GPU."""
     trainer_config = trainer_args[1]
-    trainer_actor = ray.remote(**actor_resources(trainer_config.device))(TrainerWorker)
+    trainer_options = actor_options("trainer", trainer_config.device, placed)
+    trainer_actor = ray.remote(**trainer_options)(TrainerWorker)
     workers = [
-        spawn_engine(i, model_folder, engine_config, threads, pace, version)
+        spawn_engine(i, model_folder, engine_config, threads, pace, version, placed)
         for i in range(num_instances)
     ]
     trainer = trainer_actor.remote(*trainer_args, pace=pace)
@@ -455,14 +459,21 @@ def spawn_engine(
     threads: int,
     pace: DeviceModel | None = None,
     version: int = 0,
+    placed: PlacedActors | None = None,
 ) -> Any:
-    """One engine actor (at start, or replacing a dead one)."""
-    engine_actor = ray.remote(**actor_resources(engine_config.device))(EngineWorker)
+    """One engine actor (at start, or replacing a dead one in the same bundle)."""
+    options = actor_options(f"engine{instance_id}", engine_config.device, placed)
+    engine_actor = ray.remote(**options)(EngineWorker)
     return engine_actor.remote(instance_id, model_folder, engine_config, threads, pace, version)
 
 
-def actor_resources(device: str) -> dict[str, float]:
-    """Ray resources of an actor computing on `device`: one GPU for cuda (Ray then makes that
-    GPU the actor's only visible one, so `cuda` means it), none otherwise. CPU work is not
-    reserved: instances share cores, which the benchmarks' pacing accounts for."""
-    return {"num_cpus": 0, "num_gpus": 1 if device.startswith("cuda") else 0}
+def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:
+    """Ray options of `actor` computing on `device`: its share and bundle from `placed`, or
+    without a placement one whole GPU for cuda (Ray then makes that GPU the actor's only
+    visible one, so `cuda` means it), none otherwise. CPU work is not reserved: instances
+    share cores, which the benchmarks' pacing accounts for."""
+    if device == "cpu":
+        return {"num_cpus": 0, "num_gpus": 0}
+    if placed is not None:
+        return placed.options(actor)
+    return {"num_cpus": 0, "num_gpus": 1}

@@ -38,7 +38,7 @@ class InstanceRecovery:
         self.respawn = respawn
         self.max_restarts = max_restarts
         self.restarts = 0
-        self.epoch = [0] * runtime.config.num_instances
+        self.epoch = [0] * runtime.config.instances
 
     def recoverable(self, job: _Pending, exc: Exception) -> bool:
         return (

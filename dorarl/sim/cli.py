@@ -131,12 +131,12 @@ def run_named(
             trajectories=cfg.trajectories,
         )
         result = sim.run()
-        figures = mode_figures(result.steps, cfg.warmup_steps, controller.num_instances)
+        figures = mode_figures(result.steps, cfg.warmup_steps, controller.instances)
         figures.pop("pace")
         figures["all_steps"].pop("pace")
         results[name] = figures | {
             "mode": controller.mode,
-            "K": controller.staleness_bound,
+            "K": controller.effective_K,
             "steps": result.summary["steps"],
             "dropped_total": result.summary["dropped_total"],
             "offloads": result.summary["offloads"],
@@ -151,9 +151,7 @@ def run_named(
 def mode_controller(cfg: SimulateConfig, mode: str) -> ControllerConfig:
     controller = dataclasses.replace(cfg.controller, mode=mode)
     if controller.lockstep:  # the mode fixes these; set them so nothing is "ignored"
-        controller = dataclasses.replace(
-            controller, k=controller.staleness_bound, rbs=controller.tbs
-        )
+        controller = dataclasses.replace(controller, K=controller.effective_K, rbs=controller.tbs)
     return controller
 
 
@@ -204,7 +202,7 @@ def _table(results: dict[str, dict], title: str) -> Table:
 def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list[str]:
     if not cfg.trace:
         return []
-    slots = cfg.controller.slots_per_instance
+    slots = cfg.controller.slots
     return [
         str(plot_lanes(out / name / "trace.json", out / f"timeline_{name}.png", slots, name))
         for name in results

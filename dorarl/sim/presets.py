@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dorarl.controller import ControllerConfig
+from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.sim.cost import CostModel, kv_bytes_per_token
 from dorarl.sim.lengths import LengthDist, dapo_qwen32b
 
@@ -158,12 +158,12 @@ def _paper(gpus: int) -> SimulateConfig:
     controller = ControllerConfig(
         tbs=512,
         rbs=1024,
-        k=2,
+        K=2,
         group_size=16,
-        num_instances=rollout // 4,
-        slots_per_instance=256,  # vLLM max_num_seqs default
-        total_steps=6,
-        rebalance_period_s=60.0,
+        instances=rollout // 4,
+        slots=256,  # vLLM max_num_seqs default
+        steps=6,
+        orchestrator=OrchestratorConfig(rebalance_period_s=60.0),
     )
     return SimulateConfig(
         controller=controller, cost=cost, lengths=dapo_qwen32b(), trace=True, trajectories=False
@@ -195,12 +195,12 @@ def moe_500b() -> SimulateConfig:
     controller = ControllerConfig(
         tbs=1024,
         rbs=2048,
-        k=2,
+        K=2,
         group_size=16,
-        num_instances=64,
-        slots_per_instance=512,
-        total_steps=20,
-        rebalance_period_s=120.0,
+        instances=64,
+        slots=512,
+        steps=20,
+        orchestrator=OrchestratorConfig(rebalance_period_s=120.0),
     )
     lengths = LengthDist(
         median=4096, p99_ratio=10.0, group_corr=0.5, max_len=65536, prompt_len=1024

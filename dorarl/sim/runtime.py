@@ -108,17 +108,16 @@ class SimRuntime:
         self.recorder = Recorder(
             out_dir,
             mode=config.mode,
-            k=config.staleness_bound,
-            num_instances=config.num_instances,
-            slots_per_instance=config.slots_per_instance,
+            k=config.effective_K,
+            num_instances=config.instances,
+            slots_per_instance=config.slots,
             trajectories=trajectories,
             trace=trace,
             first_version=config.initial_version,
         )
-        threshold = config.kv_offload_threshold
+        threshold = config.orchestrator.kv_offload_threshold
         self.instances = [
-            SimInstance(i, self.cost, config.slots_per_instance, threshold)
-            for i in range(config.num_instances)
+            SimInstance(i, self.cost, config.slots, threshold) for i in range(config.instances)
         ]
         for inst in self.instances:
             inst.version = config.initial_version

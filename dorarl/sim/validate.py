@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dorarl.controller import ControllerConfig
+from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.errors import UserInputError
 from dorarl.sim.cost import CostModel
 from dorarl.sim.lengths import LengthDist
@@ -68,12 +68,12 @@ def local_from_bench(bench: dict[str, Any] | None = None) -> Any:
     controller = ControllerConfig(
         tbs=config["tbs"],
         rbs=2 * config["tbs"],
-        k=1,
+        K=1,
         group_size=config["group_size"],
-        num_instances=config["instances"],
-        slots_per_instance=config["slots"],
-        total_steps=config["steps"],
-        rebalance_period_s=config["rebalance_period_s"],
+        instances=config["instances"],
+        slots=config["slots"],
+        steps=config["steps"],
+        orchestrator=OrchestratorConfig(rebalance_period_s=config["rebalance_period_s"]),
     )
     return SimulateConfig(
         controller=controller,
@@ -135,7 +135,7 @@ def run_controller(base: ControllerConfig, mode: str, k: int) -> ControllerConfi
     """The bench's schedule for one run: lockstep modes RBS = TBS, others the admission cap."""
     lockstep = mode in ("sync", "one_step_off")
     rbs = base.tbs if lockstep else (k + 1) * base.tbs
-    return dataclasses.replace(base, mode=mode, k=k, rbs=rbs)
+    return dataclasses.replace(base, mode=mode, K=k, rbs=rbs)
 
 
 def _get(figures: dict[str, Any], dotted: str) -> float:

@@ -33,7 +33,7 @@ def run_whatif(cfg: Any, ratios=RATIOS, ks=KS) -> dict[str, Any]:
         for k in ks:
             rbs = max(cfg.controller.rbs, cfg.controller.tbs)
             for mode in ("partial_rollout", "dora"):
-                controller = dataclasses.replace(cfg.controller, mode=mode, k=k, rbs=rbs)
+                controller = dataclasses.replace(cfg.controller, mode=mode, K=k, rbs=rbs)
                 runs.append((f"{mode}_k{k}", controller))
         results = run_named(case, runs, None)
         cells += [_cell(ratio, k, results) for k in ks]

@@ -23,7 +23,7 @@ from dorarl.bench.report import (
 )
 from dorarl.bench.timeline import plot_throughput, plot_timeline, read_trace
 from dorarl.cli import main as cli_main
-from dorarl.controller import ControllerConfig
+from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.sim.cost import CostModel
 from dorarl.sim.lengths import LengthDist
 from dorarl.sim.runtime import SimRuntime
@@ -36,9 +36,9 @@ MODE_KEYS = {
 
 
 def _sim(tmp_path, mode: str, k: int = 1, steps: int = 6):
-    cfg = ControllerConfig(mode=mode, k=k, rbs=4 if mode in ("sync", "one_step_off") else 8,
-                           tbs=4, group_size=4, num_instances=2, slots_per_instance=8,
-                           total_steps=steps, rebalance_period_s=1.0)  # fmt: skip
+    cfg = ControllerConfig(mode=mode, K=k, rbs=4 if mode in ("sync", "one_step_off") else 8,
+                           tbs=4, group_size=4, instances=2, slots=8,
+                           steps=steps, orchestrator=OrchestratorConfig(rebalance_period_s=1.0),)  # fmt: skip
     cost = CostModel(train_fixed_s=0.5, train_per_token_s=1e-4)
     lengths = LengthDist(median=16, p99_ratio=12, max_len=300, prompt_len=16)
     sim = SimRuntime(cfg, cost, lengths, seed=0, out_dir=tmp_path / mode)

@@ -15,6 +15,7 @@ from dorarl.controller import (
     Migrate,
     MigrationDone,
     Offload,
+    OrchestratorConfig,
     Resume,
     SampleDone,
     SetTimer,
@@ -42,9 +43,7 @@ def finish_group(ctl, dispatches, group_id, now):
 
 
 def test_sync_step_dispatch_wait_train_broadcast_redispatch():
-    cfg = ControllerConfig(
-        mode="sync", tbs=2, group_size=2, num_instances=3, slots_per_instance=4, total_steps=2
-    )
+    cfg = ControllerConfig(mode="sync", tbs=2, group_size=2, instances=3, slots=4, steps=2)
     ctl = Controller(cfg)
     first = ctl.handle(Start(0.0))
     dispatches = only(first, Dispatch)
@@ -71,9 +70,9 @@ def test_one_step_off_generates_next_batch_under_old_version_during_training():
         mode="one_step_off",
         tbs=1,
         group_size=1,
-        num_instances=1,
-        slots_per_instance=2,
-        total_steps=3,
+        instances=1,
+        slots=2,
+        steps=3,
     )
     ctl = Controller(cfg)
     (d0,) = only(ctl.handle(Start()), Dispatch)
@@ -91,17 +90,17 @@ def test_one_step_off_generates_next_batch_under_old_version_during_training():
 def test_dora_consolidates_stragglers_and_promotes_the_freed_instance():
     cfg = ControllerConfig(
         mode="dora",
-        k=1,
+        K=1,
         rbs=4,
         tbs=2,
         group_size=1,
-        num_instances=2,
-        slots_per_instance=4,
-        total_steps=5,
+        instances=2,
+        slots=4,
+        steps=5,
     )
     ctl = Controller(cfg)
     start = ctl.handle(Start())
-    assert start[0] == SetTimer(cfg.rebalance_period_s)
+    assert start[0] == SetTimer(cfg.orchestrator.rebalance_period_s)
     dispatches = only(start, Dispatch)
     assert len(dispatches) == 4 and {d.instance_id for d in dispatches} == {0, 1}
     on = {d.group_id: d.instance_id for d in dispatches}
@@ -135,13 +134,13 @@ def test_dora_consolidates_stragglers_and_promotes_the_freed_instance():
 def test_partial_rollout_interrupts_everything_and_resumes_after_the_load():
     cfg = ControllerConfig(
         mode="partial_rollout",
-        k=1,
+        K=1,
         rbs=2,
         tbs=1,
         group_size=2,
-        num_instances=1,
-        slots_per_instance=4,
-        total_steps=3,
+        instances=1,
+        slots=4,
+        steps=3,
     )
     ctl = Controller(cfg)
     dispatches = only(ctl.handle(Start()), Dispatch)
@@ -157,18 +156,14 @@ def test_partial_rollout_interrupts_everything_and_resumes_after_the_load():
 
 
 def test_kv_pressure_offloads_youngest_in_lockstep_and_migrates_in_dora():
-    sync = Controller(
-        ControllerConfig(mode="sync", tbs=1, group_size=3, num_instances=1, slots_per_instance=4)
-    )
+    sync = Controller(ControllerConfig(mode="sync", tbs=1, group_size=3, instances=1, slots=4))
     (d,) = only(sync.handle(Start()), Dispatch)
     commands = sync.handle(InstanceStats(0, 3, 0, 0.95, 1.0))
     assert commands == [Offload(0, "0:2")]
     assert sync.handle(InstanceStats(0, 3, 0, 0.97, 1.1)) == [Offload(0, "0:1")]
     assert sync.handle(InstanceStats(0, 3, 0, 0.99, 1.2)) == []  # keep one resident
 
-    cfg = ControllerConfig(
-        mode="dora", k=1, rbs=2, tbs=1, group_size=2, num_instances=2, slots_per_instance=4
-    )
+    cfg = ControllerConfig(mode="dora", K=1, rbs=2, tbs=1, group_size=2, instances=2, slots=4)
     dora = Controller(cfg)
     dispatches = only(dora.handle(Start()), Dispatch)
     src = dispatches[0].instance_id
@@ -188,13 +183,14 @@ def test_kv_pressure_offloads_youngest_in_lockstep_and_migrates_in_dora():
 def test_timer_rearms_and_finish_ends_the_protocol():
     cfg = ControllerConfig(
         mode="dora",
-        k=1,
+        K=1,
         rbs=1,
         tbs=1,
         group_size=1,
-        num_instances=1,
-        slots_per_instance=1,
-        total_steps=1,
+        instances=1,
+        slots=1,
+        steps=1,
+        orchestrator=OrchestratorConfig(rebalance_period_s=30.0),
     )
     ctl = Controller(cfg)
     (d,) = only(ctl.handle(Start()), Dispatch)
@@ -209,11 +205,11 @@ def test_timer_rearms_and_finish_ends_the_protocol():
     [
         ({"mode": "async"}, "mode"),
         ({"rbs": 4, "tbs": 8}, "rbs"),
-        ({"k": -1}, "k"),
-        ({"group_size": 9, "num_instances": 2, "slots_per_instance": 4}, "group_size"),
-        ({"max_groups": 10, "total_steps": 2, "tbs": 8}, "max_groups"),
-        ({"kv_offload_threshold": 0.0}, "kv_offload_threshold"),
-        ({"rebalance_period_s": 0.0}, "rebalance_period_s"),
+        ({"K": -1}, "K"),
+        ({"group_size": 9, "instances": 2, "slots": 4}, "group_size"),
+        ({"max_groups": 10, "steps": 2, "tbs": 8}, "max_groups"),
+        ({"orchestrator": OrchestratorConfig(kv_offload_threshold=0.0)}, "orchestrator.kv_offload_threshold"),
+        ({"orchestrator": OrchestratorConfig(rebalance_period_s=0.0)}, "orchestrator.rebalance_period_s"),
     ],
 )
 def test_config_errors_name_the_key(overrides, key):
@@ -222,10 +218,10 @@ def test_config_errors_name_the_key(overrides, key):
 
 
 def test_modes_fix_their_knobs_and_say_so():
-    cfg = ControllerConfig(mode="sync", k=3, rbs=64, tbs=32)
-    assert (cfg.staleness_bound, cfg.rollout_batch) == (0, 32)
+    cfg = ControllerConfig(mode="sync", K=3, rbs=64, tbs=32)
+    assert (cfg.effective_K, cfg.rollout_batch) == (0, 32)
     assert len(cfg.ignored_settings()) == 2
-    dora = ControllerConfig(mode="dora", k=1, rbs=200, tbs=32)
+    dora = ControllerConfig(mode="dora", K=1, rbs=200, tbs=32)
     assert dora.rollout_batch == 64 and "admission" in dora.ignored_settings()[0]
 
 
@@ -233,14 +229,14 @@ def test_modes_fix_their_knobs_and_say_so():
 def test_dora_packs_legacy_stragglers_by_kv_fit_not_slots(kv_packing):
     cfg = ControllerConfig(
         mode="dora",
-        k=1,
+        K=1,
         rbs=8,
         tbs=4,
         group_size=1,
-        num_instances=3,
-        slots_per_instance=4,
-        total_steps=5,
-        kv_packing=kv_packing,
+        instances=3,
+        slots=4,
+        steps=5,
+        orchestrator=OrchestratorConfig(kv_packing=kv_packing),
     )
     ctl = Controller(cfg)
     on = {d.group_id: d.instance_id for d in only(ctl.handle(Start()), Dispatch)}
@@ -266,9 +262,7 @@ def test_dora_packs_legacy_stragglers_by_kv_fit_not_slots(kv_packing):
 
 
 def test_a_version_change_forgets_the_kv_fit_of_the_old_mix():
-    cfg = ControllerConfig(
-        mode="dora", k=1, rbs=2, tbs=1, group_size=1, num_instances=2, slots_per_instance=2
-    )
+    cfg = ControllerConfig(mode="dora", K=1, rbs=2, tbs=1, group_size=1, instances=2, slots=2)
     ctl = Controller(cfg)
     on = {d.group_id: d.instance_id for d in only(ctl.handle(Start()), Dispatch)}
     ctl.handle(InstanceStats(on[1], 1, 0, 0.5, 0.5))

@@ -18,8 +18,8 @@ from dorarl.controller.invariants import violations
 
 
 def _config(**overrides) -> ControllerConfig:
-    base = dict(mode="dora", k=1, tbs=2, rbs=3, group_size=1, num_instances=2,
-                slots_per_instance=2, total_steps=7, initial_version=5, first_group=10,
+    base = dict(mode="dora", K=1, tbs=2, rbs=3, group_size=1, instances=2,
+                slots=2, steps=7, initial_version=5, first_group=10,
                 first_prompt=20, resume_prompts=[3, 4])  # fmt: skip
     return ControllerConfig(**(base | overrides))
 
@@ -54,8 +54,8 @@ def test_a_resumed_run_starts_at_its_version_with_the_untrained_prompts_first():
     assert ctl.version == 6 and violations(ctl.ledger) == []
 
 
-def test_the_run_finishes_at_total_steps_counted_from_version_zero():
-    ctl = Controller(_config(total_steps=6, resume_prompts=[]))
+def test_the_run_finishes_at_steps_counted_from_version_zero():
+    ctl = Controller(_config(steps=6, resume_prompts=[]))
     groups = _dispatches(ctl.handle(Start(0.0)))
     commands = []
     for i, d in enumerate(groups[:2]):
@@ -68,7 +68,7 @@ def test_the_run_finishes_at_total_steps_counted_from_version_zero():
 
 @pytest.mark.parametrize(
     ("overrides", "key"),
-    [({"initial_version": -1}, "initial_version"), ({"total_steps": 5}, "total_steps"),
+    [({"initial_version": -1}, "initial_version"), ({"steps": 5}, "steps"),
      ({"first_prompt": -2}, "first_prompt"), ({"resume_prompts": [1, -1]}, "resume_prompts"),
      ({"max_groups": 3}, "max_groups")],
 )  # fmt: skip

@@ -7,7 +7,7 @@ from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
 from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import actor_resources
+from dorarl.runtime.ray_runtime import actor_options
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig
 
@@ -55,7 +55,7 @@ def test_trainer_reset_restores_base_weights_version_and_optimizer(tiny_model_di
     assert metrics["version"] == 1.0  # a fresh optimizer step, numbered from the base
 
 
-def test_an_actor_on_cuda_asks_ray_for_one_gpu():
-    assert actor_resources("cuda") == {"num_cpus": 0, "num_gpus": 1}
-    assert actor_resources("cuda:0")["num_gpus"] == 1
-    assert actor_resources("cpu") == {"num_cpus": 0, "num_gpus": 0}
+def test_an_actor_on_cuda_without_a_plan_asks_ray_for_one_gpu():
+    assert actor_options("engine0", "cuda", None) == {"num_cpus": 0, "num_gpus": 1}
+    assert actor_options("trainer", "cuda:0", None)["num_gpus"] == 1
+    assert actor_options("evaluator", "cpu", None) == {"num_cpus": 0, "num_gpus": 0}

@@ -41,7 +41,7 @@ def check_run(result: RunResult, cfg: ControllerConfig) -> None:
 
 def _check_summary(summary: dict, controller: Controller, cfg: ControllerConfig) -> None:
     counts = controller.counts()
-    steps = cfg.total_steps - cfg.initial_version
+    steps = cfg.steps - cfg.initial_version
     assert summary["steps"] == steps
     assert summary["dropped_total"] == 0, summary["dropped"]
     assert summary["consumed"] == steps * cfg.tbs == counts["consumed"]
@@ -55,19 +55,19 @@ def _check_summary(summary: dict, controller: Controller, cfg: ControllerConfig)
 
 def _check_metrics(out: Path, cfg: ControllerConfig) -> None:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in lines] == list(range(cfg.initial_version, cfg.total_steps))
+    assert [m["step"] for m in lines] == list(range(cfg.initial_version, cfg.steps))
     for m in lines:
         assert m["consumed_groups"] == cfg.tbs
-        assert all(0 <= int(s) <= cfg.staleness_bound for s in m["staleness"])
+        assert all(0 <= int(s) <= cfg.effective_K for s in m["staleness"])
         assert sum(m["staleness"].values()) == cfg.tbs
         assert m["new_version"] == m["version"] + 1 == m["step"] + 1
         assert abs(m["rollout_only_s"] + m["train_time_s"] - m["step_time_s"]) < 1e-6
         assert 0.0 <= m["slot_utilization"] <= 1.0 + 1e-9
-        assert sum(m["instances_per_version"].values()) == cfg.num_instances
+        assert sum(m["instances_per_version"].values()) == cfg.instances
 
 
 def _check_trajectories(out: Path, cfg: ControllerConfig) -> None:
-    bound = cfg.staleness_bound
+    bound = cfg.effective_K
     groups: dict[int, list[dict]] = defaultdict(list)
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         t = json.loads(line)
@@ -80,7 +80,7 @@ def _check_trajectories(out: Path, cfg: ControllerConfig) -> None:
         else:
             assert isinstance(versions, int), "one-version modes must record one version"
             assert 0 <= t["train_version"] - versions <= bound
-    assert len(groups) == (cfg.total_steps - cfg.initial_version) * cfg.tbs
+    assert len(groups) == (cfg.steps - cfg.initial_version) * cfg.tbs
     for trajectories in groups.values():
         assert sorted(t["sample_index"] for t in trajectories) == list(range(cfg.group_size))
         assert len({t["train_version"] for t in trajectories}) == 1
@@ -118,5 +118,5 @@ def _check_trace(out: Path, cfg: ControllerConfig) -> None:
             end = points[idx + 1][0] if idx + 1 < len(points) else ts
             version = next((v for s, e, v in slices if s <= ts < e or s <= ts == e), None)
             assert version is not None, f"instance {pid - 1} busy at {ts} with no hosted version"
-            low = newest(end, strictly_before=True) - cfg.staleness_bound
+            low = newest(end, strictly_before=True) - cfg.effective_K
             assert version >= low, f"instance {pid - 1} ran v{version} outside the window at {end}"

@@ -15,7 +15,7 @@ from dorarl.sim.timelines import lane_subset
 def shrink(cfg, instances, tbs, steps=3):
     """The preset's cost model and lengths on a small cluster (a short, cheap run)."""
     controller = dataclasses.replace(
-        cfg.controller, num_instances=instances, tbs=tbs, rbs=2 * tbs, total_steps=steps
+        cfg.controller, instances=instances, tbs=tbs, rbs=2 * tbs, steps=steps
     )
     return dataclasses.replace(cfg, controller=controller, warmup_steps=1)
 
@@ -27,16 +27,16 @@ def test_every_preset_validates_and_runs_without_dropping_groups(name):
     results = run_modes(small, ["sync", "partial_rollout", "dora"], None)
     for mode, r in results.items():
         assert r["dropped_total"] == 0, mode
-        assert r["steps"] == small.controller.total_steps
+        assert r["steps"] == small.controller.steps
         assert r["consumed_tokens_per_s"] > 0
     assert results["partial_rollout"]["reprefill_tokens"] > 0
     assert results["dora"]["reprefill_tokens"] == 0
 
 
 def test_overrides_apply_over_the_preset_and_are_validated():
-    cfg = build_config("paper-64", None, ["controller.total_steps=2", "cost.decode_fixed_s=0.02"])
-    assert cfg.controller.total_steps == 2 and cfg.cost.decode_fixed_s == 0.02
-    assert cfg.controller.num_instances == 8  # the rest is the preset's
+    cfg = build_config("paper-64", None, ["controller.steps=2", "cost.decode_fixed_s=0.02"])
+    assert cfg.controller.steps == 2 and cfg.cost.decode_fixed_s == 0.02
+    assert cfg.controller.instances == 8  # the rest is the preset's
     assert cfg.cost.kv_bytes_per_token == 262_144
     with pytest.raises(ConfigError, match="cost.decode_fixed_s"):
         build_config("paper-64", None, ["cost.decode_fixed_s=-1"])
@@ -44,7 +44,7 @@ def test_overrides_apply_over_the_preset_and_are_validated():
 
 def test_paper_presets_scale_the_cluster():
     p64, p128 = PRESETS["paper-64"](), PRESETS["paper-128"]()
-    assert p64.controller.num_instances * 4 == 32 and p128.controller.num_instances * 4 == 64
+    assert p64.controller.instances * 4 == 32 and p128.controller.instances * 4 == 64
     assert p128.cost.train_per_token_s == pytest.approx(p64.cost.train_per_token_s / 2)
     assert p64.controller.group_size == 16 and p64.lengths.max_len == 20480
 
@@ -104,8 +104,8 @@ def test_timelines_keep_at_most_64_lanes_evenly_spread():
 
 def test_simulate_preset_writes_sim_json_and_timelines(tmp_path):
     args = ["--preset", "paper-64", "--out", str(tmp_path), "--modes", "sync,dora",
-            "controller.num_instances=2", "controller.tbs=4", "controller.rbs=8",
-            "controller.total_steps=3", "trace=true"]  # fmt: skip
+            "controller.instances=2", "controller.tbs=4", "controller.rbs=8",
+            "controller.steps=3", "trace=true"]  # fmt: skip
     assert main(args) == 0
     doc = json.loads((tmp_path / "sim.json").read_text())
     assert doc["preset"] == "paper-64" and set(doc["modes"]) == {"sync", "dora"}

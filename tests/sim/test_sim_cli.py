@@ -6,12 +6,12 @@ from dorarl.config import ConfigError
 from dorarl.sim.cli import main
 
 TINY = [
-    "controller.num_instances=2",
-    "controller.slots_per_instance=8",
+    "controller.instances=2",
+    "controller.slots=8",
     "controller.group_size=2",
     "controller.tbs=2",
     "controller.rbs=3",
-    "controller.total_steps=3",
+    "controller.steps=3",
     "lengths.median=20",
     "lengths.max_len=200",
 ]

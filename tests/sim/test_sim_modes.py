@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dorarl.controller import ControllerConfig
+from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.sim import CostModel, LengthDist, SimRuntime
 
 LONG_TAIL = LengthDist(median=256, p99_ratio=15, group_corr=0.5, max_len=8192, prompt_len=128)
@@ -13,13 +13,14 @@ LONG_TAIL = LengthDist(median=256, p99_ratio=15, group_corr=0.5, max_len=8192, p
 def run(mode, tmp_path=None, **overrides):
     fields = dict(
         mode=mode,
-        k=2,
+        K=2,
         rbs=24,
         tbs=16,
         group_size=4,
-        num_instances=4,
-        slots_per_instance=32,
-        total_steps=8,
+        instances=4,
+        slots=32,
+        steps=8,
+        orchestrator=OrchestratorConfig(rebalance_period_s=30.0),
     )
     cfg = ControllerConfig(**(fields | overrides))
     return SimRuntime(cfg, CostModel(), LONG_TAIL, seed=11, out_dir=tmp_path).run().summary

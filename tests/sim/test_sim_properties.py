@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_checks import InvariantWatch, check_run
 
-from dorarl.controller import MODES, ControllerConfig
+from dorarl.controller import MODES, ControllerConfig, OrchestratorConfig
 from dorarl.sim import CostModel, LengthDist, SimRuntime
 
 
@@ -28,22 +28,24 @@ def scenarios(draw, mode: str | None = None, max_steps: int = 12):
     slots = draw(st.integers(max(1, -(-group_size // num_instances)), 12))
     cfg = ControllerConfig(
         mode=mode,
-        k=k,
+        K=k,
         tbs=tbs,
         rbs=draw(st.integers(tbs, (k + 2) * tbs)),
         group_size=group_size,
-        num_instances=num_instances,
-        slots_per_instance=slots,
+        instances=num_instances,
+        slots=slots,
         initial_version=(start := draw(st.sampled_from([0, 0, 0, 7]))),
-        total_steps=start + draw(st.integers(2, max_steps)),
+        steps=start + draw(st.integers(2, max_steps)),
         first_group=draw(st.sampled_from([0, 100])),
         first_prompt=draw(st.sampled_from([0, 50])),
         resume_prompts=draw(st.lists(st.integers(0, 40), max_size=8)),
-        kv_offload_threshold=draw(st.sampled_from([0.5, 0.8, 0.95, 1.0])),
-        rebalance_period_s=draw(st.sampled_from([0.5, 3.0, 30.0])),
-        p2p_weights=draw(st.booleans()),
-        legacy_fill=draw(st.booleans()),
-        kv_packing=draw(st.booleans()),
+        orchestrator=OrchestratorConfig(
+            kv_offload_threshold=draw(st.sampled_from([0.5, 0.8, 0.95, 1.0])),
+            rebalance_period_s=draw(st.sampled_from([0.5, 3.0, 30.0])),
+            p2p_weights=draw(st.booleans()),
+            legacy_fill=draw(st.booleans()),
+            kv_packing=draw(st.booleans()),
+        ),
     )
     max_len = draw(st.sampled_from([32, 128, 512]))
     lengths = LengthDist(
@@ -75,7 +77,7 @@ def run_and_check(scenario, out_dir) -> int:
     result = sim.run()
     assert watch.problems == []
     check_run(result, cfg)
-    return cfg.total_steps
+    return cfg.steps
 
 
 SETTINGS = dict(

@@ -60,7 +60,7 @@ def test_validation_records_step_time_and_throughput_per_run(tmp_path):
 def test_local_preset_mirrors_the_bench_settings():
     bench = hand_made_bench({"sync": 1.0, "dora_k2": 1.0}, {"sync": 1.0, "dora_k2": 1.0})
     cfg = local_from_bench(bench)
-    assert cfg.controller.num_instances == 2 and cfg.controller.slots_per_instance == 8
+    assert cfg.controller.instances == 2 and cfg.controller.slots == 8
     assert cfg.cost.decode_fixed_s == 0.01 and cfg.cost.train_per_token_s == 2e-4
     assert bench_runs(bench) == [("sync", "sync", 0), ("dora_k2", "dora", 2)]
 
@@ -81,7 +81,7 @@ def test_a_bad_modes_json_is_a_user_error(tmp_path):
 
 def test_whatif_grid_and_heat_map(tmp_path):
     cfg = PRESETS["paper-64"]()
-    controller = dataclasses.replace(cfg.controller, num_instances=2, tbs=8, rbs=16, total_steps=4)
+    controller = dataclasses.replace(cfg.controller, instances=2, tbs=8, rbs=16, steps=4)
     lengths = dataclasses.replace(cfg.lengths, median=1000.0, group_corr=0.0)
     small = dataclasses.replace(cfg, controller=controller, lengths=lengths)
     grid = run_whatif(small, ratios=(2.0, 20.0), ks=(1, 2))

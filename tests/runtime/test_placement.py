@@ -1,0 +1,147 @@
+"""GPU placement: plans that fit the node, one-line refusals, and a reservation on live Ray."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import ray
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dorarl.config import ConfigError, load_config
+from dorarl.jobs.config import TrainConfig
+from dorarl.runtime.local_ray import start_local_ray
+from dorarl.runtime.placement import (
+    Bundle,
+    PlacedActors,
+    PlacementPlan,
+    check_fits,
+    plan_placement,
+)
+
+
+def gpu_config(*overrides: str) -> TrainConfig:
+    return load_config(TrainConfig, None, ["engine.device=cuda", "trainer.device=cuda", *overrides])
+
+
+def packs(bundles: tuple[Bundle, ...], gpus: int) -> bool:
+    """Whether the bundles fit `gpus` devices of capacity 1, a fractional bundle on one device
+    (first fit, largest first)."""
+    free = [1.0] * gpus
+    for b in sorted(bundles, key=lambda b: -b.gpus):
+        if b.gpus >= 1:
+            whole = [i for i, f in enumerate(free) if f >= 1 - 1e-9][: int(b.gpus)]
+            if len(whole) < b.gpus:
+                return False
+            for i in whole:
+                free[i] = 0.0
+            continue
+        slot = next((i for i, f in enumerate(free) if f >= b.gpus - 1e-9), None)
+        if slot is None:
+            return False
+        free[slot] -= b.gpus
+    return True
+
+
+def test_one_gpu_holds_the_default_run():
+    plan = gpu_config().placement(node_gpus=1)
+    assert plan.total_gpus <= 1 and packs(plan.bundles, 1)
+    assert set(plan.shares) == {"engine0", "engine1", "trainer", "evaluator"}
+    assert all(share > 0 for share in plan.shares.values())
+    assert plan.bundle_of("evaluator") == plan.bundle_of("trainer")
+
+
+def test_an_eight_gpu_node_gives_the_evaluator_no_gpu_of_its_own():
+    plan = gpu_config("instances=7").placement(node_gpus=8)
+    assert [b.gpus for b in plan.bundles] == [1.0] * 8
+    assert plan.bundles[-1].actors == ("trainer", "evaluator")
+    assert plan.shares["engine3"] == 1.0 and plan.shares["evaluator"] == pytest.approx(0.1)
+
+
+def test_explicit_shares_and_cpu_actors():
+    plan = gpu_config("ray.engine_gpus=0.25").placement(node_gpus=1)
+    assert plan.shares["engine0"] == plan.shares["engine1"] == 0.25
+    assert not load_config(TrainConfig).placement(node_gpus=8).uses_gpus
+    trainer_only = load_config(TrainConfig, None, ["trainer.device=cuda"]).placement(1)
+    assert trainer_only.shares == {"trainer": 1.0}
+
+
+def test_a_share_above_one_must_be_whole():
+    with pytest.raises(ConfigError, match="^ray: bundle trainer, evaluator asks for 1.5 GPU"):
+        gpu_config("ray.trainer_gpus=1.4").placement(node_gpus=8)
+    with pytest.raises(ConfigError, match="^ray.engine_gpus: must be > 0"):
+        gpu_config("ray.engine_gpus=0")
+
+
+@given(
+    instances=st.integers(1, 16),
+    node_gpus=st.integers(1, 16),
+    engine_on_gpu=st.booleans(),
+    trainer_on_gpu=st.booleans(),
+)
+def test_automatic_shares_always_pack_onto_the_node(
+    instances, node_gpus, engine_on_gpu, trainer_on_gpu
+):
+    plan = plan_placement(
+        instances=instances,
+        engine_on_gpu=engine_on_gpu,
+        trainer_on_gpu=trainer_on_gpu,
+        node_gpus=node_gpus,
+    )
+    assert plan.uses_gpus == (engine_on_gpu or trainer_on_gpu)
+    assert all(share > 0 for share in plan.shares.values())
+    assert plan.total_gpus <= node_gpus + 1e-9 and packs(plan.bundles, node_gpus)
+    check_fits(plan, {"GPU": float(node_gpus)})
+
+
+def test_a_cluster_without_the_gpus_is_refused_in_one_line():
+    plan = gpu_config().placement(node_gpus=1)
+    with pytest.raises(ConfigError) as refused:
+        check_fits(plan, {"CPU": 2.0, "GPU": 0.0})
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "asks for 0.9999 GPU (engine0 0.3333" in message and "Ray reports 0 GPU" in message
+
+
+@pytest.mark.slow
+def test_reservation_on_live_ray_and_no_wait_forever():
+    start_local_ray(num_cpus=1, num_gpus=2)  # logical GPUs: Ray only accounts them
+    try:
+        plan = gpu_config().placement(ray.cluster_resources()["GPU"])
+        placed = PlacedActors(plan, timeout_s=30)
+
+        @ray.remote
+        def gpu_ids():
+            return ray.get_gpu_ids()
+
+        for actor in ("engine0", "trainer", "evaluator"):
+            assert len(ray.get(gpu_ids.options(**placed.options(actor)).remote())) == 1
+        # total fits (2.0 of 2) but no GPU can hold 0.7 + 0.6: refused after the timeout
+        unpackable = PlacementPlan(
+            {"engine0": 0.7, "engine1": 0.7, "trainer": 0.6},
+            (Bundle(0.7, ("engine0",)), Bundle(0.7, ("engine1",)), Bundle(0.6, ("trainer",))),
+        )
+        with pytest.raises(ConfigError, match="^ray: could not place 2 GPU .* within 2 s"):
+            PlacedActors(unpackable, timeout_s=2)
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_dorarl_train_on_cuda_without_gpus_exits_2_with_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "dorarl.cli", "train", "--out", str(tmp_path / "run")]
+        + ["engine.device=cuda", "trainer.device=cuda", "steps=2", "progress=false"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("dorarl: error:")]
+    assert len(lines) == 1 and "Ray reports 0 GPU" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
