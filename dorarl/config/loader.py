@@ -161,9 +161,7 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _build(
-    cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: Any = None
-) -> T:
+def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: Any = None) -> T:
     """`cls` from `raw`; keys that `raw` leaves out keep their value in `base` (the section's
     default instance) or, at the root, the field defaults."""
     if not isinstance(raw, dict):

@@ -153,9 +153,7 @@ def _run(
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
 
     def respawn(instance_id: int) -> Any:
-        return spawn_engine(
-            instance_id, model_folder, config.engine, threads, pace, start, placed
-        )
+        return spawn_engine(instance_id, model_folder, config.engine, threads, pace, start, placed)
 
     runtime = RayRuntime(
         controller_config,

@@ -94,7 +94,9 @@ def plan_placement(
     groups = {actor: [actor] for actor in shares}
     if engine_on_gpu:
         host_auto = (trainer_gpus if host == "trainer" else engine_gpus) is None
-        evaluator = eval_gpus if eval_gpus is not None else _floor(EVAL_SHARE * min(shares[host], 1))
+        evaluator = (
+            eval_gpus if eval_gpus is not None else _floor(EVAL_SHARE * min(shares[host], 1))
+        )
         if host_auto:  # carve the evaluator's share out of the host's automatic one
             shares[host] = _floor(shares[host] - evaluator)
         if evaluator <= 0 or shares[host] <= 0:

@@ -208,8 +208,14 @@ def test_timer_rearms_and_finish_ends_the_protocol():
         ({"K": -1}, "K"),
         ({"group_size": 9, "instances": 2, "slots": 4}, "group_size"),
         ({"max_groups": 10, "steps": 2, "tbs": 8}, "max_groups"),
-        ({"orchestrator": OrchestratorConfig(kv_offload_threshold=0.0)}, "orchestrator.kv_offload_threshold"),
-        ({"orchestrator": OrchestratorConfig(rebalance_period_s=0.0)}, "orchestrator.rebalance_period_s"),
+        (
+            {"orchestrator": OrchestratorConfig(kv_offload_threshold=0.0)},
+            "orchestrator.kv_offload_threshold",
+        ),
+        (
+            {"orchestrator": OrchestratorConfig(rebalance_period_s=0.0)},
+            "orchestrator.rebalance_period_s",
+        ),
     ],
 )
 def test_config_errors_name_the_key(overrides, key):
