@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dorarl.bench.figures import mode_figures
-from dorarl.config import ConfigError, describe, load_config
+from dorarl.config import ConfigError, describe, load_config, to_yaml
 from dorarl.controller import MODES, ControllerConfig
 from dorarl.sim.presets import PRESETS, SimulateConfig, check_bars, reference_consistency
 from dorarl.sim.runtime import SimRuntime
@@ -73,6 +73,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--whatif", action="store_true", help="dora speedup vs p99/median and K (heat map)"
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved settings as YAML (a file --config reads back) and exit",
     )
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     return parser.parse_args(argv)
@@ -214,6 +219,12 @@ def main(argv: list[str]) -> int:
     args = _parse(argv)
     out = Path(args.out)
     console = Console(width=max(160, Console().width))
+    if args.print_config:
+        base = args.preset
+        if args.validate or args.preset == "local":
+            base = local_from_bench(read_bench(args.validate) if args.validate else recorded_bench())
+        print(to_yaml(build_config(base, args.config, args.overrides)), end="")
+        return 0
     if args.whatif:
         return _main_whatif(args, out, console)
     if args.validate or args.preset == "local":
