@@ -21,6 +21,7 @@ from dorarl.controller.commands import (
 )
 from dorarl.controller.config import MODES, ControllerConfig, Mode, OrchestratorConfig
 from dorarl.controller.controller import Controller
+from dorarl.controller.errors import ProtocolError
 from dorarl.controller.events import (
     Event,
     InstanceStats,
@@ -49,6 +50,7 @@ __all__ = [
     "Mode",
     "Offload",
     "OrchestratorConfig",
+    "ProtocolError",
     "Resume",
     "SampleDone",
     "SetTimer",

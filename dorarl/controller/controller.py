@@ -34,6 +34,7 @@ from typing import Any
 from dorarl.controller.commands import Command, Finish, Train, parse_request_id, request_id
 from dorarl.controller.config import ControllerConfig
 from dorarl.controller.dora import DoraOrchestrator
+from dorarl.controller.errors import require
 from dorarl.controller.events import (
     Event,
     InstanceStats,
@@ -154,7 +155,10 @@ class Controller:
 
     def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
         inst = self.ledger.instances[event.instance_id]
-        assert not inst.ready and inst.version == event.version, f"unexpected {event}"
+        require(
+            not inst.ready and inst.version == event.version,
+            f"{event}: instance {inst.instance_id} was not loading v{event.version}",
+        )
         self.ledger.loaded(inst)
         return self.orchestrator.on_loaded(inst) + self.orchestrator.start_loads()
 
@@ -165,7 +169,10 @@ class Controller:
 
     def _on_train_done(self, event: TrainDone) -> list[Command]:
         ledger = self.ledger
-        assert ledger.training and event.new_version == ledger.t, f"unexpected {event}"
+        require(
+            ledger.training and event.new_version == ledger.t,
+            f"{event}: no training step to v{event.new_version} in flight",
+        )
         ledger.newest = event.new_version
         ledger.training = False
         ledger.steps_done += 1

@@ -12,6 +12,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 
+from dorarl.controller.errors import require
+
 
 def capacity_floor(running: int, slots: int) -> int:
     """Instances needed to hold `running` requests at `slots` each."""
@@ -49,7 +51,7 @@ def plan_partition(
     versions = sorted(set(workload) | set(floors) | {newest})
     target = {v: floors.get(v, 0) for v in versions}
     seats = num_instances - sum(target.values())
-    assert seats >= 0, f"floors {dict(floors)} exceed {num_instances} instances"
+    require(seats >= 0, f"floors {dict(floors)} exceed {num_instances} instances")
     growable = [v for v in versions if _can_grow(workload, caps, target, v)]
     while growable and seats >= len(growable):
         total = sum(workload[v] for v in growable)

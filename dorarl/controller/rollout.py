@@ -8,6 +8,7 @@ versions. Admission (`staleness.headroom`) is checked for every group placed.
 from __future__ import annotations
 
 from dorarl.controller.commands import Dispatch
+from dorarl.controller.errors import require
 from dorarl.controller.staleness import headroom
 from dorarl.controller.state import Ledger
 
@@ -63,7 +64,7 @@ class RolloutManager:
             placed = 0
             while placed < size:
                 inst = ledger.most_free(version)
-                assert inst is not None, "placement beyond the free slots counted"
+                require(inst is not None, "placement beyond the free slots counted")
                 samples = range(placed, placed + min(ledger.free_slots(inst), size - placed))
                 ledger.place(group, inst, samples)
                 commands.append(

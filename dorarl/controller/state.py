@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from dorarl.controller.commands import request_id
 from dorarl.controller.config import ControllerConfig
+from dorarl.controller.errors import require
 
 
 @dataclass(slots=True, eq=False)
@@ -128,7 +129,11 @@ class Ledger:
         return group
 
     def place(self, group: GroupState, inst: InstanceState, samples: range | tuple) -> None:
-        assert inst.ready and inst.version == group.version
+        require(
+            inst.ready and inst.version == group.version,
+            f"group {group.group_id} (v{group.version}) placed on instance {inst.instance_id} "
+            f"(v{inst.version}, ready={inst.ready})",
+        )
         for s in samples:
             rid = request_id(group.group_id, s)
             self.requests[rid] = RequestState(group.group_id, s, inst.instance_id)
@@ -181,7 +186,7 @@ class Ledger:
         for gid in group_ids:
             group = self.groups.pop(gid)
             # batches are picked from the head of each version's completion queue
-            assert self.done[group.version][0] == gid, "batch not taken oldest first"
+            require(self.done[group.version][0] == gid, "batch not taken oldest first")
             self.done[group.version].popleft()
             self.out[group.version] -= 1
             if not self.out[group.version]:
@@ -192,8 +197,8 @@ class Ledger:
     # ---- instances -----------------------------------------------------------------------
     def assign(self, inst: InstanceState, version: int) -> None:
         """Point an instance at another version; it must hold no live request."""
-        assert all(self.requests[r].parked for r in inst.requests), "assign with live requests"
-        assert inst.ready or inst.source is None, "assign while a weight load is in flight"
+        require(all(self.requests[r].parked for r in inst.requests), "assign with live requests")
+        require(inst.ready or inst.source is None, "assign while a weight load is in flight")
         self._unindex(inst)
         self.sources[inst.version].pop(inst.instance_id, None)
         self.load[inst.version] -= len(inst.requests)
@@ -237,8 +242,8 @@ class Ledger:
         self.hosts[old].pop(inst.instance_id, None)
         if not self.hosts[old]:  # keep per-version maps as small as the window
             del self.hosts[old]
-            assert not self.free.pop(old, 0), f"free slots left on unhosted version {old}"
-            assert not self.load.pop(old, 0), f"requests left on unhosted version {old}"
+            require(not self.free.pop(old, 0), f"free slots left on unhosted version {old}")
+            require(not self.load.pop(old, 0), f"requests left on unhosted version {old}")
             self.buckets.pop(old, None)
             self.sources.pop(old, None)
 

@@ -222,7 +222,9 @@ def main(argv: list[str]) -> int:
     if args.print_config:
         base = args.preset
         if args.validate or args.preset == "local":
-            base = local_from_bench(read_bench(args.validate) if args.validate else recorded_bench())
+            base = local_from_bench(
+                read_bench(args.validate) if args.validate else recorded_bench()
+            )
         print(to_yaml(build_config(base, args.config, args.overrides)), end="")
         return 0
     if args.whatif:

@@ -34,6 +34,7 @@ from dorarl.controller import (
     Migrate,
     MigrationDone,
     Offload,
+    ProtocolError,
     Resume,
     SampleDone,
     SetTimer,
@@ -54,10 +55,6 @@ from dorarl.sim.lengths import LengthDist
 log = logging.getLogger(__name__)
 
 Observer = Callable[[Controller, Event, list[Command]], None]
-
-
-class ProtocolError(RuntimeError):
-    """The controller asked for something no runtime can do."""
 
 
 class Deadlock(RuntimeError):
