@@ -142,15 +142,13 @@ class Controller:
 
     def _on_stats(self, event: InstanceStats) -> list[Command]:
         inst = self.ledger.instances[event.instance_id]
-        inst.kv_used_frac = event.kv_used_frac
+        threshold = self.config.orchestrator.kv_offload_threshold
+        fit = None
         if event.running > 0 and event.kv_used_frac > 0:
-            inst.kv_fit = kv_fit(
-                event.running, event.kv_used_frac, self.config.orchestrator.kv_offload_threshold
-            )
-        if event.kv_used_frac >= self.config.orchestrator.kv_offload_threshold and inst.ready:
+            fit = kv_fit(event.running, event.kv_used_frac, threshold)
+        self.ledger.report_kv(inst, event.kv_used_frac, fit)
+        if event.kv_used_frac >= threshold and inst.ready:
             return self.orchestrator.on_kv_pressure(inst)
-        if event.kv_used_frac < self.config.orchestrator.kv_offload_threshold:
-            inst.offloaded.clear()  # the engine restores offloaded KV once under the threshold
         return []
 
     def _on_loaded(self, event: WeightsLoaded) -> list[Command]:
@@ -173,9 +171,7 @@ class Controller:
             ledger.training and event.new_version == ledger.t,
             f"{event}: no training step to v{event.new_version} in flight",
         )
-        ledger.newest = event.new_version
-        ledger.training = False
-        ledger.steps_done += 1
+        ledger.publish(event.new_version)
         if ledger.newest >= self.config.steps:
             self.finished = True
             return [Finish(f"{ledger.steps_done} training steps done")]
@@ -195,9 +191,7 @@ class Controller:
             return []
         group_ids = select_batch(ledger.done, cfg.tbs)
         ledger.consume(group_ids)
-        version = ledger.t
-        ledger.t += 1
-        ledger.training = True
+        version = ledger.start_training()
         return [Train(tuple(group_ids), version)] + self.orchestrator.on_train_started()
 
 

@@ -146,8 +146,7 @@ class DoraOrchestrator(Orchestrator):
         if not peers or youngest is None or len(inst.requests) < 2:
             return self.offload_youngest(inst)
         dst = min(peers, key=lambda p: (p.kv_used_frac, -ledger.free_slots(p), p.instance_id))
-        ledger.move(youngest, dst)
-        ledger.requests[youngest].relieved = True
+        ledger.relieve(youngest, dst)
         return [Migrate((youngest,), inst.instance_id, dst.instance_id)]
 
     def _youngest_active(self, inst: InstanceState) -> str | None:

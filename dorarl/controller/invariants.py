@@ -76,8 +76,8 @@ def _counters(ledger: Ledger) -> list[str]:
     load = Counter()
     for inst in ledger.instances:
         load[inst.version] += len(inst.requests)
-    if +load != +Counter(ledger.load):
-        problems.append(f"load {dict(ledger.load)} != recount {dict(load)}")
+    if +load != +Counter(ledger.requests_on):
+        problems.append(f"requests_on {dict(ledger.requests_on)} != recount {dict(load)}")
     for version, buckets in ledger.buckets.items():
         for n, bucket in enumerate(buckets):
             for i in bucket:

@@ -92,7 +92,7 @@ class Orchestrator:
         ]
         if len(active) < 2:
             return []
-        inst.offloaded.add(active[-1])
+        ledger.offload(inst, active[-1])
         return [Offload(inst.instance_id, active[-1])]
 
     def _holders(self, version: int) -> dict[int, int]:

@@ -37,7 +37,7 @@ class PartialRolloutOrchestrator(Orchestrator):
         for inst in stale:
             live = tuple(r for r in inst.requests if not ledger.requests[r].parked)
             for rid in live:
-                ledger.requests[rid].parked = True
+                ledger.park(rid, True)
             if live:
                 commands.append(Interrupt(inst.instance_id, live))
         return commands + self.switch(stale, ledger.newest)
@@ -45,5 +45,5 @@ class PartialRolloutOrchestrator(Orchestrator):
     def _resume(self, inst: InstanceState) -> list[Command]:
         parked = tuple(r for r in inst.requests if self.ledger.requests[r].parked)
         for rid in parked:
-            self.ledger.requests[rid].parked = False
+            self.ledger.park(rid, False)
         return [Resume(parked, inst.instance_id, inst.version)] if parked else []

@@ -67,7 +67,7 @@ class Ledger:
         self.out: dict[int, int] = defaultdict(int)
         self.done: dict[int, deque[int]] = defaultdict(deque)
         self.hosts: dict[int, dict[int, None]] = defaultdict(dict)  # assigned, ready or not
-        self.load: dict[int, int] = defaultdict(int)  # requests on instances assigned to v
+        self.requests_on: dict[int, int] = defaultdict(int)  # requests on instances of v
         self.free: dict[int, int] = defaultdict(int)  # free slots on ready instances of v
         self.buckets: dict[int, list[dict[int, None]]] = {}  # v -> free count -> ready instances
         self.sources: dict[int, dict[int, None]] = defaultdict(dict)  # ready, can serve weights
@@ -87,12 +87,8 @@ class Ledger:
             self._update_source(inst)
 
     # ---- queries -------------------------------------------------------------------------
-    @property
-    def out_total(self) -> int:
-        return self.dispatched - self.consumed
-
     def running(self, version: int) -> int:
-        return self.load.get(version, 0)
+        return self.requests_on.get(version, 0)
 
     def most_free(self, version: int) -> InstanceState | None:
         """A ready instance of `version` with the most free slots (lowest id on ties)."""
@@ -182,6 +178,40 @@ class Ledger:
             req.moving = False
             self.instances[req.instance_id].incoming -= 1
 
+    def start_training(self) -> int:
+        """A training step on the batch just consumed starts: returns the version it updates."""
+        version = self.t
+        self.t += 1
+        self.training = True
+        return version
+
+    def publish(self, version: int) -> None:
+        """The training step in flight ended: `version` is the newest policy."""
+        self.newest = version
+        self.training = False
+        self.steps_done += 1
+
+    def park(self, rid: str, parked: bool) -> None:
+        """Partial rollout: an interrupted request waits (True) or runs again (False)."""
+        self.requests[rid].parked = parked
+
+    def relieve(self, rid: str, dst: InstanceState) -> None:
+        """Move a request off an instance under KV pressure, once (it is marked relieved)."""
+        self.move(rid, dst)
+        self.requests[rid].relieved = True
+
+    def offload(self, inst: InstanceState, rid: str) -> None:
+        inst.offloaded.add(rid)
+
+    def report_kv(self, inst: InstanceState, used_frac: float, fit: float | None) -> None:
+        """An instance's KV usage (and, when it runs requests, how many fit the threshold);
+        under the threshold its offloaded KV is back on the device."""
+        inst.kv_used_frac = used_frac
+        if fit is not None:
+            inst.kv_fit = fit
+        if used_frac < self.config.orchestrator.kv_offload_threshold:
+            inst.offloaded.clear()
+
     def consume(self, group_ids: list[int]) -> None:
         for gid in group_ids:
             group = self.groups.pop(gid)
@@ -201,14 +231,14 @@ class Ledger:
         require(inst.ready or inst.source is None, "assign while a weight load is in flight")
         self._unindex(inst)
         self.sources[inst.version].pop(inst.instance_id, None)
-        self.load[inst.version] -= len(inst.requests)
+        self.requests_on[inst.version] -= len(inst.requests)
         self._unhost(inst)
         inst.version = version
         inst.ready = False
         inst.offloaded.clear()
         inst.kv_fit = None  # the switch frees the KV cache; the old mix says nothing
         self.hosts[version][inst.instance_id] = None
-        self.load[version] += len(inst.requests)
+        self.requests_on[version] += len(inst.requests)
         self.awaiting[inst.instance_id] = None
 
     def start_load(self, inst: InstanceState, source: int) -> None:
@@ -243,7 +273,7 @@ class Ledger:
         if not self.hosts[old]:  # keep per-version maps as small as the window
             del self.hosts[old]
             require(not self.free.pop(old, 0), f"free slots left on unhosted version {old}")
-            require(not self.load.pop(old, 0), f"requests left on unhosted version {old}")
+            require(not self.requests_on.pop(old, 0), f"requests left on unhosted version {old}")
             self.buckets.pop(old, None)
             self.sources.pop(old, None)
 
@@ -251,14 +281,14 @@ class Ledger:
     def _add(self, inst: InstanceState, rid: str) -> None:
         self._unindex(inst)
         inst.requests[rid] = None
-        self.load[inst.version] += 1
+        self.requests_on[inst.version] += 1
         self._index(inst)
 
     def _remove(self, inst: InstanceState, rid: str) -> None:
         self._unindex(inst)
         del inst.requests[rid]
         inst.offloaded.discard(rid)
-        self.load[inst.version] -= 1
+        self.requests_on[inst.version] -= 1
         self._index(inst)
 
     def _index(self, inst: InstanceState) -> None:

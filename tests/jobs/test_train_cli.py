@@ -3,10 +3,9 @@
 import json
 
 import pytest
-import torch
 
 from dorarl.cli import main as cli_main
-from dorarl.config import load_config
+from dorarl.config import ConfigError, load_config
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.ray_run import eval_versions
 
@@ -87,10 +86,10 @@ def test_devices_are_cpu_or_the_gpu_ray_assigns(capsys, args, needle):
     assert rc == 2 and len(err) == 1 and needle in err[0], err
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
-def test_cuda_without_a_gpu_is_refused_before_anything_starts(capsys):
-    rc, err = _err(capsys, "engine.device=cuda", "progress=false")
-    assert rc == 2 and "engine.device: cuda requested but this machine has no CUDA" in err[0]
-    # joining a cluster, the GPUs are the cluster's: no local check
-    config = load_config(TrainConfig, overrides=["trainer.device=cuda", "ray.address=h:6379"])
-    config.validate()
+def test_cuda_settings_load_on_any_machine(capsys):
+    # whether GPUs exist is the cluster's to say (tests/runtime/test_placement.py): a config
+    # naming cuda loads and prints here, so a plan can be checked before it runs
+    assert cli_main(["train", "--print-config", "engine.device=cuda", "trainer.device=cuda"]) == 0
+    assert "device: cuda" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="^engine.device: use cpu or cuda"):
+        load_config(TrainConfig, overrides=["engine.device=cuda:1"])
