@@ -1,15 +1,21 @@
 """Reward functions `(response_text, answer) -> float` for the generic JSONL task.
 
 `exact`: 1.0 when the response equals the answer after stripping surrounding whitespace.
-`math`: 1.0 when math-verify finds the response's final answer equivalent to the reference
-(1/2, 0.5 and \\frac{1}{2} agree). Rewards may raise on hostile input; callers go
-through `dorarl.tasks.score`, which turns an exception into reward 0 and a counted error.
+`math`: 1.0 when the response's final answer (`dorarl.tasks.answers`: boxed, "answer is",
+"=", last number; never unevaluated arithmetic copied from the question) is equivalent to
+the reference: equal numbers directly, anything else through math-verify (1/2, 0.5 and
+\\frac{1}{2} agree). Rewards may raise on hostile input; callers go through
+`dorarl.tasks.score`, which turns an exception into reward 0 and a counted error.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
+from fractions import Fraction
+
+from dorarl.tasks.answers import extract_final_answer
 
 RewardFn = Callable[[str, str], float]
 
@@ -19,26 +25,53 @@ def exact_match(response: str, answer: str) -> float:
 
 
 def math_equivalent(response: str, answer: str) -> float:
-    """math-verify equivalence of the response's final answer and the reference answer."""
-    from math_verify import parse, verify  # imported lazily: sympy/latex2sympy load slowly
+    """1.0 when the response's extracted final answer equals the reference answer."""
+    predicted = extract_final_answer(response)
+    if predicted is None:
+        return 0.0
+    same = _same_number(predicted, answer)
+    if same is not None:
+        return 1.0 if same else 0.0
+    return 1.0 if _math_verify_equal(predicted, answer) else 0.0
+
+
+_PLAIN_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\d+/\d+")
+
+
+def _same_number(predicted: str, answer: str) -> bool | None:
+    """Exact comparison when both are plain numbers (no sympy needed); None otherwise."""
+    a, b = predicted.strip(), answer.strip()
+    if not (_PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b)):
+        return None
+    try:
+        return Fraction(a.replace(",", "")) == Fraction(b.replace(",", ""))
+    except ZeroDivisionError:
+        return None
+
+
+def _math_verify_equal(predicted: str, answer: str) -> bool:
+    from math_verify import verify  # imported lazily: sympy/latex2sympy load slowly
 
     # math-verify's timeouts use signal.alarm, which only works on the main thread.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = _parse_gold(parse, answer, timeout)
+    gold = _parse_math(answer, timeout)
     if not gold:
         raise ValueError(f"reference answer {answer!r} is not a parseable math expression")
-    predicted = parse(response, parsing_timeout=timeout)
-    if not predicted:
-        return 0.0
-    return 1.0 if verify(gold, predicted, timeout_seconds=timeout) else 0.0
+    parsed = _parse_math(predicted, timeout)
+    return bool(parsed) and verify(gold, parsed, timeout_seconds=timeout)
 
 
-def _parse_gold(parse: Callable, answer: str, timeout: int | None) -> list:
-    # References are often bare LaTeX ("\frac{1}{2}"); retry inside $...$ if needed.
-    gold = parse(answer, parsing_timeout=timeout)
-    if not _has_expression(gold) and "$" not in answer:
-        gold = parse(f"${answer}$", parsing_timeout=timeout)
-    return gold if _has_expression(gold) else []
+def _parse_math(text: str, timeout: int | None) -> list:
+    """math-verify's parse of the whole string as one expression: bare text is read as LaTeX
+    inside $...$ (so `2\\sqrt{2}` is not cut to its first number), else as it stands."""
+    from math_verify import parse
+
+    attempts = [text] if "$" in text else [f"${text}$", text]
+    for attempt in attempts:
+        parsed = parse(attempt, parsing_timeout=timeout)
+        if _has_expression(parsed):
+            return parsed
+    return []
 
 
 def _has_expression(parsed: list) -> bool:

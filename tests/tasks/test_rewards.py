@@ -30,6 +30,31 @@ def test_math_reward_rejects_wrong_or_malformed_answers(response, answer):
     assert math_equivalent(response, answer) == 0.0
 
 
+@pytest.mark.parametrize(
+    ("response", "reward"),
+    [
+        ("91 + 67 = ?", 0.0),  # the question restated: math-verify alone read it as 158
+        ("What is 91 + 67?", 0.0),
+        ("The answer is 91 + 67.", 0.0),
+        ("\\boxed{91 + 67}", 0.0),
+        ("$91 + 67$", 0.0),
+        ("The answer is 158.", 1.0),
+        ("\\boxed{158}", 1.0),
+        ("91 + 67 = 158", 1.0),
+        ("158 = 91 + 67", 1.0),
+        ("91 + 67 = 158. Let me know if you need anything else!", 1.0),
+        ("Adding 91 and 67 gives 150, plus 8 more: 158", 1.0),
+        ("The answer is 158, not 157.", 1.0),
+        ("The answer is 157, not 158.", 0.0),
+        ("\\boxed{157} (though 158 = 91 + 67)", 0.0),
+        ("91 + 67 = 158 = 157", 0.0),
+        ("The answer is 1,58.", 0.0),
+    ],
+)
+def test_math_reward_scores_the_final_answer_only(response, reward):
+    assert math_equivalent(response, "158") == reward
+
+
 def test_math_reward_raises_on_an_unparseable_reference():
     with pytest.raises(ValueError, match="reference answer"):
         math_equivalent("1", "@@@")

@@ -1,0 +1,83 @@
+"""Final-answer extraction: boxed, "answer is", "=", last math; never copied arithmetic."""
+
+import pytest
+
+from dorarl.tasks.answers import extract_final_answer, is_unevaluated_arithmetic, last_boxed
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("\\boxed{158}", "158"),
+        ("So 91 + 67 = 158, which is \\boxed{158}. The answer is 157.", "158"),  # boxed first
+        ("\\boxed{\\frac{1}{2}} and \\boxed{x = 5}", "5"),  # the last box; its equation's value
+        ("The answer is 158.", "158"),
+        ("The answer is 158. Check: 158 - 67 = 91.", "158"),  # "answer is" beats a later "="
+        ("The answer is **158**.", "158"),
+        ("Answer:\n158", "158"),
+        ("The answer is $\\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("The answer is 158 apples, since I counted.", "158"),
+        ("91 + 67 = 158", "158"),
+        ("158 = 91 + 67", "158"),  # a chain's last evaluated side
+        ("Thus 158 = 91 + 67.", "158"),
+        ("91 + 67 = 158. I hope this helps!", "158"),  # trailing text
+        ("So, 91 + 67 = 158 apples.", "158"),
+        ("\\[ 91 + 67 = 158 \\]", "158"),
+        ("91 + 67 = ?\n158", "158"),  # stated after the restated question
+        ("I think 157, no wait, 158", "158"),  # several numbers: the last
+        ("The sum of 91 and 67 is 158.", "158"),
+        ("The result is $2\\sqrt{2}$, done", "2\\sqrt{2}"),
+        ("-5", "-5"),
+        ("The answer is 3.5.", "3.5"),
+    ],
+)
+def test_extracts_the_final_answer(response, expected):
+    assert extract_final_answer(response) == expected
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "91 + 67 = ?",  # the question restated: the exploit of issue 17
+        "What is 91 plus 67? 91 + 67 = ?",
+        "The answer is 91 + 67.",
+        "\\boxed{91+67}",
+        "\\boxed{3 \\times 4}",
+        "The result is $91 + 67$",
+        "91+67=150+8",
+        "The answer is not obvious.",
+        "What is 64 minus 17? Subtract 17 from 64 = ?",
+        "",
+    ],
+)
+def test_states_no_answer_when_only_arithmetic_or_prose_is_given(response):
+    assert extract_final_answer(response) is None
+
+
+def test_a_restated_question_without_equals_yields_its_last_operand_not_the_sum():
+    assert extract_final_answer("What is 91 plus 67?") == "67"
+    assert extract_final_answer("91 + 67") == "67"
+
+
+@pytest.mark.parametrize(
+    ("text", "unevaluated"),
+    [
+        ("91 + 67", True),
+        ("10-2", True),
+        ("3 \\times 4", True),
+        ("(2+3)*4", True),
+        ("-5", False),
+        ("1/2", False),
+        ("2^{10}", False),
+        ("1 + \\sqrt{2}", False),
+        ("x + 1", False),
+        ("10^{-3}", False),
+    ],
+)
+def test_unevaluated_arithmetic(text, unevaluated):
+    assert is_unevaluated_arithmetic(text) is unevaluated
+
+
+def test_last_boxed_balances_braces():
+    assert last_boxed("\\boxed{1} then \\boxed{\\frac{a}{b}}") == "\\frac{a}{b}"
+    assert last_boxed("no box") is None
