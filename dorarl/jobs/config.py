@@ -20,12 +20,22 @@ from dorarl.trainer import LossConfig, TrainerConfig
 
 @dataclass(kw_only=True)
 class TaskSection:
-    name: str = field(default="running_sum", metadata={"help": "running_sum | jsonl"})
+    name: str = field(default="running_sum", metadata={"help": "running_sum | jsonl | arith"})
     path: str | None = field(default=None, metadata={"help": "jsonl: data file"})
     eval_path: str | None = field(
         default=None, metadata={"help": "jsonl: held-out file (None: split off the data)"}
     )
-    reward: str = field(default="exact", metadata={"help": "jsonl: exact | math"})
+    reward: str = field(
+        default="exact", metadata={"help": "jsonl: exact | math (arith: always the final answer)"}
+    )
+    chat_template: bool = field(
+        default=False, metadata={"help": "jsonl: render prompts through the chat template"}
+    )
+    min_value: int = field(default=1, metadata={"help": "arith: smallest operand"})
+    max_value: int = field(default=99, metadata={"help": "arith: largest operand"})
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "arith: system message (None: the template's own)"}
+    )
 
 
 @dataclass(kw_only=True)

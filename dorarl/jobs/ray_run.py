@@ -50,6 +50,19 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
             seed=config.seed,
             max_new_tokens=config.sampling.max_new_tokens or config.engine.max_model_len // 2,
             max_model_len=config.engine.max_model_len,
+            chat_template=section.chat_template,
+        )
+    if section.name == "arith":
+        cap = config.sampling.max_new_tokens
+        return make_task(
+            "arith",
+            tokenizer=model_folder,
+            seed=config.seed,
+            min_value=section.min_value,
+            max_value=section.max_value,
+            system_prompt=section.system_prompt,
+            max_model_len=config.engine.max_model_len,
+            **({"max_new_tokens": cap} if cap else {}),
         )
     from transformers import AutoTokenizer
 

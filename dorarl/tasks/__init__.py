@@ -1,5 +1,6 @@
 """RL tasks: prompts, verifiable rewards, held-out sets and their tokenizer."""
 
+from dorarl.tasks.arith import ArithConfig, ArithTask
 from dorarl.tasks.base import Prompt, Task, cut_at_stop
 from dorarl.tasks.evaluate import evaluate
 from dorarl.tasks.jsonl import JsonlTask
@@ -8,6 +9,8 @@ from dorarl.tasks.running_sum import RunningSumConfig, RunningSumTask
 from dorarl.tasks.scoring import score
 
 __all__ = [
+    "ArithConfig",
+    "ArithTask",
     "TASK_NAMES",
     "JsonlTask",
     "Prompt",

@@ -12,11 +12,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from dorarl.errors import UserInputError
-from dorarl.tasks.assets import shipped_base_model
 from dorarl.tasks.base import Prompt, Task
+from dorarl.tasks.model_files import context_limit, load_tokenizer, stop_ids
 from dorarl.tasks.rewards import get_reward
 
 
@@ -39,10 +39,13 @@ class JsonlTask(Task):
             self.reward_fn = get_reward(reward)
         except ValueError as exc:
             raise UserInputError(f"task reward: {exc}") from None
-        self.tokenizer, model_dir = _load_tokenizer(tokenizer)
-        self.stop_token_ids = _stop_ids(self.tokenizer, model_dir)
+        self.tokenizer, model_dir = load_tokenizer(tokenizer)
+        self.stop_token_ids = stop_ids(self.tokenizer, model_dir)
         self.max_new_tokens = max_new_tokens
-        self.max_model_len = max_model_len or _context_limit(model_dir, self.tokenizer)
+        self.max_model_len = max_model_len or context_limit(model_dir, self.tokenizer)
+        if chat_template and not getattr(self.tokenizer, "chat_template", None):
+            model = model_dir if model_dir is not None else "the given tokenizer"
+            raise UserInputError(f"task.chat_template=true: {model} has no chat template")
         self.chat_template = chat_template
         rows = self._load(Path(path), first_id=0)
         if eval_path is not None:
@@ -125,35 +128,3 @@ def _split(rows: list[Prompt], fraction: float, seed: int) -> tuple[list[Prompt]
         [p for i, p in enumerate(rows) if i not in held],
         [p for i, p in enumerate(rows) if i in held],
     )
-
-
-def _load_tokenizer(source) -> tuple[PreTrainedTokenizerBase, Path | None]:
-    if isinstance(source, PreTrainedTokenizerBase):
-        return source, None
-    folder = Path(source) if source is not None else shipped_base_model()
-    try:
-        return AutoTokenizer.from_pretrained(str(folder)), folder
-    except (OSError, ValueError) as exc:
-        raise UserInputError(f"{folder}: cannot load a tokenizer ({exc})") from None
-
-
-def _stop_ids(tokenizer: PreTrainedTokenizerBase, model_dir: Path | None) -> list[int]:
-    """EOS of the tokenizer plus the model's generation EOS ids (chat models have several)."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    if model_dir is not None and (model_dir / "generation_config.json").exists():
-        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
-        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
-    if not ids:
-        raise UserInputError("the tokenizer has no EOS token and the model names none")
-    return sorted(set(ids))
-
-
-def _context_limit(model_dir: Path | None, tokenizer: PreTrainedTokenizerBase) -> int:
-    if model_dir is not None and (model_dir / "config.json").exists():
-        config = json.loads((model_dir / "config.json").read_text())
-        if "max_position_embeddings" in config:
-            return int(config["max_position_embeddings"])
-    limit = getattr(tokenizer, "model_max_length", None)
-    if isinstance(limit, int) and limit < 10**9:
-        return limit
-    raise UserInputError("cannot tell the model's context limit; pass max_model_len")

@@ -5,17 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from dorarl.errors import UserInputError
+from dorarl.tasks.arith import ArithConfig, ArithTask
 from dorarl.tasks.base import Task
 from dorarl.tasks.jsonl import JsonlTask
 from dorarl.tasks.running_sum import RunningSumConfig, RunningSumTask
 
-TASK_NAMES = ("running_sum", "jsonl")
+TASK_NAMES = ("running_sum", "jsonl", "arith")
 
 
 def make_task(name: str, **options: Any) -> Task:
-    """`make_task("running_sum", seed=0, n_train=...)` or `make_task("jsonl", path=..., ...)`."""
+    """`make_task("running_sum", seed=0, n_train=...)`, `make_task("jsonl", path=..., ...)` or
+    `make_task("arith", tokenizer=MODEL_DIR, max_value=99, ...)`."""
     if name == "running_sum":
         return _running_sum(**options)
+    if name == "arith":
+        return _arith(**options)
     if name == "jsonl":
         if "path" not in options:
             raise UserInputError("task jsonl: needs a data file (path=...)")
@@ -29,3 +33,17 @@ def _running_sum(seed: int = 0, tokenizer: Any = None, **fields: Any) -> Running
     except (TypeError, ValueError) as exc:
         raise UserInputError(f"task running_sum: {exc}") from None
     return RunningSumTask(seed=seed, config=config, tokenizer=tokenizer)
+
+
+def _arith(
+    seed: int = 0,
+    tokenizer: Any = None,
+    max_new_tokens: int = 64,
+    max_model_len: int | None = None,
+    **fields: Any,
+) -> ArithTask:
+    try:
+        config = ArithConfig(**fields)
+    except (TypeError, ValueError) as exc:
+        raise UserInputError(f"task arith: {exc}") from None
+    return ArithTask(tokenizer, seed, config, max_new_tokens, max_model_len)

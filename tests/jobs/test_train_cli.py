@@ -7,7 +7,7 @@ import pytest
 from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.ray_run import eval_versions
+from dorarl.jobs.ray_run import build_task, eval_versions
 
 
 def _err(capsys, *args):
@@ -28,6 +28,7 @@ def _err(capsys, *args):
         (["engine.block_size=0"], "engine.block_size: must be > 0"),
         (["trainer.lr=-1"], "trainer.lr: must be > 0"),
         (["task.name=jsonl"], "task.path: the jsonl task needs a data file"),
+        (["task.name=arith"], "task.name=arith needs a chat model"),  # the shipped char model
         (["--frobnicate"], "unknown option --frobnicate"),
     ],
 )
@@ -93,3 +94,20 @@ def test_cuda_settings_load_on_any_machine(capsys):
     assert "device: cuda" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="^engine.device: use cpu or cuda"):
         load_config(TrainConfig, overrides=["engine.device=cuda:1"])
+
+
+def test_task_keys_reach_the_arith_and_jsonl_tasks(tmp_path, tiny_chat_model_dir):
+    overrides = ["task.name=arith", "task.min_value=10", "task.max_value=30", "seed=3",
+                 "task.system_prompt=Reply with a number.", "sampling.max_new_tokens=24"]  # fmt: skip
+    task = build_task(load_config(TrainConfig, overrides=overrides), str(tiny_chat_model_dir))
+    assert (task.name, task.seed, task.max_new_tokens) == ("arith", 3, 24)
+    assert (task.config.min_value, task.config.max_value) == (10, 30)
+    assert "Reply with a number." in task.tokenizer.decode(task.train_prompts()[0].prompt_ids)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    overrides = ["task.name=jsonl", f"task.path={data}", "task.eval_path=" + str(data),
+                 "task.chat_template=true"]  # fmt: skip
+    task = build_task(load_config(TrainConfig, overrides=overrides), str(tiny_chat_model_dir))
+    assert task.tokenizer.decode(task.train_prompts()[0].prompt_ids).endswith(
+        "1+1=<|im_end|>\n<|im_start|>assistant\n"
+    )

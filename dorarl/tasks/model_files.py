@@ -1,0 +1,46 @@
+"""What a task reads from a model folder: its tokenizer, its stop tokens, its context limit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from dorarl.errors import UserInputError
+from dorarl.tasks.assets import shipped_base_model
+
+
+def load_tokenizer(
+    source: str | Path | PreTrainedTokenizerBase | None,
+) -> tuple[PreTrainedTokenizerBase, Path | None]:
+    """The tokenizer and the folder it came from (None for a tokenizer object)."""
+    if isinstance(source, PreTrainedTokenizerBase):
+        return source, None
+    folder = Path(source) if source is not None else shipped_base_model()
+    try:
+        return AutoTokenizer.from_pretrained(str(folder)), folder
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"{folder}: cannot load a tokenizer ({exc})") from None
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase, model_dir: Path | None) -> list[int]:
+    """EOS of the tokenizer plus the model's generation EOS ids (chat models have several)."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if model_dir is not None and (model_dir / "generation_config.json").exists():
+        eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
+        ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+    if not ids:
+        raise UserInputError("the tokenizer has no EOS token and the model names none")
+    return sorted(set(ids))
+
+
+def context_limit(model_dir: Path | None, tokenizer: PreTrainedTokenizerBase) -> int:
+    if model_dir is not None and (model_dir / "config.json").exists():
+        config = json.loads((model_dir / "config.json").read_text())
+        if "max_position_embeddings" in config:
+            return int(config["max_position_embeddings"])
+    limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(limit, int) and limit < 10**9:
+        return limit
+    raise UserInputError("cannot tell the model's context limit; pass max_model_len")
