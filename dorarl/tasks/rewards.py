@@ -25,40 +25,49 @@ def exact_match(response: str, answer: str) -> float:
 
 
 def math_equivalent(response: str, answer: str) -> float:
-    """1.0 when the response's extracted final answer equals the reference answer."""
+    """1.0 when the response's extracted final answer equals the reference answer. A
+    reference math-verify cannot read raises whatever the response (a data error to count)."""
+    gold_number = _plain_number(answer)
+    timeout = _timeout()
+    gold = _parsed_reference(answer, timeout) if gold_number is None else None
     predicted = extract_final_answer(response)
     if predicted is None:
         return 0.0
-    same = _same_number(predicted, answer)
-    if same is not None:
-        return 1.0 if same else 0.0
-    return 1.0 if _math_verify_equal(predicted, answer) else 0.0
+    predicted_number = _plain_number(predicted)
+    if gold_number is not None and predicted_number is not None:
+        return 1.0 if gold_number == predicted_number else 0.0
+    from math_verify import verify  # imported lazily: sympy/latex2sympy load slowly
+
+    gold = gold or _parsed_reference(answer, timeout)
+    parsed = _parse_math(predicted, timeout)
+    return 1.0 if parsed and verify(gold, parsed, timeout_seconds=timeout) else 0.0
 
 
 _PLAIN_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\d+/\d+")
 
 
-def _same_number(predicted: str, answer: str) -> bool | None:
-    """Exact comparison when both are plain numbers (no sympy needed); None otherwise."""
-    a, b = predicted.strip(), answer.strip()
-    if not (_PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b)):
+def _plain_number(text: str) -> Fraction | None:
+    """The exact value of a plain number (`158`, `-3.5`, `1,000`, `1/2`): compared without
+    sympy; None for anything else."""
+    text = text.strip()
+    if not _PLAIN_NUMBER.fullmatch(text):
         return None
     try:
-        return Fraction(a.replace(",", "")) == Fraction(b.replace(",", ""))
+        return Fraction(text.replace(",", ""))
     except ZeroDivisionError:
         return None
 
 
-def _math_verify_equal(predicted: str, answer: str) -> bool:
-    from math_verify import verify  # imported lazily: sympy/latex2sympy load slowly
-
+def _timeout() -> int | None:
     # math-verify's timeouts use signal.alarm, which only works on the main thread.
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+def _parsed_reference(answer: str, timeout: int | None) -> list:
     gold = _parse_math(answer, timeout)
     if not gold:
         raise ValueError(f"reference answer {answer!r} is not a parseable math expression")
-    parsed = _parse_math(predicted, timeout)
-    return bool(parsed) and verify(gold, parsed, timeout_seconds=timeout)
+    return gold
 
 
 def _parse_math(text: str, timeout: int | None) -> list:

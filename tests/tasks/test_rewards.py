@@ -58,6 +58,8 @@ def test_math_reward_scores_the_final_answer_only(response, reward):
 def test_math_reward_raises_on_an_unparseable_reference():
     with pytest.raises(ValueError, match="reference answer"):
         math_equivalent("1", "@@@")
+    with pytest.raises(ValueError, match="reference answer"):  # whatever the response
+        math_equivalent("91 + 67 = ?", "@@@")
 
 
 def test_exact_match_strips_whitespace_only():
