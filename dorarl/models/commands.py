@@ -1,0 +1,25 @@
+"""Shared body of `dorarl model get` and `dorarl model convert`: convert, print, verify."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dorarl.models.convert import convert_gguf
+from dorarl.models.summary import summary_lines
+from dorarl.models.verify import verify_folder
+
+
+def convert_and_check(gguf_path: Path, out: Path, verify: bool, started: float) -> int:
+    """0 when converted (and verified, if asked); 1 when the verification failed."""
+    converted = convert_gguf(gguf_path, out)
+    print("\n".join(summary_lines(converted)), flush=True)
+    ok = True
+    if verify:
+        report = verify_folder(converted.folder, reference=converted.model)
+        print("\n".join(report.lines()))
+        ok = report.ok
+        if not ok:
+            print(f"the folder is kept at {converted.folder} for inspection")
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    return 0 if ok else 1
