@@ -10,10 +10,12 @@ from dorarl.models.summary import summary_lines
 from dorarl.models.verify import verify_folder
 
 
-def convert_and_check(gguf_path: Path, out: Path, verify: bool, started: float) -> int:
+def convert_and_check(
+    gguf_path: Path, out: Path, verify: bool, started: float, source: str | None = None
+) -> int:
     """0 when converted (and verified, if asked); 1 when the verification failed."""
     converted = convert_gguf(gguf_path, out)
-    print("\n".join(summary_lines(converted)), flush=True)
+    print("\n".join(summary_lines(converted, source)), flush=True)
     ok = True
     if verify:
         report = verify_folder(converted.folder, reference=converted.model)

