@@ -36,7 +36,10 @@ def staged_out_dir(out: Path) -> Iterator[Path]:
         check_out_dir(out)  # still new or empty after the (long) conversion
         if out.is_dir():
             out.rmdir()
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp made it private
+        # mkdtemp (and safetensors) made them private; the folder is an ordinary output.
+        os.chmod(staging, 0o777 & ~_umask())
+        for path in staging.iterdir():
+            os.chmod(path, 0o666 & ~_umask())
         os.replace(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -36,6 +36,7 @@ def test_q8_folder_reloads_with_the_gguf_logits(tmp_path, family):
     converted = convert_gguf(path, tmp_path / "out")
     folder = converted.folder
     names = {p.name for p in converted.files()}
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in converted.files())  # not private
     assert {"config.json", "model.safetensors", "generation_config.json"} <= names
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
     config = json.loads((folder / "config.json").read_text())
