@@ -2,6 +2,7 @@
 weights, and logits equal to transformers' own GGUF load; the engine agrees."""
 
 import json
+import os
 
 import gguf
 import pytest
@@ -36,7 +37,9 @@ def test_q8_folder_reloads_with_the_gguf_logits(tmp_path, family):
     converted = convert_gguf(path, tmp_path / "out")
     folder = converted.folder
     names = {p.name for p in converted.files()}
-    assert all(p.stat().st_mode & 0o044 == 0o044 for p in converted.files())  # not private
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in converted.files()} == {0o666 & ~umask}
     assert {"config.json", "model.safetensors", "generation_config.json"} <= names
     assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= names
     config = json.loads((folder / "config.json").read_text())
