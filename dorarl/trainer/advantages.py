@@ -16,13 +16,17 @@ def group_advantages(
 
     With `normalize_std=False`, A_i = r_i - mean r (Dr. GRPO).
     """
+    if eps < 0.0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
     n = len(rewards)
     if n == 0:
         return []
+    # Compare the rewards themselves, not the centred ones: the rounded mean of equal
+    # rewards can differ from them by an ulp, and that ulp divided by a ~0 std is O(1).
+    if n == 1 or all(r == rewards[0] for r in rewards):
+        return [0.0] * n
     mean = sum(rewards) / n
     centered = [r - mean for r in rewards]
-    if n == 1 or all(c == 0.0 for c in centered):
-        return [0.0] * n
     if not normalize_std:
         return centered
     std = math.sqrt(sum(c * c for c in centered) / (n - 1))

@@ -61,6 +61,8 @@ class LossConfig:
             raise ConfigError("eps_high: must be >= 0")
         if self.kl_coef < 0.0:
             raise ConfigError("kl_coef: must be >= 0")
+        if not self.adv_eps >= 0.0:  # also refuses NaN
+            raise ConfigError("adv_eps: must be >= 0")
         if self.tis_cap is not None and self.ratio_base != "proximal":
             raise ConfigError(
                 "tis_cap: only used with ratio_base=proximal (with ratio_base="

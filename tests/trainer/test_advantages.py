@@ -21,6 +21,29 @@ def test_equal_rewards_and_singletons_have_zero_advantage():
     assert group_advantages([]) == []
 
 
+@pytest.mark.parametrize("normalize", [True, False])
+def test_equal_rewards_give_exact_zeros_even_when_the_mean_rounds(normalize):
+    # sum([0.7] * 3) / 3 is 0.7 + 1 ulp: centred rewards are not exactly 0, and with eps=0
+    # dividing them by their own (tiny) std used to give 0.8165 each.
+    assert sum([0.7] * 3) / 3 != 0.7
+    assert group_advantages([0.7] * 3, normalize, 0.0) == [0.0] * 3
+
+
+@given(
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.integers(2, 64),
+    st.floats(0.0, 1.0),
+    st.booleans(),
+)
+def test_all_equal_groups_have_zero_advantage_whatever_eps(reward, size, eps, normalize):
+    assert group_advantages([reward] * size, normalize, eps) == [0.0] * size
+
+
+def test_negative_eps_is_refused():
+    with pytest.raises(ValueError, match="eps"):
+        group_advantages([1.0, 0.0], True, -1e-6)
+
+
 @given(st.lists(st.floats(-10, 10, allow_nan=False), min_size=2, max_size=16), st.booleans())
 def test_advantages_sum_to_zero_and_keep_the_order(rewards, normalize):
     adv = group_advantages(rewards, normalize_std=normalize)

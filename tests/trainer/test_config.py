@@ -24,6 +24,8 @@ def test_overrides_reach_nested_loss_settings():
         ("loss.dual_clip=0.5", "dual_clip"),
         ("temperature=0", "temperature"),
         ("loss.aggregation=mean", "loss.aggregation"),
+        ("loss.adv_eps=-1e-6", "adv_eps"),
+        ("loss.adv_eps=nan", "adv_eps"),
     ],
 )
 def test_bad_values_name_the_key(override, key):
