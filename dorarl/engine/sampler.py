@@ -6,10 +6,12 @@ number of migrations; its "RNG state" is just its seed and output length. A toke
 by inverting the CDF of its row's final distribution (vocab order when unfiltered, sorted
 order when top-k/top-p filter), so each row's result depends on that row alone.
 
-Logprobs: for temperature > 0 the logprob is under the exact distribution sampled from
-(softmax of logits / T, restricted to the top-k / top-p set and renormalised). For greedy
-(T = 0) it is the logprob under the unmodified softmax, i.e. the model's own probability of
-the argmax token, which is what an importance ratio against the trainer needs.
+Logprobs: for temperature > 0 the logprob is under the full softmax of logits / T, also when
+top-k / top-p restrict the set a token is drawn from. That is the policy the trainer
+computes, so fresh on-policy data has importance ratio exactly 1; the filtered,
+renormalised distribution would put the behaviour logprob above the trainer's and every
+ratio below 1. For greedy (T = 0) it is the logprob under the unmodified softmax, i.e. the
+model's own probability of the argmax token.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def _plain(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, t
 
 
 def _filtered(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Temperature, then top-k, then top-p on the renormalised top-k mass (HF/vLLM order)."""
+    """Draw from temperature, then top-k, then top-p on the renormalised top-k mass (HF/vLLM
+    order); the logprob is the token's under the temperature-scaled softmax alone."""
     logp = _scaled_logprobs(logits, rows)
     sorted_logp, order = logp.sort(dim=-1, descending=True, stable=True)
     probs = sorted_logp.double().exp()
@@ -120,8 +123,8 @@ def _filtered(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[torch.Tensor
     cdf = kept.cumsum(dim=-1)
     pos = _invert(cdf, _draws(rows, logits.device))
     tok = order.gather(1, pos[:, None]).squeeze(1)
-    lp = sorted_logp.gather(1, pos[:, None]).squeeze(1).double() - cdf[:, -1].log()
-    return tok, lp.float()
+    # Under the full tempered softmax, not the renormalised kept set (module docstring).
+    return tok, sorted_logp.gather(1, pos[:, None]).squeeze(1)
 
 
 def _top_k_mask(rows: list[SampleRow], probs: torch.Tensor) -> torch.Tensor:
