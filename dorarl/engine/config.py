@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from dorarl.config import ConfigError
+from dorarl.engine.token_ids import checked_token_ids
 from dorarl.errors import UserInputError
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -118,3 +119,5 @@ class SamplingParams:
             raise UserInputError(f"{where}.max_new_tokens must be > 0, got {self.max_new_tokens}")
         if self.target_len is not None and self.target_len <= 0:
             raise UserInputError(f"{where}.target_len must be > 0, got {self.target_len}")
+        if self.stop_token_ids is not None:
+            checked_token_ids(request_id, self.stop_token_ids, "sampling.stop_token_ids")

@@ -11,6 +11,7 @@ weights untouched.
 from __future__ import annotations
 
 import logging
+import operator
 import random
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spe
 from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
+from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.weights import check_named, load_folder, pack, random_named, unpack
 from dorarl.errors import UserInputError
 
@@ -108,7 +110,7 @@ class Engine:
         self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None
     ) -> None:
         params = params or SamplingParams()
-        prompt = [int(t) for t in prompt_ids]
+        prompt = checked_token_ids(request_id, prompt_ids)
         self._check_new(request_id, prompt, params)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         seq = Sequence(request_id, prompt, params, seed, self._stop_ids(params))
@@ -117,7 +119,7 @@ class Engine:
 
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
         ids = self.spec.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
-        return frozenset(ids)
+        return frozenset(operator.index(t) for t in ids)  # checked by params.validate
 
     def _check_new(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         if request_id in self._seqs:
@@ -249,7 +251,9 @@ class Engine:
         return snap
 
     def _sequence_from(self, snap: RequestSnapshot) -> Sequence:
-        self._check_new(snap.request_id, list(snap.prompt_ids), snap.params)
+        prompt_ids = checked_token_ids(snap.request_id, snap.prompt_ids)
+        output_ids = checked_token_ids(snap.request_id, snap.output_ids, "output_ids")
+        self._check_new(snap.request_id, prompt_ids, snap.params)
         if not len(snap.output_ids) == len(snap.logprobs) == len(snap.versions):
             raise UserInputError(
                 f"request {snap.request_id!r}: output_ids, logprobs and versions differ in length"
@@ -260,8 +264,8 @@ class Engine:
                 f"max_model_len {self.config.max_model_len}"
             )
         seq = Sequence(
-            snap.request_id, list(snap.prompt_ids), snap.params, snap.seed, frozenset(snap.stop_token_ids),
-            token_ids=list(snap.prompt_ids) + list(snap.output_ids), logprobs=list(snap.logprobs),
+            snap.request_id, prompt_ids, snap.params, snap.seed, frozenset(snap.stop_token_ids),
+            token_ids=prompt_ids + output_ids, logprobs=list(snap.logprobs),
             versions=list(snap.versions), migrations=snap.migrations, offloads=snap.offloads,
             reprefill_tokens=snap.reprefill_tokens,
         )  # fmt: skip

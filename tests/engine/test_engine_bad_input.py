@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, tiny_model
@@ -56,6 +57,48 @@ def test_bad_requests_are_refused(prompt, params, message):
     with pytest.raises(UserInputError, match=message):
         engine.add_request("bad", prompt, params)
     _assert_others_finish_correctly(model, engine, batch)
+
+
+@pytest.mark.parametrize(
+    "bad", [6.7, 6.0, True, None, "7", b"7", np.float64(6.0), torch.tensor(6.0), [6]]
+)
+def test_a_non_integer_token_id_is_refused_naming_request_and_position(bad):
+    model, engine, batch = _engine_with_two_requests()
+    with pytest.raises(UserInputError, match=r"request 'bad': prompt token at position 2 is ") as e:
+        engine.add_request("bad", [1, 2, bad, 3], greedy(4))
+    assert "\n" not in str(e.value) and "not an integer token id" in str(e.value)
+    with pytest.raises(UserInputError, match=r"'bad': sampling.stop_token_ids token at position 1"):
+        engine.add_request("bad", [1, 2], SamplingParams(stop_token_ids=[5, bad]))
+    assert sorted(engine.request_ids()) == ["ok0", "ok1"]
+    _assert_others_finish_correctly(model, engine, batch)
+
+
+@pytest.mark.parametrize("prompt", [None, "1 2 3", 7])
+def test_a_prompt_that_is_not_a_list_is_refused(prompt):
+    _, engine, _ = _engine_with_two_requests()
+    with pytest.raises(UserInputError, match=r"'bad': prompt must be a list of token ids"):
+        engine.add_request("bad", prompt, greedy(4))
+
+
+def test_integer_scalars_of_numpy_and_torch_are_token_ids():
+    model, engine, batch = _engine_with_two_requests()
+    ids = [1, np.int64(5), np.int32(9), torch.tensor(3)]
+    engine.add_request("np", ids, greedy(6))
+    out = run_all(engine)["np"]
+    assert out.output_ids == run_alone(model, [1, 5, 9, 3], greedy(6)).output_ids
+
+
+def test_a_snapshot_with_a_non_integer_output_id_is_refused():
+    model, engine, _ = _engine_with_two_requests()
+    other = make_engine(model)
+    other.add_request("x", [1, 2, 3], greedy(8))
+    other.step()
+    other.step()
+    snap = other.abort("x")
+    snap.output_ids[-1] = float(snap.output_ids[-1])
+    with pytest.raises(UserInputError, match=r"'x': output_ids token at position 1 is "):
+        engine.resume_request(snap)
+    assert "x" not in engine.request_ids()
 
 
 def test_duplicate_request_id_is_refused():

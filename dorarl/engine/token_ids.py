@@ -1,0 +1,40 @@
+"""Token ids from users, checked: integers (numpy/torch integer scalars too) become ints,
+anything else (float, bool, None, str) is a one-line UserInputError naming request and position.
+
+Torch-free, like `SamplingParams`: the controller imports the engine's plain types without torch.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from typing import Any
+
+from dorarl.errors import UserInputError
+
+
+def checked_token_ids(request_id: str, ids: Any, what: str = "prompt") -> list[int]:
+    """`ids` as a list of ints; `what` names the field in the error ("prompt", "output_ids")."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise UserInputError(
+            f"request {request_id!r}: {what} must be a list of token ids, got {type(ids).__name__}"
+        )
+    return [_token_id(request_id, what, i, t) for i, t in enumerate(ids)]
+
+
+def _token_id(request_id: str, what: str, position: int, value: Any) -> int:
+    # int() would truncate 6.7 to 6 and accept True as 1; operator.index takes only integers.
+    if not _is_bool(value):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise UserInputError(
+        f"request {request_id!r}: {what} token at position {position} is {value!r} "
+        f"({type(value).__name__}), not an integer token id"
+    )
+
+
+def _is_bool(value: Any) -> bool:
+    # Python bools are ints to operator.index; so are torch bool tensors.
+    return isinstance(value, bool) or "bool" in str(getattr(value, "dtype", ""))
