@@ -78,10 +78,12 @@ def _staleness(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
 
 
 def _overheads(rows: Sequence[dict[str, Any]], wall: float, num_instances: int) -> dict:
-    """Instance-seconds of each overhead over instance-seconds of the measured steps."""
+    """Instance-seconds of each overhead over instance-seconds of the measured steps; only
+    the kinds the run measured (the Ray runtime has no free_cache)."""
+    kinds = [k for k in OVERHEAD_KINDS if k in rows[0]["overhead_s"]]
     shares = {
         kind: _share(sum(r["overhead_s"][kind] for r in rows), wall * num_instances)
-        for kind in OVERHEAD_KINDS
+        for kind in kinds
     }
     return shares | {"total": sum(shares.values())}
 

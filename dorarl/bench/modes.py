@@ -209,6 +209,7 @@ def run_mode(
         k=controller.effective_K,
         num_instances=cfg.instances,
         slots_per_instance=cfg.slots,
+        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
     )
     rollout = RolloutSettings(
         temperature=1.0,

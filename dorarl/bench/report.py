@@ -67,7 +67,8 @@ def modes_table(result: dict[str, Any]) -> Table:
     table.caption = (
         "over pace: share of engine / training steps whose real compute exceeded the pace "
         "(! beyond the limits: the device model did not hold). load avg: the machine's "
-        "1-minute load at the mode's start / end."
+        "1-minute load at the mode's start / end. fc -: no free-cache step to measure (KV "
+        "blocks are freed as requests leave, inside the steps and migrations)."
     )
     cols = ("mode", "tok/s", "x sync", "step s mean/med", "rollout-only", "slot util",
             "staleness", "overhead lb/rt/fc", "re-prefill", "migr", "engine step paced/real",
@@ -89,7 +90,8 @@ def _mode_cells(m: dict[str, Any], base: float) -> list[str]:
         f"{m['rollout_only_share']:.0%}",
         f"{m['slot_utilization']:.0%}",
         " ".join(f"{s}:{n}" for s, n in m["staleness"].items()),
-        f"{oh['load_balance']:.1%}/{oh['request_transfer']:.1%}/{oh['free_cache']:.2%}",
+        f"{oh['load_balance']:.1%}/{oh['request_transfer']:.1%}/"
+        + (f"{oh['free_cache']:.2%}" if "free_cache" in oh else "-"),
         f"{m['reprefill_tokens']:,}",
         str(m["migrations"]),
         _per_step(eng, 1e3, "ms"),

@@ -157,6 +157,7 @@ def _run(
         num_instances=config.instances,
         slots_per_instance=config.engine.max_num_seqs,
         first_version=start,
+        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
     )
     wanted = eval_versions(config, start)
     evals: dict[int, ray.ObjectRef] = {}

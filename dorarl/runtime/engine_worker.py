@@ -48,7 +48,6 @@ class RunReport:
 class WeightsReport:
     instance_id: int
     version: int
-    free_cache_s: float
     load_s: float
     ended_at: float
 
@@ -151,16 +150,24 @@ class EngineWorker:
         return {name: t.detach().to("cpu") for name, t in self.engine.state_dict().items()}
 
     def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> WeightsReport:
-        """Swap weights; the controller moved every request off first, so the KV pool is free."""
-        t0 = time.time()
+        """Swap weights. There is no cache to free here: each request's KV blocks went back
+        to the pool when it left (finished, exported or aborted; timed with that step or
+        migration), and the controller moved every request off first, so both pools are
+        empty (checked) and a version change frees nothing."""
         left = self.engine.request_ids()
         if left:
             raise RuntimeError(
                 f"instance {self.instance_id}: load_weights with requests {left} in flight"
             )
-        t1 = time.time()
+        stats = self.engine.stats()
+        if stats.kv_blocks_used or stats.host_blocks_used:
+            raise RuntimeError(
+                f"instance {self.instance_id}: {stats.kv_blocks_used} device and "
+                f"{stats.host_blocks_used} host KV blocks held with no request in flight"
+            )
+        start = time.time()
         self.engine.load_weights(named_tensors, version)
-        return WeightsReport(self.instance_id, version, t1 - t0, time.time() - t1, time.time())
+        return WeightsReport(self.instance_id, version, time.time() - start, time.time())
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -88,6 +88,11 @@ class _Pending:
 class RayRuntime:
     """Runs one training job on Ray; `run()` returns the recorder's summary."""
 
+    # The overheads this runtime measures; build its Recorder with them. No free_cache: a
+    # request's KV blocks go back to the pool as it leaves an engine, inside the engine step,
+    # migration or interrupt that removes it, so a version change has nothing left to free.
+    OVERHEAD_KINDS = ("load_balance", "request_transfer")
+
     def __init__(
         self,
         controller_config: ControllerConfig,
@@ -103,6 +108,11 @@ class RayRuntime:
         respawn: Callable[[int], Any] | None = None,
         max_restarts: int = 0,
     ) -> None:
+        if tuple(recorder.overhead_kinds) != self.OVERHEAD_KINDS:
+            raise ValueError(
+                f"RayRuntime measures the overheads {self.OVERHEAD_KINDS}; its Recorder "
+                f"reports {recorder.overhead_kinds} (pass overhead_kinds=RayRuntime.OVERHEAD_KINDS)"
+            )
         self.config = controller_config
         self.steps_per_call = steps_per_call
         self.controller = Controller(controller_config)
@@ -263,8 +273,7 @@ class RayRuntime:
             self._deliver(event)
 
     def _on_loaded(self, report: WeightsReport, job: _Pending) -> None:
-        self.recorder.overhead("free_cache", report.free_cache_s)
-        self.recorder.overhead("load_balance", self.now() - job.started - report.free_cache_s)
+        self.recorder.overhead("load_balance", self.now() - job.started)
         self._deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
 
     def _on_migrated(self, ids: list[str], job: _Pending) -> None:

@@ -29,6 +29,9 @@ from dorarl.runtime.trace import (
     instance_pid,
 )
 
+# Every overhead kind a runtime may report. A runtime reports only those it measures (it
+# builds its Recorder with `overhead_kinds`): the Ray runtime has no free_cache step (see
+# RayRuntime.OVERHEAD_KINDS), the simulator models all three.
 OVERHEAD_KINDS = ("load_balance", "request_transfer", "free_cache")
 
 
@@ -44,7 +47,7 @@ class _Step:
     tokens: int = 0
     rewards: list[float] = field(default_factory=list)
     staleness: Counter = field(default_factory=Counter)
-    overhead: dict[str, float] = field(default_factory=lambda: dict.fromkeys(OVERHEAD_KINDS, 0.0))
+    overhead: dict[str, float] = field(default_factory=dict)
     reprefill: int = 0
     migrations: int = 0
     offloads: int = 0
@@ -63,7 +66,12 @@ class Recorder:
         trajectories: bool = True,
         trace: bool = True,
         first_version: int = 0,
+        overhead_kinds: Sequence[str] = OVERHEAD_KINDS,
     ) -> None:
+        unknown = set(overhead_kinds) - set(OVERHEAD_KINDS)
+        if unknown:
+            raise ValueError(f"unknown overhead kinds {sorted(unknown)}; known: {OVERHEAD_KINDS}")
+        self.overhead_kinds = tuple(overhead_kinds)  # what this run measures, nothing else
         self.mode, self.k = mode, k
         self.first_version = first_version  # a resumed run: steps and versions continue
         self.num_instances, self.slots = num_instances, slots_per_instance
@@ -87,7 +95,7 @@ class Recorder:
         self.counts: Counter = Counter()
         self.dropped: Counter = Counter()
         self._totals: Counter = Counter()
-        self._step = _Step(start=0.0, area0=[0.0] * num_instances)
+        self._step = self._new_step(0.0, [0.0] * num_instances)
         self._events = self._event_handlers()
         self._commands = self._command_handlers()
 
@@ -119,9 +127,13 @@ class Recorder:
         self._step.extra.update(metrics)
 
     def overhead(self, kind: str, seconds: float) -> None:
-        """Instance-seconds spent on `kind` (one of OVERHEAD_KINDS) during this step."""
+        """Instance-seconds spent on `kind` (one of this run's overhead kinds) during this step."""
         if kind not in OVERHEAD_KINDS:
             raise ValueError(f"unknown overhead kind {kind!r}; expected one of {OVERHEAD_KINDS}")
+        if kind not in self.overhead_kinds:
+            raise ValueError(
+                f"overhead kind {kind!r} is not measured by this run ({self.overhead_kinds})"
+            )
         self._step.overhead[kind] += seconds
 
     def reprefill(self, tokens: int) -> None:
@@ -200,7 +212,10 @@ class Recorder:
             rollout_only_s=line["rollout_only_s"],
             tokens=line["consumed_tokens"],
         )
-        self._step = _Step(start=e.now, area0=list(self._area))
+        self._step = self._new_step(e.now, list(self._area))
+
+    def _new_step(self, start: float, area0: list[float]) -> _Step:
+        return _Step(start, area0, overhead=dict.fromkeys(self.overhead_kinds, 0.0))
 
     # ---- command handlers ----------------------------------------------------------------
     def _command_handlers(self) -> dict[type, Any]:
@@ -390,7 +405,7 @@ class Recorder:
             "slot_utilization": _share(sum(self._area), wall * self.slots * self.num_instances),
             "overhead_share": {
                 k: _share(totals[f"overhead_{k}"], wall * self.num_instances)
-                for k in OVERHEAD_KINDS
+                for k in self.overhead_kinds
             },
             "migrations": totals["migrations"],
             "offloads": totals["offloads"],

@@ -67,6 +67,19 @@ def test_figures_leave_out_warmup_and_add_up(tmp_path):
         mode_figures(rows, warmup=6, num_instances=2)
 
 
+def test_figures_and_table_carry_only_the_overheads_a_run_measured(tmp_path):
+    rows = _sim(tmp_path, "dora")
+    for r in rows:  # as the Ray runtime records them: no free_cache step to measure
+        del r["overhead_s"]["free_cache"]
+    fig = mode_figures(rows, warmup=1, num_instances=2)
+    assert set(fig["overhead_share"]) == {"load_balance", "request_transfer", "total"}
+    fig |= {"pace": {k: {"over_share": 0.0, "steps": 0} for k in ("engine", "train")},
+            "paced_reliably": True, "load_avg_1min": [1.0, 1.0]}  # fmt: skip
+    console = Console(record=True, width=250)
+    console.print(modes_table({"modes": {"dora": fig}}))
+    assert "/-" in console.export_text()
+
+
 def test_sync_waits_for_rollout_more_than_dora(tmp_path):
     sync = mode_figures(_sim(tmp_path, "sync", k=0), warmup=1, num_instances=2)
     dora = mode_figures(_sim(tmp_path, "dora", k=3), warmup=1, num_instances=2)
@@ -209,6 +222,7 @@ def test_end_to_end_tiny(tmp_path, tiny_model_dir, capsys):
         assert (tmp_path / name / "trace.json").exists()
         assert (tmp_path / f"timeline_{name}.png").exists()
     assert set(result["modes"]["sync"]["staleness"]) == {"0"}
+    assert "free_cache" not in result["modes"]["dora_k1"]["overhead_share"]
     assert (tmp_path / "throughput.png").exists()
     emu = result["emulation"]
     assert emu["device"]["decode_step_s"] >= 2.0 * emu["calibration_real"]["decode_step_s"]

@@ -84,6 +84,10 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     loads = [e["name"] for e in events if e.get("name", "").startswith("load v")]
     assert any("from instance" in name for name in loads), loads
     assert summary["migrations"] > 0
+    # Only overheads the Ray runtime measures: no free_cache step exists to time.
+    assert all(set(m["overhead_s"]) == set(RayRuntime.OVERHEAD_KINDS) for m in metrics)
+    assert set(summary["overhead_share"]) == set(RayRuntime.OVERHEAD_KINDS)
+    assert sum(m["overhead_s"]["load_balance"] for m in metrics) > 0
     migrated = [t for t in trajectories if t["migrations"] > 0]
     assert all(isinstance(t["behavior_version"], int) for t in migrated)
     assert metrics[0]["eval_accuracy"] is not None and metrics[-1]["eval_accuracy"] is not None
@@ -132,7 +136,10 @@ def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0) -> RayRunti
     config = load_config(TrainConfig, overrides=overrides)
     task = build_task(config, folder)
     workers, trainer = start_workers(3, folder, config.engine, (folder, config.trainer, 1), 1, pace)
-    recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+    recorder = Recorder(
+        out, mode="dora", k=1, num_instances=3, slots_per_instance=8,
+        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
+    )  # fmt: skip
     return RayRuntime(
         config.controller_config(), task, _rollout(config, task), workers, trainer, recorder,
         respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace),

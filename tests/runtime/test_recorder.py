@@ -140,3 +140,33 @@ def test_without_an_output_folder_the_recorder_keeps_results_in_memory():
     assert rec.steps[0]["consumed_tokens"] == 2 and rec.close(2.0)["consumed"] == 1
     with pytest.raises(ValueError, match="unknown overhead kind"):
         rec.overhead("gc", 1.0)
+
+
+def test_a_run_reports_only_the_overheads_it_measures(tmp_path):
+    kinds = ("load_balance", "request_transfer")
+    rec = Recorder(tmp_path, mode="dora", k=1, num_instances=1, slots_per_instance=1,
+                   overhead_kinds=kinds)  # fmt: skip
+    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0,))])
+    rec.observe(SampleDone(0, 0, 0, 2, 1.0), [Train((0,), 0)])
+    rec.consumed([group(0, 0, [2])], 0)
+    rec.overhead("request_transfer", 0.5)
+    with pytest.raises(ValueError, match="'free_cache' is not measured by this run"):
+        rec.overhead("free_cache", 0.0)
+    rec.observe(TrainDone(1, 2.0), [])
+    summary = rec.close(2.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert line["overhead_s"] == {"load_balance": 0.0, "request_transfer": 0.5}
+    assert set(line["overhead_share"]) == set(kinds) == set(summary["overhead_share"])
+    with pytest.raises(ValueError, match="unknown overhead kinds"):
+        Recorder(None, mode="dora", k=1, num_instances=1, slots_per_instance=1,
+                 overhead_kinds=("gc",))  # fmt: skip
+
+
+def test_the_ray_runtime_refuses_a_recorder_that_would_report_free_cache():
+    from dorarl.controller import ControllerConfig
+    from dorarl.runtime.ray_runtime import RayRuntime
+
+    assert "free_cache" not in RayRuntime.OVERHEAD_KINDS
+    rec = Recorder(None, mode="dora", k=1, num_instances=1, slots_per_instance=1)
+    with pytest.raises(ValueError, match="overhead_kinds=RayRuntime.OVERHEAD_KINDS"):
+        RayRuntime(ControllerConfig(), None, None, [], None, rec)

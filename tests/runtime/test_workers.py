@@ -1,6 +1,7 @@
 """Engine and trainer workers: `reset` gives the state of a freshly started actor (base weights,
 version 0, nothing in flight, fresh pace counts), so benchmarks can reuse actors across modes."""
 
+import pytest
 import torch
 
 from dorarl.data import Group, Sample
@@ -38,6 +39,27 @@ def test_engine_reset_restores_base_weights_and_drops_requests(tiny_model_dir):
     assert stats.version == 0 and stats.running == stats.waiting == stats.tokens_generated == 0
     assert worker.pacer.stats.steps == 0
     assert _generate(worker, "c") == fresh
+
+
+def test_a_version_change_finds_both_kv_pools_empty(tiny_model_dir):
+    """Requests free their KV blocks as they leave (export, abort), so loading another
+    version has no cache to free; load_weights refuses while a request is still here."""
+    config = EngineConfig(max_num_seqs=4, block_size=4, max_model_len=64, host_blocks=32)
+    worker = EngineWorker(0, str(tiny_model_dir), config)
+    params = SamplingParams(max_new_tokens=30, stop_token_ids=[])
+    worker.add([NewRequest(f"r{i}", PROMPT, params) for i in range(3)])
+    worker.run(max_steps=4, until_finished=False)
+    assert worker.offload("r0")
+    stats = worker.stats()
+    assert stats.kv_blocks_used > 0 and stats.host_blocks_used > 0
+    with pytest.raises(RuntimeError, match="in flight"):
+        worker.load_weights(worker.weights(), version=1)
+    assert len(worker.export(["r0", "r1"])) == 2 and len(worker.abort(["r2"])) == 1
+    stats = worker.stats()
+    assert stats.kv_blocks_used == 0 and stats.host_blocks_used == 0
+    report = worker.load_weights(worker.weights(), version=1)
+    assert report.version == 1 and report.load_s > 0
+    assert not hasattr(report, "free_cache_s")  # nothing freed, so no figure claims it was
 
 
 def test_trainer_reset_restores_base_weights_version_and_optimizer(tiny_model_dir):
