@@ -40,9 +40,10 @@ class Dispatch:
 
 @dataclass(frozen=True, slots=True)
 class LoadWeights:
-    """Free the instance's KV cache and load `version` from `source` (`TRAINER` or a peer
-    instance that hosts it; the peer keeps it until this load ends). The instance holds no
-    request when this runs. Answer: `WeightsLoaded(instance_id, version)`."""
+    """Load `version` from `source` (`TRAINER` or a peer instance that hosts it; the peer
+    keeps it until this load ends). The instance holds no request when this runs, so the
+    old version's KV is gone (an engine that keeps cache beyond its requests frees it
+    here). Answer: `WeightsLoaded(instance_id, version)`."""
 
     instance_id: int
     version: int
