@@ -13,7 +13,7 @@ where out(<= w) counts outstanding (dispatched, not consumed) groups of version 
   every w, at least need(w) = out(<= w) - (w + K - t) x TBS groups of version <= w
   (`staleness.batch_ready`). Since need(w) <= TBS by INV, oldest-first meets all needs as
   soon as enough of them are complete; after the step, t+1 satisfies INV again. For
-  w = t - K the need is every remaining group of that version (SPEC 4.3).
+  w = t - K the need is every remaining group of that version (docs/design.md section 5).
 - Eq. 1: INV at t gives out(<= t-K-1) = 0, so a group consumed by step t has
   t - K <= w <= newest <= t, i.e. 0 <= t - w <= K. No group is ever removed otherwise.
 - No deadlock: if the trainer is idle and not ready, either some group is in flight (its

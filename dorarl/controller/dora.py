@@ -1,4 +1,4 @@
-"""DORA policy (SPEC 4.2-4.6): versions side by side, proportional partition, migration, tiers.
+"""DORA policy (docs/design.md, section 4): versions side by side, partition, migration, tiers.
 
 Re-balance triggers: a training step starting or ending (update-driven), an instance's KV
 usage over the threshold (utilization), a periodic timer (temporal), plus a legacy

@@ -1,4 +1,4 @@
-"""Lockstep policy for `sync` and `one_step_off` (SPEC 5): one version on every instance.
+"""Lockstep policy for `sync` and `one_step_off` (docs/design.md, section 6): one version for all.
 
 Instances switch together, only once no request is in flight anywhere, so the rollout of a
 batch always waits for its slowest sample. New groups go out only when every instance is

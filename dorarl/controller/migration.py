@@ -1,4 +1,4 @@
-"""Migration planning with locality (SPEC 4.4/4.5), pure functions.
+"""Migration planning with locality (docs/design.md, section 4), pure functions.
 
 Only requests on instances that change version move; every other request stays put. A
 release is accepted only if the instances that keep the version can take all its requests,

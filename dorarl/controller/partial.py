@@ -1,4 +1,4 @@
-"""Partial-rollout policy (SPEC 5; AReaL/slime style): every instance follows the newest version.
+"""Partial-rollout policy (docs/design.md, section 6; AReaL/slime style): all follow the newest.
 
 At each weight update every in-flight request is interrupted (KV dropped) and resumed on
 the same instance under the new version by re-prefilling prompt + partial output, so a

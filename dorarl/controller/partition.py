@@ -1,4 +1,4 @@
-"""Partition plan: how many instances each version should have (SPEC 4.4), a pure function.
+"""Partition plan: instances per version (docs/design.md, section 4), a pure function.
 
 Invariants of the result: the counts sum to the number of instances; every version keeps at
 least its floor (the instances its running requests need, so no version with work ever

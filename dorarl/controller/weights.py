@@ -1,4 +1,4 @@
-"""Weight source choice for P2P weight updates (SPEC 4.4), a pure function.
+"""Weight source choice for P2P weight updates (docs/design.md, section 4), a pure function.
 
 A peer that already holds the version serves first (least busy wins); the trainer serves
 only when no peer can, and each source serves at most `fanout` loads at once, so a new

@@ -225,7 +225,7 @@ PRESETS: dict[str, Callable[[], SimulateConfig]] = {
 }
 
 
-# SPEC section 8, the DORA paper at 64 / 128 H800 GPUs: the shares are absolute (+-10
+# docs/design.md section 9, the DORA paper at 64 / 128 H800 GPUs: the shares are absolute (+-10
 # points), the speedup relative (+-20%).
 PAPER_TARGETS = {
     "paper-64": {"sync_share": 0.65, "dora_share": 0.12, "speedup": 1.56},

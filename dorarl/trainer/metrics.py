@@ -1,7 +1,7 @@
 """Batch statistics for one training step: rewards, lengths, staleness, reward errors.
 
 Staleness of a sample consumed by the step that updates version v is v - w, w being its
-behavior version (the oldest version among its tokens; SPEC Eq. 1).
+behavior version (the oldest version among its tokens; Eq. 1 of docs/design.md).
 """
 
 from __future__ import annotations

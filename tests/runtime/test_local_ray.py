@@ -1,5 +1,5 @@
-"""A local Ray started by dorarl listens on loopback only (SPEC: services bind to loopback
-unless the user says otherwise)."""
+"""A local Ray started by dorarl listens on loopback only (README, Security: services bind
+to loopback unless the user says otherwise)."""
 
 import ipaddress
 from pathlib import Path
