@@ -52,6 +52,8 @@ class SamplingSection:
             raise ConfigError("temperature: must be > 0 for RL rollouts")
         if not 0 < self.top_p <= 1:
             raise ConfigError("top_p: must be in (0, 1]")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k: must be >= 0 (0: off), got {self.top_k}")
 
 
 @dataclass(kw_only=True)

@@ -18,7 +18,12 @@ SIMULATE = sorted(CONFIGS.glob("simulate-*.yaml"))
 
 def test_the_folder_holds_the_setups_users_start_from():
     names = {p.name for p in CONFIGS.glob("*.yaml")}
-    assert {"cpu.yaml", "gpu-1.yaml", "node-8gpu-qwen2.5-7b.yaml", "simulate-paper-64.yaml"} <= names
+    assert {
+        "cpu.yaml",
+        "gpu-1.yaml",
+        "node-8gpu-qwen2.5-7b.yaml",
+        "simulate-paper-64.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.name)
