@@ -30,10 +30,21 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _usage() -> str:
-    lines = ["usage: dorarl COMMAND [args...]", "", "commands:"]
-    lines += [f"  {name:<20} {help_}" for name, (_, help_) in COMMANDS.items()]
+def _usage(group: str = "") -> str:
+    """Every command, or those of `group` (`dorarl bench --help`: the benchmarks)."""
+    head = f"dorarl {group} NAME" if group else "dorarl COMMAND"
+    lines = [f"usage: {head} [args...]   (NAME --help: its options)", "", "commands:"]
+    lines += [
+        f"  {name:<20} {help_}"
+        for name, (_, help_) in COMMANDS.items()
+        if not group or name.startswith(f"{group} ")
+    ]
     return "\n".join(lines)
+
+
+def _groups() -> set[str]:
+    """First words of the two-word commands (`bench`)."""
+    return {name.split()[0] for name in COMMANDS if " " in name}
 
 
 def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:
@@ -50,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     resolved = _resolve(argv)
+    if resolved is None and argv[0] in _groups():
+        if len(argv) == 1 or argv[1] in ("-h", "--help"):
+            print(_usage(argv[0]))
+            return 0
+        print(
+            f"dorarl: unknown command {' '.join(argv[:2])!r}\n\n{_usage(argv[0])}", file=sys.stderr
+        )
+        return 2
     if resolved is None:
         print(f"dorarl: unknown command {' '.join(argv[:2])!r}\n\n{_usage()}", file=sys.stderr)
         return 2
@@ -63,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailed as exc:
         print(f"dorarl: run failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside a run's own handling (imports, a benchmark)
+        print("dorarl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

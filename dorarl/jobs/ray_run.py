@@ -20,10 +20,12 @@ from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
+from dorarl.jobs.run_folder import open_run_folder, resume_command
+from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.train import finish_outputs
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
-from dorarl.runtime.local_ray import start_local_ray
+from dorarl.runtime.local_ray import join_ray, start_local_ray
 from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.ray_runtime import (
@@ -84,15 +86,27 @@ def run_ray(
     *,
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
+    stop: StopRequest | None = None,
 ) -> dict[str, Any]:
+    """Run to `config.steps`, or until `stop` is requested (then: the step in flight ends, a
+    checkpoint of that version is written, the summary says `stopped_by`)."""
     point = config.resume_point()
     model_folder = str(point.folder if point else (config.model or shipped_base_model()))
-    task = build_task(config, model_folder)
+    task = build_task(config, model_folder)  # bad data stops the run before any file is written
     _init_ray(config)
     try:
-        placed = place_actors(config)
+        placed = place_actors(config)  # a cluster that cannot hold them: refused, no files
+        open_run_folder(out_dir, config, resume_version=point.version if point else None)
         return _run(
-            config, out_dir, model_folder, task, point, placed, pace=pace, defer_eval=defer_eval
+            config,
+            out_dir,
+            model_folder,
+            task,
+            point,
+            placed,
+            pace=pace,
+            defer_eval=defer_eval,
+            stop=stop,
         )
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc
@@ -110,7 +124,7 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     except ConfigError:
         how = "no checkpoint yet to resume from (checkpoint_every=N writes them along the way)"
     else:
-        how = f"resume from {newest.name} with: dorarl train resume={out_dir}"
+        how = f"resume from {newest.name} with: {resume_command(out_dir)}"
     return f"{exc} (full error in {details}); {how}"
 
 
@@ -125,7 +139,7 @@ def place_actors(config: TrainConfig) -> PlacedActors:
 
 def _init_ray(config: TrainConfig) -> None:
     if config.ray.address:
-        ray.init(address=config.ray.address, log_to_driver=False)
+        join_ray(config.ray.address)
         return
     start_local_ray(host=config.ray.host)
 
@@ -140,6 +154,7 @@ def _run(
     *,
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
+    stop: StopRequest | None = None,
 ) -> dict[str, Any]:
     controller_config = config.controller_config()
     start = controller_config.initial_version
@@ -187,6 +202,8 @@ def _run(
             _checkpoint(trainer, out_dir, version, position, config.checkpoint_keep)
 
     runtime.on_publish = on_publish
+    if stop is not None:
+        runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
 
         def on_step(row: dict[str, Any], groups: list) -> None:
@@ -200,10 +217,14 @@ def _run(
 
         runtime.on_step = on_step
         summary = runtime.run()
-        progress.note("final evaluation and checkpoint")
-        if defer_eval:
-            evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
-        results = {v: ray.get(ref) for v, ref in evals.items()}
+        if runtime.stopped:  # evaluations still running are not waited for
+            progress.note(f"stopped: writing the checkpoint of version {runtime.published}")
+            results = _ready_results(evals)
+        else:
+            progress.note("final evaluation and checkpoint")
+            if defer_eval:
+                evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
+            results = {v: ray.get(ref) for v, ref in evals.items()}
     final = runtime.controller.resume_state()  # no step in flight once the run finished
     _checkpoint(trainer, out_dir, runtime.published, final, config.checkpoint_keep, wait=True)
     rows = finish_outputs(out_dir, results, f"{config.mode} (K={controller_config.effective_K})")
@@ -211,6 +232,9 @@ def _run(
         if "eval_accuracy" in row:
             scalars.log({"step": row["step"], "eval_accuracy": row["eval_accuracy"]})
     scalars.close()
+    if runtime.stopped and stop is not None:
+        summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
+        summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, summary, results, runtime)
 
 
@@ -257,6 +281,13 @@ def _checkpoint(
         ray.get(ref)
 
 
+def _ready_results(evals: dict[int, ray.ObjectRef]) -> dict[int, dict[str, Any]]:
+    ready, _ = (
+        ray.wait(list(evals.values()), num_returns=len(evals), timeout=0) if evals else ([], [])
+    )
+    return {v: ray.get(ref) for v, ref in evals.items() if ref in ready}
+
+
 def _ready_accuracy(evals: dict[int, ray.ObjectRef]) -> dict[int, float]:
     if not evals:
         return {}
@@ -272,8 +303,9 @@ def _final_summary(
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
     summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
-    summary["eval_accuracy_first"] = ordered[0]["accuracy"]
-    summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    if ordered:  # a stopped run may have none finished
+        summary["eval_accuracy_first"] = ordered[0]["accuracy"]
+        summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
     if runtime.pace_total["engine"].steps or runtime.pace_total["train"].steps:
         summary["pace"] = {kind: stats.to_dict() for kind, stats in runtime.pace_total.items()}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.config import ConfigError
-from dorarl.trainer.checkpoint import STATE_FILE, read_state, version_folders
 
 CHECKPOINTS = "checkpoints"
+STATE_FILE = "trainer_state.json"  # dorarl.trainer.checkpoint's; not imported here (torch)
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,8 @@ class ResumePoint:
 
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint `path` names: itself, or the newest under `path`/checkpoints."""
+    from dorarl.trainer.checkpoint import version_folders
+
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
@@ -50,6 +52,8 @@ def find_checkpoint(path: str | Path) -> Path:
 
 
 def read_resume_point(path: str | Path) -> ResumePoint:
+    from dorarl.trainer.checkpoint import read_state
+
     folder = find_checkpoint(path)
     state = read_state(folder)
     extra = state.get("extra_state", {})

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import time
-from dataclasses import asdict, dataclass, field
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dorarl.config import ConfigError, describe, load_config, to_yaml
 from dorarl.jobs.config import TrainConfig
-from dorarl.report.plots import plot_training_curve
-from dorarl.report.tensorboard import ScalarLogger
+from dorarl.jobs.run_folder import choose_out, config_source, open_run_folder, resume_command
 
 log = logging.getLogger(__name__)
 
@@ -29,27 +27,63 @@ def main(argv: list[str]) -> int:
         return 0
     args = _parse_args(argv)
     config_path, out, overrides = args.config, args.out, args.overrides
-    config = load_config(TrainConfig, config_path, overrides)
+    config = load_config(TrainConfig, config_source(config_path, overrides), overrides)
     if args.print_config:
         print(to_yaml(config), end="")
         return 0
     if args.print_placement is not None:
         print("\n".join(config.placement(args.print_placement).lines()))
         return 0
-    out_dir = Path(out) if out else _default_out(config)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(asdict(config), indent=2) + "\n")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    out_dir = choose_out(out, config.resume, config.mode)
+    _setup_logging()
     if config.runtime == "sim":
         from dorarl.jobs.sim_run import run_sim
 
+        open_run_folder(out_dir, config, resume_version=None)
         summary = run_sim(config, out_dir)
-    else:
-        from dorarl.jobs.ray_run import run_ray
+        _print_summary(summary, out_dir)
+        return 0 if summary.get("dropped_total", 0) == 0 else 1
+    return _train_on_ray(config, out_dir)
 
-        summary = run_ray(config, out_dir)
+
+def _train_on_ray(config: TrainConfig, out_dir: Path) -> int:
+    """Run on Ray; SIGINT/SIGTERM stop it after the step in flight (exit 128 + signal), a
+    second one aborts at once (exit 130); either way one line says how to resume."""
+    from dorarl.jobs.ray_run import run_ray
+    from dorarl.jobs.stopping import StopRequest
+
+    try:
+        with StopRequest() as stop:
+            summary = run_ray(config, out_dir, stop=stop)
+    except KeyboardInterrupt:
+        print(f"dorarl: aborted; {_how_to_resume(out_dir)}", file=sys.stderr)
+        return 130
     _print_summary(summary, out_dir)
+    if stop.requested():
+        version = summary.get("stopped_at_version")
+        print(f"stopped by {stop.name} at version {version}; continue the run with:")
+        print(f"  {resume_command(out_dir)}")
+        return stop.exit_code
     return 0 if summary.get("dropped_total", 0) == 0 else 1
+
+
+def _how_to_resume(out_dir: Path) -> str:
+    from dorarl.jobs.resume import find_checkpoint
+
+    try:
+        newest = find_checkpoint(out_dir)
+    except ConfigError:
+        return f"no checkpoint in {out_dir} yet to resume from"
+    return f"resume from {newest.name} with: {resume_command(out_dir)}"
+
+
+def _setup_logging() -> None:
+    """Warnings go through rich, so they print above the live progress bar, not into it."""
+    from rich.logging import RichHandler
+
+    handler = RichHandler(show_time=False, show_path=False, markup=False)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s", handlers=[handler])
+    logging.captureWarnings(True)  # warnings.warn, too, prints through the progress console
 
 
 @dataclass
@@ -90,11 +124,6 @@ def _gpu_count(text: str) -> float:
     if gpus < 0:
         raise ConfigError(f"--print-placement: expected the node's GPU count, got {text!r}")
     return gpus
-
-
-def _default_out(config: TrainConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{config.mode}-{os.getpid()}"
 
 
 def _help() -> str:
@@ -151,9 +180,13 @@ def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) 
     """Merge evaluations into metrics.jsonl, then draw the curve and fill TensorBoard."""
     path = out_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows:  # stopped before its first step
+        return rows
     for row in rows:
         _attach_eval(row, evals, first_step=rows[0]["step"])
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    from dorarl.report.plots import plot_training_curve  # matplotlib: only once a run ends
+
     plot_training_curve(rows, out_dir / "reward_curve.png", title=title)
     return rows
 
@@ -170,6 +203,8 @@ def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_st
 
 
 def log_scalars(out_dir: Path, rows: list[dict[str, Any]], use_wandb: bool, name: str) -> None:
+    from dorarl.report.tensorboard import ScalarLogger
+
     logger = ScalarLogger(out_dir, use_wandb=use_wandb, run_name=name)
     for row in rows:
         logger.log(row)

@@ -14,9 +14,12 @@ import os
 
 import ray
 
+from dorarl.errors import UserInputError
+
 log = logging.getLogger(__name__)
 
 SINGLE_NODE_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+AUTH_MODE = "RAY_AUTH_MODE"
 
 
 def is_loopback(host: str) -> bool:
@@ -36,6 +39,7 @@ def start_local_ray(
     None lets Ray count the machine's GPUs; a number declares that many."""
     if is_loopback(host):
         _single_node_mode()
+    _quiet_auth_notice()
     # address="local": always a new cluster of our own, never one named by RAY_ADDRESS, a
     # `ray start` on this host or a stale /tmp/ray/ray_current_cluster
     ray.init(
@@ -44,6 +48,7 @@ def start_local_ray(
         num_gpus=num_gpus,
         include_dashboard=False,
         log_to_driver=False,
+        logging_level=logging.WARNING,
         _node_ip_address=host,
     )
     node = ray.util.get_node_ip_address()
@@ -55,6 +60,47 @@ def start_local_ray(
             SINGLE_NODE_SWITCH,
         )
     return node
+
+
+class _DropAuthNotice(logging.Filter):
+    """Drops Ray's notice that it turned token auth on for a new local cluster (its default
+    since 2.59, and what we want): a warning on every start that asks nothing of the user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+def _quiet_auth_notice() -> None:
+    # not RAY_AUTH_MODE=token ourselves: Ray reads the mode once, when it is first imported
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropAuthNotice) for f in auth_log.filters):
+        auth_log.addFilter(_DropAuthNotice())
+
+
+def join_ray(address: str) -> None:
+    """`ray.init` on an existing cluster; a failure to join is one line saying what to check
+    (a token-auth cluster needs RAY_AUTH_MODE=token here, which Ray never sets by itself
+    for an explicit address), not Ray's traceback."""
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, AuthenticationError...
+        ray.shutdown()
+        raise UserInputError(f"ray.address={address}: {join_hint(exc)}") from None
+
+
+def join_hint(exc: BaseException) -> str:
+    """What went wrong joining a cluster, and what to set when token auth is the cause."""
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    text = f"could not join the cluster ({type(exc).__name__}: {first[:200]})"
+    auth = "auth" in str(exc).lower() or "token" in str(exc).lower()
+    if os.environ.get(AUTH_MODE, "").lower() != "token" or auth:
+        text += (
+            f"; a cluster with token authentication (Ray >= 2.59 turns it on for `ray start` "
+            f"when ~/.ray/auth_token exists) needs {AUTH_MODE}=token set here, and its token in "
+            "RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (`ray "
+            "get-auth-token` on the head node prints it)"
+        )
+    return text
 
 
 def _single_node_mode() -> None:

@@ -121,6 +121,10 @@ class RayRuntime:
         self.workers, self.trainer, self.recorder = engine_workers, trainer, recorder
         self.on_step = on_step
         self.on_publish = on_publish
+        # polled by the loop: once true, nothing new is dispatched, the training step in
+        # flight (if any) finishes and the run ends there (`stopped`)
+        self.should_stop: Callable[[], bool] = lambda: False
+        self.stopped = False
         self.t0 = time.monotonic()
         self.finished = False
         self.pending: dict[ray.ObjectRef, _Pending] = {}
@@ -162,6 +166,9 @@ class RayRuntime:
         self.t0 = time.monotonic()
         self._deliver(Start(self.now()))
         while not self.finished:
+            if self.should_stop() and not self._training():
+                self._stop("asked to stop")
+                break
             self._fire_timers()
             ready = self._wait()
             for ref in ready:
@@ -303,7 +310,12 @@ class RayRuntime:
         self.recorder.step_metrics(metrics)
         if self.on_publish is not None:  # before the controller can queue the next step
             self.on_publish(self.published)
-        self._deliver(TrainDone(self.published, self.now()))
+        done = TrainDone(self.published, self.now())
+        if self.should_stop():  # the step in flight when asked to stop: record it, queue none
+            self.recorder.observe(done, [])
+            self._stop("asked to stop after this step")
+        else:
+            self._deliver(done)
         if self.on_step is not None:
             self.on_step(self.recorder.steps[-1], groups)
 
@@ -322,6 +334,8 @@ class RayRuntime:
         }
 
     def _dispatch(self, c: Dispatch) -> None:
+        if self.should_stop():  # stopping: the group stays untrained, so a resume samples it
+            return
         self.groups.setdefault(c.group_id, (c.prompt_index, c.version))
         prompt = self._prompt(c.prompt_index)
         targets = self._target_lengths(c.group_id)
@@ -391,6 +405,15 @@ class RayRuntime:
     def _finish(self, c: Finish) -> None:
         log.info("run finished at %.1fs: %s", self.now(), c.reason)
         self.finished = True
+
+    def _stop(self, reason: str) -> None:
+        """End the run early at `published`; the controller's data position is valid now (no
+        step in flight, or the one in flight done and its TrainDone not delivered)."""
+        log.info("run stopped at %.1fs, version %d: %s", self.now(), self.published, reason)
+        self.finished = self.stopped = True
+
+    def _training(self) -> bool:
+        return any(job.kind == "train" for job in self.pending.values())
 
     # ---- helpers -------------------------------------------------------------------------
     def _pace(self, kind: str, stats: PaceStats) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from dorarl.config import ConfigError
 
 Z99 = 2.3263478740408408  # standard normal 99th percentile
@@ -49,6 +47,8 @@ class LengthDist:
 
     def group_lengths(self, seed: int, group_id: int, group_size: int) -> list[int]:
         """Forced response lengths of the G samples of group `group_id`."""
+        import numpy as np  # here, so configs that name a LengthDist load without numpy
+
         rng = np.random.default_rng([seed, group_id])
         shared = rng.standard_normal()
         own = rng.standard_normal(group_size)

@@ -1,0 +1,164 @@
+"""The run folder: which one a run writes to, and one consistent history when a run resumes.
+
+`--out` must be a new or empty folder, or the run that `resume=` continues. `resume=` naming
+a run folder (or a checkpoint inside one) takes that run's config.json as its config and that
+folder as its output, so `dorarl train resume=RUN_DIR` alone finishes the run. Resumed into
+its own folder from version V, everything logged after V (metrics and trajectory rows,
+TensorBoard, newer checkpoints) is moved to `rolled_back/`, so the files read as one history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from dorarl.config import ConfigError, to_dict
+from dorarl.jobs.resume import CHECKPOINTS, STATE_FILE
+
+CONFIG_FILE = "config.json"
+ROLLED_BACK = "rolled_back"
+
+
+def resume_command(out_dir: Path) -> str:
+    """The command that continues the run in `out_dir` (its own config and folder)."""
+    return f"dorarl train resume={shlex.quote(str(out_dir))}"
+
+
+def run_of(resume: str | None) -> Path | None:
+    """The run folder `resume=` names: itself, or the one a checkpoint was written in."""
+    if not resume:
+        return None
+    path = Path(resume)
+    if (path / CONFIG_FILE).is_file() and not (path / STATE_FILE).is_file():
+        return path
+    run = path.parent.parent
+    if path.parent.name == CHECKPOINTS and (run / CONFIG_FILE).is_file():
+        return run
+    return None
+
+
+def resume_value(overrides: list[str]) -> str | None:
+    """The value of the last `resume=` override (the config is not loaded yet)."""
+    found = None
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.strip() == "resume":
+            found = value or None
+    return found
+
+
+def config_source(config_path: str | None, overrides: list[str]) -> str | None:
+    """The config file a run loads: the resumed run's own config.json when `resume=` names a
+    run (overrides on the command line still apply), else `--config`."""
+    run = run_of(resume_value(overrides))
+    if run is None:
+        return config_path
+    if config_path is not None:
+        raise ConfigError(
+            f"--config: resume={run} continues that run with its own {CONFIG_FILE}; give "
+            "changes as key=value instead of a config file"
+        )
+    return str(run / CONFIG_FILE)
+
+
+def choose_out(out: str | None, resume: str | None, mode: str) -> Path:
+    """The run folder: `--out`, else the resumed run's, else a new runs/<time>-<mode>-<pid>.
+    Refuses (ConfigError) a file, or a non-empty folder that is not the resumed run."""
+    resumed = run_of(resume)
+    if out is None:
+        if resumed is not None:
+            return resumed
+        return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{mode}-{os.getpid()}"
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out}: is a file; give a new or empty folder")
+    if path.is_dir() and any(path.iterdir()):
+        if resumed is not None and path.resolve() == resumed.resolve():
+            return path
+        raise ConfigError(
+            f"--out {out}: not empty; give a new or empty folder, or continue the run in it "
+            f"with resume={out}"
+        )
+    return path
+
+
+def open_run_folder(out_dir: Path, config: Any, resume_version: int | None) -> None:
+    """Create the folder and write config.json; resumed in its own folder at version V, move
+    what was logged after V aside first."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if resume_version is not None and (out_dir / "metrics.jsonl").is_file():
+        roll_back(out_dir, resume_version)
+    # to_dict leaves derived keys out: the file loads back as the run's config
+    (out_dir / CONFIG_FILE).write_text(json.dumps(to_dict(config), indent=2) + "\n")
+
+
+def roll_back(out_dir: Path, version: int) -> dict[str, int]:
+    """Move everything of versions after `version` to rolled_back/: metrics rows of steps
+    that made a later version, trajectory rows trained at `version` or later, newer
+    checkpoints; TensorBoard is rebuilt from the rows kept. Returns what moved, by kind."""
+    aside = out_dir / ROLLED_BACK
+    moved = {
+        "metrics": _split_rows(
+            out_dir / "metrics.jsonl", aside, lambda r: r["new_version"] <= version
+        ),
+        "trajectories": _split_rows(
+            out_dir / "trajectories.jsonl", aside, lambda r: r["train_version"] < version
+        ),
+        "checkpoints": _move_newer_checkpoints(out_dir / CHECKPOINTS, aside, version),
+    }
+    if moved["metrics"] and (out_dir / "tensorboard").is_dir():
+        _rebuild_tensorboard(out_dir, aside)
+    return moved
+
+
+def _split_rows(path: Path, aside: Path, keep: Any) -> int:
+    """Keep the rows `keep` accepts in `path`, append the others to aside/<name>."""
+    if not path.is_file():
+        return 0
+    kept: list[str] = []
+    dropped: list[str] = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            (kept if keep(json.loads(line)) else dropped).append(line)
+    if dropped:
+        aside.mkdir(exist_ok=True)
+        with open(aside / path.name, "a") as f:
+            f.write("".join(line + "\n" for line in dropped))
+        path.write_text("".join(line + "\n" for line in kept))
+    return len(dropped)
+
+
+def _move_newer_checkpoints(parent: Path, aside: Path, version: int) -> int:
+    from dorarl.trainer.checkpoint import VERSION_FOLDER
+
+    newer = [
+        path
+        for path in (parent.glob("version_*") if parent.is_dir() else [])
+        if (match := VERSION_FOLDER.fullmatch(path.name)) and int(match.group(1)) > version
+    ]
+    for path in newer:
+        dest = aside / CHECKPOINTS / path.name
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        path.rename(dest)
+    return len(newer)
+
+
+def _rebuild_tensorboard(out_dir: Path, aside: Path) -> None:
+    """TensorBoard shows what metrics.jsonl holds: the old event files go aside, the kept
+    rows are written again."""
+    from dorarl.report.tensorboard import ScalarLogger
+
+    dest = aside / f"tensorboard-{time.strftime('%Y%m%d-%H%M%S')}"
+    (out_dir / "tensorboard").rename(dest)
+    logger = ScalarLogger(out_dir)
+    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            logger.log(json.loads(line))
+    logger.close()
