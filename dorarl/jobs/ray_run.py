@@ -93,6 +93,8 @@ def run_ray(
     point = config.resume_point()
     model_folder = str(point.folder if point else (config.model or shipped_base_model()))
     task = build_task(config, model_folder)  # bad data stops the run before any file is written
+    if stop is not None and stop.requested():
+        raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)
     try:
         placed = place_actors(config)  # a cluster that cannot hold them: refused, no files

@@ -1,8 +1,9 @@
 """`dorarl train`: load and validate the config, start the runtime, write the run folder.
 
-Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key.
-The run folder holds metrics.jsonl, trajectories.jsonl, summary.json, trace.json,
-reward_curve.png, tensorboard/ and checkpoints/.
+Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key
+(and imports no torch, Ray or transformers, so it answers at once). The run folder holds
+config.json, metrics.jsonl, trajectories.jsonl, summary.json, trace.json, reward_curve.png,
+tensorboard/ and checkpoints/. Ctrl-C stops a run cleanly; `resume=RUN_DIR` continues it.
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ def _help() -> str:
         "GPUS GPUs. Neither starts anything.",
         "",
         "Runs RL training (default: the built-in running_sum task, dora mode, local Ray,",
-        "the shipped base model). Settings, as key=value or in a YAML file:",
+        "the shipped base model). Ctrl-C stops after the step in flight with a checkpoint;",
+        "`dorarl train resume=RUN_DIR` continues that run (its config.json, its folder).",
+        "Settings, as key=value or in a YAML file:",
         "",
     ]
     lines += [f"  {key:<{width}}  {default:<14} {help_}" for key, default, help_ in rows]

@@ -111,3 +111,25 @@ def test_task_keys_reach_the_arith_and_jsonl_tasks(tmp_path, tiny_chat_model_dir
     assert task.tokenizer.decode(task.train_prompts()[0].prompt_ids).endswith(
         "1+1=<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_help_is_fast_it_imports_no_torch_ray_or_transformers():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from dorarl.cli import main; main(['train', '--help']); "
+        "print(sorted(m for m in ('torch', 'ray', 'transformers', 'matplotlib') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_bench_help_lists_the_benchmarks(capsys):
+    assert cli_main(["bench", "--help"]) == 0
+    text = capsys.readouterr().out
+    for name in ("engine", "modes", "convergence"):
+        assert f"bench {name}" in text
+    assert cli_main(["bench", "nope"]) == 2
+    assert "unknown command 'bench nope'" in capsys.readouterr().err

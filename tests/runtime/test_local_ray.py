@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import ray
 
-from dorarl.runtime.local_ray import is_loopback, start_local_ray
+from dorarl.runtime.local_ray import is_loopback, join_hint, start_local_ray
 
 LISTEN = "0A"  # TCP state code in /proc/net/tcp*
 
@@ -42,7 +42,7 @@ def test_loopback_names():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
-def test_local_ray_listens_on_loopback_only():
+def test_local_ray_listens_on_loopback_only(capfd):
     before = _listening()
     try:
         node = start_local_ray(num_cpus=1)
@@ -59,3 +59,15 @@ def test_local_ray_listens_on_loopback_only():
     assert opened, "Ray opened no listening socket?"
     exposed = sorted(a for a in opened if not is_loopback(a[0]))
     assert not exposed, f"Ray listens beyond loopback: {exposed}"
+    # Ray's notice that it turned token auth on (its default) stays off the screen
+    assert "Token authentication is enabled" not in capfd.readouterr().err
+
+
+def test_a_failed_join_says_how_to_use_token_auth(monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    hint = join_hint(ConnectionError("Failed to connect to GCS at 10.1.2.3:6379\nretrying"))
+    assert "\n" not in hint and "ConnectionError: Failed to connect to GCS" in hint
+    assert "RAY_AUTH_MODE=token" in hint and "RAY_AUTH_TOKEN_PATH" in hint
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert "RAY_AUTH_MODE" not in join_hint(ConnectionError("no route to host"))
+    assert "RAY_AUTH_MODE=token" in join_hint(RuntimeError("Invalid authentication token"))

@@ -1,0 +1,59 @@
+"""Progress: staleness as a short histogram, an ETA, plain lines when not on a terminal."""
+
+import io
+
+from rich.console import Console
+
+from dorarl.jobs.progress import TrainProgress, plain_every, staleness_histogram
+
+
+def _row(version, staleness=None):
+    return {"new_version": version, "reward_mean": 0.25, "tokens_per_s": 100.0,
+            "step_time_s": 1.0, "staleness": staleness or {"0": 12, "1": 4}}  # fmt: skip
+
+
+def test_staleness_is_a_histogram_not_a_dict():
+    assert staleness_histogram({"0": 12, "1": 4}) == "█▃ 0:12 1:4"
+    assert staleness_histogram({"0": 3, "2": 3}) == "█ █ 0:3 2:3"  # no group at staleness 1
+    assert staleness_histogram({}) == "-"
+
+
+def test_off_a_terminal_one_plain_line_every_few_steps_with_an_eta():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with TrainProgress(40, console=console) as progress:
+        assert not progress.live
+        for v in range(1, 41):
+            progress.update(_row(v), {1: 0.5})
+    lines = [line for line in out.getvalue().splitlines() if line.startswith("train step")]
+    assert plain_every(40) == 2 and len(lines) == 20
+    assert lines[0].startswith("train step 2/40 (v2)") and "eta " in lines[0]
+    assert "stale █▃ 0:12 1:4" in lines[0] and "{" not in lines[0]
+    assert lines[-1].startswith("train step 40/40") and "eta 0m00s" in lines[-1]
+
+
+def test_progress_false_prints_nothing():
+    out = io.StringIO()
+    with TrainProgress(4, enabled=False, console=Console(file=out)) as progress:
+        progress.update(_row(1), {})
+        progress.note("final evaluation")
+    assert out.getvalue() == ""
+
+
+def test_warnings_go_through_the_console_the_bar_draws_on(monkeypatch):
+    import logging
+
+    from rich.logging import RichHandler
+
+    from dorarl.jobs.train import _setup_logging
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    try:
+        _setup_logging()
+        (handler,) = root.handlers
+        # rich prints records through the live display's console above the bar, not into it
+        assert isinstance(handler, RichHandler)
+        assert handler.console is TrainProgress(1).console
+    finally:
+        logging.captureWarnings(False)

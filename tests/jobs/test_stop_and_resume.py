@@ -1,0 +1,84 @@
+"""Stopping is a first-class operation and the printed command finishes the run: SIGINT to
+`dorarl train` (as a terminal's Ctrl-C: to the whole process group) stops after the step in
+flight with a checkpoint, summary.json and the resume command; a second SIGINT aborts at
+once; the printed command then finishes the run in its folder with one consistent history."""
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dorarl.cli import main as cli_main
+
+SMALL = ["instances=2", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
+         "eval.max_prompts=4", "eval.every=0", "progress=false", "mode=dora", "K=1"]  # fmt: skip
+STEPS = 4
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _interrupt(args: list[str], out: Path, after_rows: int, times: int) -> tuple[int, str]:
+    """Run `dorarl train ARGS` in its own process group; once metrics.jsonl has `after_rows`
+    rows, send SIGINT `times` times to the group; returns (exit code, stdout + stderr)."""
+    cmd = [sys.executable, "-m", "dorarl.cli", "train", *args]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 600
+    while len(_lines(out / "metrics.jsonl")) < after_rows and proc.poll() is None:
+        assert time.monotonic() < deadline, "no training step logged in 600 s"
+        time.sleep(0.2)
+    for _ in range(times):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.1)  # apart, or the kernel may merge them into one
+    text, _ = proc.communicate(timeout=600)
+    time.sleep(2)  # Ray's own processes follow the driver out
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing of the run is left in its process group
+    return proc.returncode, text
+
+
+@pytest.mark.slow
+def test_sigint_stops_the_run_and_the_printed_command_finishes_it(tmp_path):
+    out = tmp_path / "run"
+    rc, text = _interrupt([*SMALL, f"steps={STEPS}", "--out", str(out)], out, 1, times=1)
+    assert rc == 130 and "Traceback" not in text, text
+    summary = json.loads((out / "summary.json").read_text())
+    stopped = summary["stopped_at_version"]
+    assert summary["stopped_by"] == "SIGINT" and 1 <= stopped < STEPS, summary
+    state = json.loads(
+        (out / "checkpoints" / f"version_{stopped:05d}" / "trainer_state.json").read_text()
+    )
+    assert state["version"] == state["extra_state"]["version"] == stopped  # with its data
+    printed = text.splitlines()[text.splitlines().index("stopped by SIGINT at version "
+                                                         f"{stopped}; continue the run with:") + 1]  # fmt: skip
+    command = printed.strip()
+    assert command == f"dorarl train resume={out}" == summary["resume_command"]
+
+    # the printed command, interrupted twice: it aborts at once, cleanly, after a new step
+    rc, text = _interrupt(shlex.split(command)[2:], out, stopped + 1, times=2)
+    assert rc == 130 and "Traceback" not in text and "dorarl: aborted" in text, text
+
+    # and once more, to the end: rows the abort left after the checkpoint move aside
+    assert cli_main(shlex.split(command)[1:]) == 0
+    metrics = _lines(out / "metrics.jsonl")
+    assert [m["version"] for m in metrics] == list(range(STEPS))
+    assert [m["new_version"] for m in metrics] == list(range(1, STEPS + 1))
+    trajectories = _lines(out / "trajectories.jsonl")
+    samples = [(t["group_id"], t["sample_index"]) for t in trajectories]
+    assert len(samples) == len(set(samples))  # each trajectory trained once in this history
+    trained = [t["train_version"] for t in trajectories]
+    assert trained == sorted(trained) and set(trained) == set(range(STEPS))
+    assert json.loads((out / "summary.json").read_text()).get("stopped_by") is None
+    assert (out / "checkpoints" / f"version_{STEPS:05d}").is_dir()
+    assert json.loads((out / "config.json").read_text())["steps"] == STEPS
