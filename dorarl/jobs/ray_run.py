@@ -25,7 +25,7 @@ from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.train import finish_outputs
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
-from dorarl.runtime.local_ray import join_ray, start_local_ray
+from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.ray_runtime import (
@@ -90,6 +90,8 @@ def run_ray(
 ) -> dict[str, Any]:
     """Run to `config.steps`, or until `stop` is requested (then: the step in flight ends, a
     checkpoint of that version is written, the summary says `stopped_by`)."""
+    if config.ray.address:  # a cluster that will refuse us says so before the slow part
+        check_cluster_auth(config.ray.address)
     point = config.resume_point()
     model_folder = str(point.folder if point else (config.model or shipped_base_model()))
     task = build_task(config, model_folder)  # bad data stops the run before any file is written

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+from pathlib import Path
 
 import ray
 
@@ -78,14 +79,60 @@ def _quiet_auth_notice() -> None:
 
 
 def join_ray(address: str) -> None:
-    """`ray.init` on an existing cluster; a failure to join is one line saying what to check
-    (a token-auth cluster needs RAY_AUTH_MODE=token here, which Ray never sets by itself
-    for an explicit address), not Ray's traceback."""
+    """`ray.init` on an existing cluster (after `check_cluster_auth`); a failure to join is
+    one line saying what to check, not Ray's traceback."""
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, AuthenticationError...
         ray.shutdown()
         raise UserInputError(f"ray.address={address}: {join_hint(exc)}") from None
+
+
+def check_cluster_auth(address: str, timeout_s: float = 10.0) -> None:
+    """Ask the cluster's GCS for its id, with the token Ray would send (if any): refused for
+    want of a token, say so now, in one line, instead of Ray retrying for 20 s. Addresses
+    that are not HOST:PORT (auto, ray://) and unreachable ones are left to ray.init."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    token, source = _token_ray_would_send()
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=metadata
+            )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                return
+            if token:
+                raise UserInputError(
+                    f"ray.address={address}: the cluster refused the token from {source}; "
+                    "use the head node's (`ray get-auth-token` there prints it)"
+                ) from None
+            raise UserInputError(
+                f"ray.address={address}: the cluster uses token authentication; set "
+                f"{AUTH_MODE}=token and its token in RAY_AUTH_TOKEN, the file "
+                "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (`ray get-auth-token` on the head "
+                "node prints it)"
+            ) from None
+
+
+def _token_ray_would_send() -> tuple[str | None, str]:
+    """The token and where it comes from, in Ray's order, when RAY_AUTH_MODE=token."""
+    if os.environ.get(AUTH_MODE, "").lower() != "token":
+        return None, ""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return os.environ["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        return path.read_text().strip() or None, str(path)
+    except OSError:
+        return None, str(path)
 
 
 def join_hint(exc: BaseException) -> str:

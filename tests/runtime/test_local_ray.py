@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from dorarl.runtime.local_ray import is_loopback, join_hint, start_local_ray
+from dorarl.errors import UserInputError
+from dorarl.runtime.local_ray import check_cluster_auth, is_loopback, join_hint, start_local_ray
 
 LISTEN = "0A"  # TCP state code in /proc/net/tcp*
 
@@ -42,7 +43,7 @@ def test_loopback_names():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
-def test_local_ray_listens_on_loopback_only(capfd):
+def test_local_ray_listens_on_loopback_only(capfd, monkeypatch):
     before = _listening()
     try:
         node = start_local_ray(num_cpus=1)
@@ -53,6 +54,7 @@ def test_local_ray_listens_on_loopback_only(capfd):
             return 1
 
         assert ray.get(ping.remote()) == 1  # workers reach the services over loopback
+        _joining_checks_the_token(ray.get_runtime_context().gcs_address, monkeypatch)
     finally:
         ray.shutdown()
     assert node == "127.0.0.1"
@@ -61,6 +63,21 @@ def test_local_ray_listens_on_loopback_only(capfd):
     assert not exposed, f"Ray listens beyond loopback: {exposed}"
     # Ray's notice that it turned token auth on (its default) stays off the screen
     assert "Token authentication is enabled" not in capfd.readouterr().err
+
+
+def _joining_checks_the_token(address: str, monkeypatch) -> None:
+    """The local Ray uses token auth (Ray's default): joining it without the token, or with
+    a wrong one, is one clear error at once; with the token it passes."""
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    check_cluster_auth(address)  # the token Ray made for it, in ~/.ray/auth_token
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "not-the-token")
+    with pytest.raises(UserInputError, match="refused the token from RAY_AUTH_TOKEN"):
+        check_cluster_auth(address)
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    with pytest.raises(UserInputError, match="uses token authentication; set RAY_AUTH_MODE"):
+        check_cluster_auth(address)
 
 
 def test_a_failed_join_says_how_to_use_token_auth(monkeypatch):
