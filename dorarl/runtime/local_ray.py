@@ -100,7 +100,8 @@ def check_cluster_auth(address: str, timeout_s: float = 10.0) -> None:
 
     token, source = _token_ray_would_send()
     metadata = [("authorization", f"Bearer {token}")] if token else []
-    with grpc.insecure_channel(address) as channel:
+    # straight to the address: an http(s)_proxy in the environment must not carry the probe
+    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
         try:
             stub.GetClusterId(

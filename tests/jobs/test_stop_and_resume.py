@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,23 +30,36 @@ def _lines(path: Path) -> list[dict]:
 
 def _interrupt(args: list[str], out: Path, after_rows: int, times: int) -> tuple[int, str]:
     """Run `dorarl train ARGS` in its own process group; once metrics.jsonl has `after_rows`
-    rows, send SIGINT `times` times to the group; returns (exit code, stdout + stderr)."""
+    rows, send SIGINT `times` times to the group, each once the run has taken the one
+    before (two close together would reach Python's handler once); returns (exit code,
+    stdout + stderr)."""
     cmd = [sys.executable, "-m", "dorarl.cli", "train", *args]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     deadline = time.monotonic() + 600
     while len(_lines(out / "metrics.jsonl")) < after_rows and proc.poll() is None:
         assert time.monotonic() < deadline, "no training step logged in 600 s"
         time.sleep(0.2)
-    for _ in range(times):
+    for sent in range(times):
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.1)  # apart, or the kernel may merge them into one
-    text, _ = proc.communicate(timeout=600)
+        while sent + 1 < times and not any("stopping after" in line for line in lines):
+            assert proc.poll() is None, "".join(lines)
+            time.sleep(0.01)
+    proc.wait(timeout=600)
+    reader.join(timeout=10)
     time.sleep(2)  # Ray's own processes follow the driver out
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)  # nothing of the run is left in its process group
-    return proc.returncode, text
+    return proc.returncode, "".join(lines)
 
 
 @pytest.mark.slow
