@@ -32,8 +32,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage(group: str = "") -> str:
     """Every command, or those of `group` (`dorarl bench --help`: the benchmarks)."""
-    head = f"dorarl {group} NAME" if group else "dorarl COMMAND"
-    lines = [f"usage: {head} [args...]   (NAME --help: its options)", "", "commands:"]
+    word = "NAME" if group else "COMMAND"
+    head = f"dorarl {group} {word}" if group else f"dorarl {word}"
+    lines = [f"usage: {head} [args...]   ({word} --help: its options)", "", "commands:"]
     lines += [
         f"  {name:<20} {help_}"
         for name, (_, help_) in COMMANDS.items()
