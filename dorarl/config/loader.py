@@ -36,8 +36,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
-    _refuse_derived(cls, raw, source)
-    return _build(cls, raw, prefix="", source=source)
+    given = _pop_derived(cls, raw)
+    config = _build(cls, raw, prefix="", source=source)
+    _refuse_differing(config, given, source)
+    return config
 
 
 def derived_keys(cls: type) -> dict[str, str]:
@@ -46,16 +48,28 @@ def derived_keys(cls: type) -> dict[str, str]:
     return dict(getattr(cls, "DERIVED_KEYS", {}))
 
 
-def _refuse_derived(cls: type, raw: dict[str, Any], source: str) -> None:
-    for key, origin in derived_keys(cls).items():
+def _pop_derived(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """Take the derived keys out of `raw` (a run folder's config.json may hold them)."""
+    given: dict[str, Any] = {}
+    for key in derived_keys(cls):
+        *sections, name = key.split(".")
         node: Any = raw
+        for part in sections:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and name in node:
+            given[key] = node.pop(name)
+    return given
+
+
+def _refuse_differing(config: Any, given: dict[str, Any], source: str) -> None:
+    """A derived key may be written out as it is derived (old run folders do), never set."""
+    for key, value in given.items():
+        derived: Any = config
         for part in key.split("."):
-            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is not _MISSING:
+            derived = getattr(derived, part)
+        if value != derived:
+            origin = derived_keys(type(config))[key]
             raise ConfigError(f"{key}: follows {origin}; set {origin} instead ({source})")
-
-
-_MISSING = object()
 
 
 def to_dict(config: Any) -> dict[str, Any]:
