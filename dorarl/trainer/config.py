@@ -88,6 +88,14 @@ class TrainerConfig:
     micro_batch_tokens: int = field(
         default=8192, metadata={"help": "padded tokens per forward/backward micro-batch"}
     )
+    logits_chunk_tokens: int = field(
+        default=512,
+        metadata={
+            "help": "tokens per chunk through the output layer (log-probs and entropy are "
+            "computed chunk by chunk, recomputed in backward): bounds the full-vocabulary "
+            "logits in memory to chunk x vocabulary"
+        },
+    )
     temperature: float = field(
         default=1.0,
         metadata={
@@ -111,6 +119,8 @@ class TrainerConfig:
             raise ConfigError("lr: must be > 0")
         if self.micro_batch_tokens <= 0:
             raise ConfigError("micro_batch_tokens: must be > 0")
+        if self.logits_chunk_tokens <= 0:
+            raise ConfigError("logits_chunk_tokens: must be > 0")
         if self.temperature <= 0.0:
             raise ConfigError(
                 "temperature: must be > 0 (greedy rollouts have no logprobs to train on)"

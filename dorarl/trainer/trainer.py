@@ -24,7 +24,9 @@ from dorarl.errors import UserInputError
 from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer.batch import MicroBatch, build_sequences, collate, plan_micro_batches
 from dorarl.trainer.config import TrainerConfig
-from dorarl.trainer.loss import k3_kl, objective, token_entropy, token_logprobs
+from dorarl.trainer.forward import micro_batch_logprobs, split_head
+from dorarl.trainer.loss import k3_kl, objective
+from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
 from dorarl.trainer.totals import StepTotals
 
@@ -67,6 +69,9 @@ class Trainer:
         self.source_dir = Path(source_dir) if source_dir is not None else None
         self.reference_path = str(reference_path) if reference_path is not None else None
         self.reference = self._load_reference() if config.loss.kl_coef > 0 else None
+        self.split = split_head(self.model)
+        self.reference_split = split_head(self.reference) if self.reference is not None else None
+        self.peak_memory = PeakMemory(self.device)
         self.pad_id = int(model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -131,6 +136,7 @@ class Trainer:
     def train_step(self, groups: list[Group]) -> dict[str, float | dict]:
         """One optimizer step on `groups` (rewards filled in); version v -> v + 1."""
         start = time.perf_counter()
+        self.peak_memory.start()
         metrics: dict[str, float | dict] = batch_metrics(groups, self.version)
         loss_metrics = self.accumulate_gradients(groups)
         if loss_metrics["tokens"] > 0:
@@ -148,6 +154,7 @@ class Trainer:
             lr=self._lr(),
             version=float(self.version),
             step_seconds=time.perf_counter() - start,
+            peak_memory_gb=self.peak_memory.peak_gb(),
         )
         return metrics
 
@@ -163,12 +170,16 @@ class Trainer:
         return {**totals.summary(), "micro_batches": float(len(plan))}
 
     def _micro_step(self, batch: MicroBatch, totals: StepTotals) -> None:
-        cfg, temperature = self.config.loss, self.config.temperature
-        logits = self.model(input_ids=batch.input_ids, use_cache=False).logits[:, :-1]
-        logp = token_logprobs(logits, batch.targets, temperature)
+        cfg = self.config.loss
+        logp, entropy = micro_batch_logprobs(
+            self.model,
+            self.split,
+            batch,
+            self.config.temperature,
+            self.config.logits_chunk_tokens,
+            entropy_grad=cfg.entropy_coef != 0.0,
+        )
         ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
-        with torch.set_grad_enabled(cfg.entropy_coef != 0.0):
-            entropy = token_entropy(logits, temperature)
         loss, terms = objective(
             logp,
             batch.behavior_logp,
@@ -184,8 +195,14 @@ class Trainer:
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        logits = self.reference(input_ids=batch.input_ids, use_cache=False).logits[:, :-1]
-        return token_logprobs(logits, batch.targets, self.config.temperature)
+        logp, _ = micro_batch_logprobs(
+            self.reference,
+            self.reference_split,
+            batch,
+            self.config.temperature,
+            self.config.logits_chunk_tokens,
+        )
+        return logp
 
     def _optimizer_step(self) -> tuple[float, bool]:
         """Clip, step, zero. A non-finite gradient skips the update rather than corrupt weights."""
