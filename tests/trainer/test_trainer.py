@@ -161,3 +161,76 @@ def test_a_qwen2_model_trains_and_round_trips(tmp_path, make_groups):
     assert resumed.model.config.model_type == "qwen2"
     for name, tensor in resumed.named_tensors().items():
         assert torch.equal(tensor, trainer.named_tensors()[name]), name
+
+
+def _wide_vocab_model(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model_config = LlamaConfig(
+        vocab_size=3000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(model_config)
+
+
+def _wide_vocab_trainer(**config) -> Trainer:
+    return Trainer(_wide_vocab_model(), TrainerConfig(**config))
+
+
+def _largest_saved_tensor(trainer: Trainer, groups) -> int:
+    saved: list[int] = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        trainer.accumulate_gradients(groups)
+    return max(saved)
+
+
+def test_no_full_vocabulary_logits_are_kept_for_backward(make_groups):
+    groups = make_groups(seed=9, vocab=3000)
+    trainer = _wide_vocab_trainer(micro_batch_tokens=10**6, logits_chunk_tokens=8)
+    assert trainer.split is not None
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
+    assert _largest_saved_tensor(trainer, groups) <= 3000 * 32  # the output layer's weight
+    trainer.split = None  # the full-logits path keeps (rows x width x vocabulary) logits
+    assert _largest_saved_tensor(trainer, groups) >= tokens * 3000
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_chunked_path_equals_full_logits_path(tmp_path, make_groups, temperature):
+    _wide_vocab_model(seed=1).save_pretrained(tmp_path / "reference")
+    loss = LossConfig(kl_coef=0.1, entropy_coef=0.01)
+    config = TrainerConfig(
+        micro_batch_tokens=64,
+        logits_chunk_tokens=5,
+        temperature=temperature,
+        loss=loss,
+        reference_path=str(tmp_path / "reference"),
+    )
+    groups = make_groups(seed=10, vocab=3000)
+    chunked = Trainer(_wide_vocab_model(), config, reference_path=config.reference_path)
+    full = Trainer(_wide_vocab_model(), config, reference_path=config.reference_path)
+    assert chunked.split is not None and chunked.reference_split is not None
+    full.split = full.reference_split = None
+    m_chunked, m_full = chunked.accumulate_gradients(groups), full.accumulate_gradients(groups)
+    for key in ("loss", "pg_loss", "entropy", "kl_ref", "kl_behavior", "ratio_mean"):
+        assert m_chunked[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+    g_chunked, g_full = _grads(chunked), _grads(full)
+    assert g_chunked.keys() == g_full.keys()
+    for name in g_full:
+        torch.testing.assert_close(g_chunked[name], g_full[name], rtol=1e-4, atol=1e-7)
+
+
+def test_train_step_reports_peak_memory(tiny_model_dir, make_groups):
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
+    metrics = trainer.train_step(make_groups(seed=11))
+    assert 0.01 < metrics["peak_memory_gb"] < 64
