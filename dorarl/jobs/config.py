@@ -94,7 +94,13 @@ class RaySection:
         default="127.0.0.1",
         metadata={"help": "address a local Ray's services listen on (127.0.0.1: this machine)"},
     )
-    threads_per_actor: int = field(default=1, metadata={"help": "torch threads in each actor"})
+    threads_per_actor: int = field(
+        default=0,
+        metadata={
+            "help": "torch threads in each actor (0: share this machine's cores: the trainer "
+            "all of them, engines an equal share at lower priority, the evaluator one)"
+        },
+    )
     max_engine_restarts: int = field(
         default=3,
         metadata={"help": "dead engine instances replaced mid-run before the run stops"},

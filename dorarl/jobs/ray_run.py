@@ -36,6 +36,7 @@ from dorarl.runtime.ray_runtime import (
     start_workers,
 )
 from dorarl.runtime.recorder import Recorder
+from dorarl.runtime.threads import ThreadPlan, share_threads
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.assets import shipped_base_model
 
@@ -162,11 +163,19 @@ def _run(
 ) -> dict[str, Any]:
     controller_config = config.controller_config()
     start = controller_config.initial_version
-    threads = config.ray.threads_per_actor
+    threads = share_threads(config.ray.threads_per_actor, config.instances)
     resume_from = str(point.folder) if point else None
-    trainer_args = (model_folder, config.trainer, threads, resume_from)
+    trainer_args = (model_folder, config.trainer, threads.trainer, resume_from)
     workers, trainer = start_workers(
-        config.instances, model_folder, config.engine, trainer_args, threads, pace, start, placed
+        config.instances,
+        model_folder,
+        config.engine,
+        trainer_args,
+        threads.engine,
+        pace,
+        start,
+        placed,
+        nice=threads.engine_nice,
     )
     evaluator = _start_evaluator(config, model_folder, task, threads, placed)
     recorder = Recorder(
@@ -186,7 +195,16 @@ def _run(
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
 
     def respawn(instance_id: int) -> Any:
-        return spawn_engine(instance_id, model_folder, config.engine, threads, pace, start, placed)
+        return spawn_engine(
+            instance_id,
+            model_folder,
+            config.engine,
+            threads.engine,
+            pace,
+            start,
+            placed,
+            nice=threads.engine_nice,
+        )
 
     runtime = RayRuntime(
         controller_config,
@@ -243,7 +261,7 @@ def _run(
 
 
 def _start_evaluator(
-    config: TrainConfig, model_folder: str, task: Task, threads: int, placed: PlacedActors
+    config: TrainConfig, model_folder: str, task: Task, threads: ThreadPlan, placed: PlacedActors
 ) -> Any:
     engine = EngineConfig(
         max_num_seqs=config.engine.max_num_seqs,
@@ -253,7 +271,14 @@ def _start_evaluator(
         dtype=config.engine.dtype,
     )
     actor = ray.remote(**actor_options("evaluator", engine.device, placed))(EvalWorker)
-    return actor.remote(model_folder, engine, task, config.eval.max_prompts, threads)
+    return actor.remote(
+        model_folder,
+        engine,
+        task,
+        config.eval.max_prompts,
+        threads.evaluator,
+        threads.evaluator_nice,
+    )
 
 
 def _rollout(config: TrainConfig, task: Task) -> RolloutSettings:

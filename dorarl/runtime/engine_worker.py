@@ -21,6 +21,7 @@ from dorarl.engine import (
     SamplingParams,
 )
 from dorarl.runtime.pacing import DeviceModel, Pacer, PaceStats
+from dorarl.runtime.threads import apply_threads
 
 
 @dataclass
@@ -63,8 +64,9 @@ class EngineWorker:
         threads: int = 1,
         pace: DeviceModel | None = None,
         version: int = 0,
+        nice: int = 0,
     ):
-        torch.set_num_threads(threads)
+        apply_threads(threads, nice)
         self.instance_id = instance_id
         self.model_folder = model_folder
         self.config = config

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dorarl.engine import Engine, EngineConfig
+from dorarl.runtime.threads import apply_threads
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import evaluate
 
@@ -23,8 +24,9 @@ class EvalWorker:
         task: Task,
         max_prompts: int,
         threads: int = 1,
+        nice: int = 0,
     ) -> None:
-        torch.set_num_threads(threads)
+        apply_threads(threads, nice)
         self.engine = Engine.from_pretrained(model_folder, config, version=0)
         self.task, self.max_prompts = task, max_prompts
 

@@ -468,16 +468,18 @@ def start_workers(
     pace: DeviceModel | None = None,
     version: int = 0,
     placed: PlacedActors | None = None,
+    nice: int = 0,
 ) -> tuple[list[Any], Any]:
     """Create the engine actors and the trainer actor (local Ray or a cluster); engines host
     `model_folder`'s weights as `version`; with `pace`, every engine step and training step
     lasts its device time (device emulation). `placed` gives each actor its GPU share and
-    bundle; without it an actor on cuda asks Ray for a whole GPU."""
+    bundle; without it an actor on cuda asks Ray for a whole GPU. Engines run `threads`
+    torch threads at niceness `nice` (dorarl.runtime.threads)."""
     trainer_config = trainer_args[1]
     trainer_options = actor_options("trainer", trainer_config.device, placed)
     trainer_actor = ray.remote(**trainer_options)(TrainerWorker)
     workers = [
-        spawn_engine(i, model_folder, engine_config, threads, pace, version, placed)
+        spawn_engine(i, model_folder, engine_config, threads, pace, version, placed, nice)
         for i in range(num_instances)
     ]
     trainer = trainer_actor.remote(*trainer_args, pace=pace)
@@ -492,11 +494,14 @@ def spawn_engine(
     pace: DeviceModel | None = None,
     version: int = 0,
     placed: PlacedActors | None = None,
+    nice: int = 0,
 ) -> Any:
     """One engine actor (at start, or replacing a dead one in the same bundle)."""
     options = actor_options(f"engine{instance_id}", engine_config.device, placed)
     engine_actor = ray.remote(**options)(EngineWorker)
-    return engine_actor.remote(instance_id, model_folder, engine_config, threads, pace, version)
+    return engine_actor.remote(
+        instance_id, model_folder, engine_config, threads, pace, version, nice
+    )
 
 
 def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:

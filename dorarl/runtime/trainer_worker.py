@@ -15,6 +15,7 @@ import torch
 
 from dorarl.data import Group
 from dorarl.runtime.pacing import DeviceModel, Pacer
+from dorarl.runtime.threads import apply_threads
 from dorarl.trainer import Trainer, TrainerConfig
 from dorarl.trainer import checkpoint as ckpt
 
@@ -28,7 +29,7 @@ class TrainerWorker:
         resume_from: str | None = None,
         pace: DeviceModel | None = None,
     ) -> None:
-        torch.set_num_threads(threads)
+        apply_threads(threads)
         self.model_folder = model_folder
         self.config = config
         self.pace = pace

@@ -1,0 +1,48 @@
+"""Thread plan: explicit per-actor threads, or the cores shared out with the trainer first."""
+
+import subprocess
+import sys
+
+import pytest
+
+from dorarl.config import ConfigError
+from dorarl.runtime.threads import ENGINE_NICE, EVALUATOR_NICE, ThreadPlan, share_threads
+
+
+def test_explicit_threads_go_to_every_actor_without_priorities():
+    assert share_threads(3, instances=2, cpus=2) == ThreadPlan(3, 3, 3, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "instances", "engine"), [(2, 2, 1), (2, 1, 2), (16, 3, 5), (1, 4, 1), (8, 0, 8)]
+)
+def test_automatic_plan_gives_the_trainer_every_core(cpus, instances, engine):
+    plan = share_threads(0, instances=instances, cpus=cpus)
+    assert plan == ThreadPlan(engine, cpus, 1, ENGINE_NICE, EVALUATOR_NICE)
+    assert plan.engine * max(1, instances) <= max(cpus, instances)
+
+
+def test_negative_threads_name_the_key():
+    with pytest.raises(ConfigError, match="ray.threads_per_actor"):
+        share_threads(-1, instances=2)
+
+
+def test_apply_threads_lowers_every_thread_of_the_process():
+    """In a child process: its torch threads and the niceness of all its threads."""
+    code = (
+        "import os, threading, time, torch\n"
+        "from dorarl.runtime.threads import apply_threads\n"
+        "t = threading.Thread(target=time.sleep, args=(2,)); t.start()\n"
+        "before = os.getpriority(os.PRIO_PROCESS, t.native_id)\n"
+        "apply_threads(1, 5)\n"
+        "tids = [int(x) for x in os.listdir('/proc/self/task')]\n"
+        "print(torch.get_num_threads(), before,"
+        " os.getpriority(os.PRIO_PROCESS, t.native_id),"
+        " min(os.getpriority(os.PRIO_PROCESS, tid) for tid in tids))\n"
+    )
+    if sys.platform != "linux":
+        pytest.skip("per-thread niceness is Linux's")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    threads, before, after, lowest = map(int, out.stdout.split())
+    assert threads == 1
+    assert after == min(19, before + 5) and lowest >= min(19, before + 5)
