@@ -19,6 +19,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run an RL training job (default: built-in task, dora mode, local Ray)",
     ),
     "bench engine": ("dorarl.bench.engine", "rollout engine throughput vs Hugging Face peers"),
+    "bench trainer": (
+        "dorarl.bench.trainer",
+        "trainer forward+backward vs plain Hugging Face, same tokens; peak memory; floor",
+    ),
     "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
     "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
     "simulate": ("dorarl.sim.cli", "the controller at cluster scale on a cost model"),

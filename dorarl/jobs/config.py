@@ -138,7 +138,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_trainer() -> TrainerConfig:
-    return TrainerConfig(lr=2e-4, micro_batch_tokens=8192, loss=LossConfig())
+    return TrainerConfig(lr=2e-4, loss=LossConfig())
 
 
 @dataclass(kw_only=True)

@@ -86,7 +86,11 @@ class TrainerConfig:
         default=1.0, metadata={"help": "clip the global gradient norm (<= 0: no clipping)"}
     )
     micro_batch_tokens: int = field(
-        default=8192, metadata={"help": "padded tokens per forward/backward micro-batch"}
+        default=0,
+        metadata={
+            "help": "padded tokens per forward/backward micro-batch (0: as many as keep the "
+            "activations saved for backward near 2 GiB, from the model's shape)"
+        },
     )
     logits_chunk_tokens: int = field(
         default=512,
@@ -117,8 +121,8 @@ class TrainerConfig:
     def validate(self) -> None:
         if self.lr <= 0.0:
             raise ConfigError("lr: must be > 0")
-        if self.micro_batch_tokens <= 0:
-            raise ConfigError("micro_batch_tokens: must be > 0")
+        if self.micro_batch_tokens < 0:
+            raise ConfigError("micro_batch_tokens: must be >= 0 (0: sized from the model)")
         if self.logits_chunk_tokens <= 0:
             raise ConfigError("logits_chunk_tokens: must be > 0")
         if self.temperature <= 0.0:

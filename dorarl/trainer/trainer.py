@@ -28,6 +28,7 @@ from dorarl.trainer.forward import micro_batch_logprobs, split_head
 from dorarl.trainer.loss import k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
+from dorarl.trainer.sizing import auto_micro_batch_tokens
 from dorarl.trainer.totals import StepTotals
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ class Trainer:
         self.split = split_head(self.model)
         self.reference_split = split_head(self.reference) if self.reference is not None else None
         self.peak_memory = PeakMemory(self.device)
+        self.micro_batch_tokens = config.micro_batch_tokens or auto_micro_batch_tokens(
+            model.config, next(model.parameters()).element_size()
+        )
         self.pad_id = int(model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -163,7 +167,7 @@ class Trainer:
         in `.grad` (no optimizer step) and returns the loss metrics."""
         seqs = [s for s in build_sequences(groups, self.config.loss) if s.response_ids]
         totals = StepTotals()
-        plan = plan_micro_batches([s.length for s in seqs], self.config.micro_batch_tokens)
+        plan = plan_micro_batches([s.length for s in seqs], self.micro_batch_tokens)
         for indices in plan:
             batch = collate([seqs[i] for i in indices], self.pad_id, self.device)
             self._micro_step(batch, totals)

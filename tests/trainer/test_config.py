@@ -23,6 +23,8 @@ def test_overrides_reach_nested_loss_settings():
         ("lr=0", "lr"),
         ("loss.dual_clip=0.5", "dual_clip"),
         ("temperature=0", "temperature"),
+        ("micro_batch_tokens=-1", "micro_batch_tokens"),
+        ("logits_chunk_tokens=0", "logits_chunk_tokens"),
         ("loss.aggregation=mean", "loss.aggregation"),
         ("loss.adv_eps=-1e-6", "adv_eps"),
         ("loss.adv_eps=nan", "adv_eps"),

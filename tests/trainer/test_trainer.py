@@ -234,3 +234,9 @@ def test_train_step_reports_peak_memory(tiny_model_dir, make_groups):
     trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
     metrics = trainer.train_step(make_groups(seed=11))
     assert 0.01 < metrics["peak_memory_gb"] < 64
+
+
+def test_micro_batch_size_defaults_to_the_model_shape(make_groups):
+    auto = _wide_vocab_trainer()
+    assert auto.micro_batch_tokens == 16384  # a tiny model: the cap
+    assert _wide_vocab_trainer(micro_batch_tokens=64).micro_batch_tokens == 64

@@ -1,0 +1,52 @@
+"""`dorarl bench trainer` on a tiny shape: both contenders, the floor, peak memory, trainer.json."""
+
+import json
+
+import pytest
+from transformers import LlamaConfig
+
+from dorarl.bench import trainer as bench
+from dorarl.bench.matmul_floor import MicroShape, step_shapes
+from dorarl.errors import UserInputError
+
+
+def test_quick_bench_on_a_tiny_shape_writes_its_report(tmp_path, capsys):
+    assert bench.main(["--shape", "tiny", "--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "trainer.json").read_text())
+    work = report["workload"]
+    assert work["samples"] == 16 and work["padded_tokens"] >= work["tokens"]
+    for name in ("trainer", "hf", "floor"):
+        assert report["tokens_per_s"][name] > 0 and report["ms_per_step"][name] > 0
+    assert report["ms_per_step"]["floor"] == pytest.approx(report["floor_ms"]["total"])
+    assert report["floor_ms"]["output_layer"] > 0 and report["floor_ms"]["attention"] > 0
+    assert 0 < report["train_step"]["peak_memory_gb"] < 64
+    assert set(report["peak_memory_gb"]) == {"trainer", "hf"}
+    assert set(report["bars"]) == {"trainer_vs_hf", "peak_memory_gb"}
+    assert "trainer bench" in capsys.readouterr().out
+
+
+def test_unknown_shape_is_a_user_error():
+    with pytest.raises(UserInputError, match="--shape"):
+        bench.build_model("no-such-shape", None)
+
+
+def test_workload_is_long_tailed_and_capped():
+    groups = bench.make_groups(bench.FULL, vocab=100)
+    lengths = sorted(len(s.response_ids) for g in groups for s in g.samples)
+    assert len(lengths) == 64 and lengths[-1] == bench.FULL.max_len
+    assert lengths[0] < bench.FULL.median_len < lengths[-1]
+    assert all(len(s.logprobs) == len(s.response_ids) for g in groups for s in g.samples)
+
+
+def test_floor_counts_every_multiply_of_the_step():
+    config = LlamaConfig(**bench.SHAPES["smollm2-135m"])
+    micro = [MicroShape(rows=4, width=100, response_tokens=150), MicroShape(2, 60, 40)]
+    linears, attention = step_shapes(config, micro)
+    hidden, inter, vocab, layers = 576, 1536, 49152, 30
+    per_token = hidden * 576 * 2 + hidden * 192 * 2 + 3 * hidden * inter  # q, o, k, v, mlp
+    expected = layers * (400 + 120) * per_token + (150 + 40) * hidden * vocab
+    assert sum(n * s.tokens * s.fan_in * s.fan_out for s, n in linears.items()) == expected
+    assert {(s.batch, s.width, s.head_dim): n for s, n in attention.items()} == {
+        (36, 100, 64): layers,
+        (18, 60, 64): layers,
+    }
