@@ -86,7 +86,7 @@ class Workload:
 
 
 FULL = Workload(groups=8)
-QUICK = Workload(groups=2, repeats=1)
+QUICK = Workload(groups=1, repeats=1)
 
 
 def make_groups(work: Workload, vocab: int) -> list[Group]:
@@ -196,7 +196,7 @@ def run(
     shapes = micro_shapes(trainer, groups)
     report = _header(model, config, work, groups, shapes, trainer.micro_batch_tokens)
     console.log("warm-up (one sample each)")
-    warm = [Group(0, 0, 0, groups[0].samples[:2])]
+    warm = [Group(0, 0, 0, groups[0].samples[:1])]
     trainer_forward_backward(trainer, warm)
     hf_forward_backward(model, trainer, warm)
     timings = {}
@@ -357,7 +357,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--shape", default="smollm2-135m", help=f"random-weight shape: {', '.join(SHAPES)}"
     )
-    parser.add_argument("--quick", action="store_true", help="2 groups of 8, one repeat")
+    parser.add_argument("--quick", action="store_true", help="1 group of 8, one repeat")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument(
         "--micro-batch-tokens", type=int, default=None, help="trainer.micro_batch_tokens"

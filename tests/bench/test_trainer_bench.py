@@ -14,7 +14,7 @@ def test_quick_bench_on_a_tiny_shape_writes_its_report(tmp_path, capsys):
     assert bench.main(["--shape", "tiny", "--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "trainer.json").read_text())
     work = report["workload"]
-    assert work["samples"] == 16 and work["padded_tokens"] >= work["tokens"]
+    assert work["samples"] == 8 and work["padded_tokens"] >= work["tokens"]
     for name in ("trainer", "hf", "floor"):
         assert report["tokens_per_s"][name] > 0 and report["ms_per_step"][name] > 0
     assert report["ms_per_step"]["floor"] == pytest.approx(report["floor_ms"]["total"])
