@@ -144,17 +144,22 @@ def _release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _measure(fn: Callable[[], Any], repeats: int) -> Timing:
-    walls, cpus = [], []
-    _release_freed_memory()
+def _measure(contenders: dict[str, Callable[[], Any]], repeats: int) -> dict[str, Timing]:
+    """Contenders take turns within each repeat, so a change of load on a shared machine
+    falls on both rather than on whichever ran during it."""
+    timings = {name: Timing([], [], 0.0) for name in contenders}
     peak = PeakMemory("cpu")
-    peak.start()
     for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    return Timing(walls, cpus, peak.peak_gb())
+        for name, fn in contenders.items():
+            _release_freed_memory()
+            peak.start()
+            wall, cpu = time.perf_counter(), time.process_time()
+            fn()
+            timing = timings[name]
+            timing.wall_s.append(time.perf_counter() - wall)
+            timing.cpu_s.append(time.process_time() - cpu)
+            timing.peak_memory_gb = max(timing.peak_memory_gb, peak.peak_gb())
+    return timings
 
 
 def hf_forward_backward(model: PreTrainedModel, trainer: Trainer, groups: list[Group]) -> None:
@@ -199,13 +204,14 @@ def run(
     warm = [Group(0, 0, 0, groups[0].samples[:1])]
     trainer_forward_backward(trainer, warm)
     hf_forward_backward(model, trainer, warm)
-    timings = {}
-    for name, fn in (
-        ("trainer", lambda: trainer_forward_backward(trainer, groups)),
-        ("hf", lambda: hf_forward_backward(model, trainer, groups)),
-    ):
-        console.log(f"running {name} x{work.repeats}")
-        timings[name] = _measure(fn, work.repeats)
+    console.log(f"trainer and hf, taking turns, x{work.repeats}")
+    timings = _measure(
+        {
+            "trainer": lambda: trainer_forward_backward(trainer, groups),
+            "hf": lambda: hf_forward_backward(model, trainer, groups),
+        },
+        work.repeats,
+    )
     console.log("floor: the step's matrix multiplications")
     floor = floor_ms(model.config, shapes)
     console.log("one full train_step (optimizer included) for its peak memory")
