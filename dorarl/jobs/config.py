@@ -105,6 +105,10 @@ class RaySection:
         default=3,
         metadata={"help": "dead engine instances replaced mid-run before the run stops"},
     )
+    max_trainer_restarts: int = field(
+        default=1,
+        metadata={"help": "times a dead trainer restarts from the newest checkpoint mid-run"},
+    )
     engine_gpus: float | None = field(
         default=None,
         metadata={"help": "GPU share of each engine on cuda (None: fit the node; 0.25: 4 a GPU)"},
@@ -125,6 +129,8 @@ class RaySection:
     def validate(self) -> None:
         if self.max_engine_restarts < 0:
             raise ConfigError("max_engine_restarts: must be >= 0")
+        if self.max_trainer_restarts < 0:
+            raise ConfigError("max_trainer_restarts: must be >= 0")
         for key in ("engine_gpus", "trainer_gpus", "eval_gpus"):
             share = getattr(self, key)
             if share is not None and not share > 0:

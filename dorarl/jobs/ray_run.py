@@ -33,6 +33,7 @@ from dorarl.runtime.ray_runtime import (
     RolloutSettings,
     actor_options,
     spawn_engine,
+    spawn_trainer,
     start_workers,
 )
 from dorarl.runtime.recorder import Recorder
@@ -206,6 +207,10 @@ def _run(
             nice=threads.engine_nice,
         )
 
+    def respawn_trainer(checkpoint: str | None) -> Any:
+        """A new trainer from `checkpoint`, or from where this run started (None)."""
+        return spawn_trainer((*trainer_args[:3], checkpoint or resume_from), pace, placed)
+
     runtime = RayRuntime(
         controller_config,
         task,
@@ -215,13 +220,16 @@ def _run(
         recorder,
         respawn=respawn,
         max_restarts=config.ray.max_engine_restarts,
+        respawn_trainer=respawn_trainer,
+        max_trainer_restarts=config.ray.max_trainer_restarts,
+        checkpoints=out_dir / "checkpoints",
     )
 
     def on_publish(version: int) -> None:
         periodic = config.checkpoint_every and version % config.checkpoint_every == 0
         if periodic and version < config.steps:  # the last version is saved at the end
             position = runtime.controller.resume_state()
-            _checkpoint(trainer, out_dir, version, position, config.checkpoint_keep)
+            _checkpoint(runtime, out_dir, version, position, config.checkpoint_keep)
 
     runtime.on_publish = on_publish
     if stop is not None:
@@ -248,7 +256,7 @@ def _run(
                 evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
             results = {v: ray.get(ref) for v, ref in evals.items()}
     final = runtime.controller.resume_state()  # no step in flight once the run finished
-    _checkpoint(trainer, out_dir, runtime.published, final, config.checkpoint_keep, wait=True)
+    _checkpoint(runtime, out_dir, runtime.published, final, config.checkpoint_keep, wait=True)
     rows = finish_outputs(out_dir, results, f"{config.mode} (K={controller_config.effective_K})")
     for row in rows:
         if "eval_accuracy" in row:
@@ -295,17 +303,18 @@ def _rollout(config: TrainConfig, task: Task) -> RolloutSettings:
 
 
 def _checkpoint(
-    trainer: Any,
+    runtime: RayRuntime,
     out_dir: Path,
     version: int,
     position: dict[str, Any],
     keep: int,
     wait: bool = False,
 ) -> None:
-    """Queue a checkpoint of `version` on the trainer, with the data position to resume at."""
+    """Queue a checkpoint of `version` on the trainer, with the data position to resume at
+    (through the runtime, which replays it on a new trainer if this one dies first)."""
     assert position["version"] == version, f"data position of v{position['version']} for v{version}"
     folder = out_dir / "checkpoints" / f"version_{version:05d}"
-    ref = trainer.save_checkpoint.remote(str(folder), position, keep)
+    ref = runtime.save_checkpoint(folder, position, keep)
     if wait:
         ray.get(ref)
 

@@ -7,6 +7,9 @@ peer to peer; on a cluster the driver never touches the bytes). Each actor runs 
 at a time in submission order, which gives the per-instance command ordering the
 controller relies on. Paced workers (device emulation) report real compute against device
 time; the runtime adds both to every step's metrics (`pace_engine`, `pace_train`).
+A dead engine is replaced (dorarl.runtime.recovery), and so is a dead trainer
+(dorarl.runtime.trainer_recovery): every call that changes the trainer's state goes
+through `submit_train` or `save_checkpoint`, so a new trainer can replay it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -53,6 +57,7 @@ from dorarl.runtime.pacing import DeviceModel, PaceStats
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.recovery import InstanceRecovery
+from dorarl.runtime.trainer_recovery import TRAINER_KINDS, SaveCall, TrainCall, TrainerRecovery
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.sim.lengths import LengthDist
 from dorarl.tasks import Prompt, Task, score
@@ -107,6 +112,9 @@ class RayRuntime:
         steps_per_call: int = STEPS_PER_CALL,
         respawn: Callable[[int], Any] | None = None,
         max_restarts: int = 0,
+        respawn_trainer: Callable[[str | None], Any] | None = None,
+        max_trainer_restarts: int = 0,
+        checkpoints: Path | None = None,
     ) -> None:
         if tuple(recorder.overhead_kinds) != self.OVERHEAD_KINDS:
             raise ValueError(
@@ -147,12 +155,19 @@ class RayRuntime:
             "load": self._on_loaded,
             "migrate": self._on_migrated,
             "train": self._on_trained,
+            "replay": self._on_replayed,
+            "save": self._on_saved,
         }
         self._seq = 0
         self.pace_step = {"engine": PaceStats(), "train": PaceStats()}  # since the last step
         self.pace_total = {"engine": PaceStats(), "train": PaceStats()}
         self.recovery = (
             InstanceRecovery(self, respawn, max_restarts) if respawn and max_restarts else None
+        )
+        self.trainer_recovery = (
+            TrainerRecovery(self, respawn_trainer, checkpoints, max_trainer_restarts)
+            if respawn_trainer and max_trainer_restarts
+            else None
         )
 
     def now(self) -> float:
@@ -172,7 +187,9 @@ class RayRuntime:
             self._fire_timers()
             ready = self._wait()
             for ref in ready:
-                self._complete(ref, self.pending.pop(ref))
+                job = self.pending.pop(ref, None)
+                if job is not None:  # None: dropped by a recovery earlier in this batch
+                    self._complete(ref, job)
         return self.recorder.close(self.now())
 
     def _wait(self) -> list[ray.ObjectRef]:
@@ -220,10 +237,10 @@ class RayRuntime:
         try:
             result = ray.get(ref)
         except ray.exceptions.RayError as exc:
+            on_trainer = job.kind in TRAINER_KINDS
+            recovery = self.trainer_recovery if on_trainer else self.recovery
             recovered = (
-                self.recovery is not None
-                and self.recovery.recoverable(job, exc)
-                and self.recovery.on_failure(job)
+                recovery is not None and recovery.recoverable(job, exc) and recovery.on_failure(job)
             )
             if not recovered:
                 raise WorkerFailed(_worker_of(job), _describe(exc)) from exc
@@ -293,9 +310,9 @@ class RayRuntime:
         self._deliver(MigrationDone(tuple(ids), src, dst, self.now()))
 
     def _on_trained(self, metrics: dict[str, Any], job: _Pending) -> None:
-        (version, groups) = job.args
+        version, groups, weights = job.args
         self.published = version + 1
-        self.weights_ref[self.published] = self.trainer.weights.remote()
+        self.weights_ref[self.published] = weights
         self.weights_ref.pop(version - self.config.effective_K - 1, None)
         metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
         metrics["reward_errors"] = self.reward_errors
@@ -318,6 +335,42 @@ class RayRuntime:
             self._deliver(done)
         if self.on_step is not None:
             self.on_step(self.recorder.steps[-1], groups)
+
+    def _on_replayed(self, metrics: dict[str, Any], job: _Pending) -> None:
+        """A step of a dead trainer made again: its version's weights are the new trainer's."""
+        version, _, weights = job.args
+        if version + 1 in self.weights_ref:
+            self.weights_ref[version + 1] = weights
+        if self.trainer_recovery is not None:
+            self.trainer_recovery.check_replay(version, metrics)
+
+    def _on_saved(self, path: str, job: _Pending) -> None:
+        if self.trainer_recovery is not None:
+            self.trainer_recovery.log.durable(job.args[0].version)
+
+    # ---- trainer calls (logged, so a new trainer can replay them) ------------------------
+    def submit_train(self, version: int, groups: list[Group], kind: str = "train") -> None:
+        """Queue the step training `version` on `groups`; its weights come with its result,
+        so a version whose step finished always has weights to load."""
+        if kind == "train" and self.trainer_recovery is not None:
+            self.trainer_recovery.log.record(TrainCall(version, groups))
+        call = self.trainer.train_step_and_weights.options(num_returns=2)
+        metrics, weights = call.remote(groups)
+        self._submit(metrics, kind, version, groups, weights)
+
+    def save_checkpoint(
+        self, folder: str | Path, position: dict[str, Any], keep: int
+    ) -> ray.ObjectRef:
+        """Queue a checkpoint of the published version with its data position `position`."""
+        call = SaveCall(int(position["version"]), str(folder), position, keep)
+        if self.trainer_recovery is not None:
+            self.trainer_recovery.log.record(call)
+        return self.submit_save(call)
+
+    def submit_save(self, call: SaveCall) -> ray.ObjectRef:
+        ref = self.trainer.save_checkpoint.remote(call.folder, call.position, call.keep)
+        self._submit(ref, "save", call)
+        return ref
 
     # ---- command execution ---------------------------------------------------------------
     def _executors(self) -> dict[type, Callable[[Any], None]]:
@@ -400,7 +453,7 @@ class RayRuntime:
     def _train(self, c: Train) -> None:
         groups = [self._group(gid) for gid in c.group_ids]
         self.recorder.consumed(groups, c.version)
-        self._submit(self.trainer.train_step.remote(groups), "train", c.version, groups)
+        self.submit_train(c.version, groups)
 
     def _finish(self, c: Finish) -> None:
         log.info("run finished at %.1fs: %s", self.now(), c.reason)
@@ -439,8 +492,10 @@ class RayRuntime:
 
 def _worker_of(job: _Pending) -> str:
     """The worker a pending call ran on, for error messages."""
-    if job.kind == "train":
+    if job.kind in ("train", "replay"):
         return f"the trainer (training step {job.args[0]})"
+    if job.kind == "save":
+        return f"the trainer (checkpoint of version {job.args[0].version})"
     if job.kind == "migrate":
         return f"engine instance {job.args[0]} or {job.args[1]} (request migration)"
     return f"engine instance {job.args[0]} ({'weight load' if job.kind == 'load' else 'decoding'})"
@@ -475,15 +530,23 @@ def start_workers(
     lasts its device time (device emulation). `placed` gives each actor its GPU share and
     bundle; without it an actor on cuda asks Ray for a whole GPU. Engines run `threads`
     torch threads at niceness `nice` (dorarl.runtime.threads)."""
-    trainer_config = trainer_args[1]
-    trainer_options = actor_options("trainer", trainer_config.device, placed)
-    trainer_actor = ray.remote(**trainer_options)(TrainerWorker)
     workers = [
         spawn_engine(i, model_folder, engine_config, threads, pace, version, placed, nice)
         for i in range(num_instances)
     ]
-    trainer = trainer_actor.remote(*trainer_args, pace=pace)
-    return workers, trainer
+    return workers, spawn_trainer(trainer_args, pace, placed)
+
+
+def spawn_trainer(
+    trainer_args: tuple[Any, ...],
+    pace: DeviceModel | None = None,
+    placed: PlacedActors | None = None,
+) -> Any:
+    """The trainer actor (at start, or replacing a dead one in the same bundle):
+    `trainer_args` are `TrainerWorker`'s (model folder, trainer config, threads[, checkpoint
+    to restore])."""
+    options = actor_options("trainer", trainer_args[1].device, placed)
+    return ray.remote(**options)(TrainerWorker).remote(*trainer_args, pace=pace)
 
 
 def spawn_engine(

@@ -147,6 +147,18 @@ class Recorder:
             name = f"instance restarted ({requests} requests start again)"
             self.trace.instant(instance_pid(instance_id), name, now)
 
+    def trainer_restarted(self, from_version: int, replayed_steps: int, now: float) -> None:
+        """A dead trainer was replaced from `from_version`; `replayed_steps` are made again."""
+        self.counts["trainer_restarts"] += 1
+        self.counts["replayed_steps"] += replayed_steps
+        if self.trace is not None:
+            name = f"trainer restarted from v{from_version} ({replayed_steps} steps replayed)"
+            self.trace.instant(TRAINER_PID, name, now)
+
+    def replay_mismatch(self) -> None:
+        """A replayed training step did not reproduce the original's loss exactly."""
+        self.counts["replay_mismatches"] += 1
+
     def lost(self, group_id: int, reason: str) -> None:
         """A runtime could not keep a group (e.g. an engine failed): reported as dropped."""
         if self._state.get(group_id) != "dropped":
@@ -412,6 +424,9 @@ class Recorder:
             "reprefill_tokens": totals["reprefill"],
             "engine_restarts": self.counts["engine_restarts"],
             "restarted_requests": self.counts["restarted_requests"],
+            "trainer_restarts": self.counts["trainer_restarts"],
+            "replayed_steps": self.counts["replayed_steps"],
+            "replay_mismatches": self.counts["replay_mismatches"],
         }
         self.summary = summary
         self._write_outputs(summary)

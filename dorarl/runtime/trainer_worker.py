@@ -65,6 +65,13 @@ class TrainerWorker:
             metrics["train_over_pace"] = int(metrics["train_compute_s"] > paced)
         return metrics
 
+    def train_step_and_weights(
+        self, groups: list[Group]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """`train_step`, then the new version's weights: two results of one call, so a step
+        that finished always comes with its weights (the runtime asks for two returns)."""
+        return self.train_step(groups), self.weights()
+
     def weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.named_tensors()
 

@@ -1,0 +1,130 @@
+"""A dead trainer restarts from the newest checkpoint and replays the steps since (no fault
+visible to the controller): the log's cuts, the checkpoint choice, and a real run."""
+
+import json
+
+import pytest
+import ray
+from test_ray_runtime import COMMON, _check_invariants, _read
+
+from dorarl.config import load_config
+from dorarl.data import Group
+from dorarl.errors import WorkerFailed
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.ray_run import _rollout, build_task
+from dorarl.runtime.local_ray import start_local_ray
+from dorarl.runtime.pacing import DeviceModel
+from dorarl.runtime.ray_runtime import RayRuntime, spawn_engine, spawn_trainer, start_workers
+from dorarl.runtime.recorder import Recorder
+from dorarl.runtime.trainer_recovery import SaveCall, TrainCall, TrainerLog, newest_checkpoint
+
+
+def _batch(version):
+    return [Group(group_id=version, prompt_id=0, version=version)]
+
+
+def test_the_log_keeps_exactly_the_calls_a_checkpoint_lacks():
+    log = TrainerLog(base=0)
+    for v in range(6):
+        log.record(TrainCall(v, _batch(v)))
+        if v + 1 in (2, 4):
+            log.record(SaveCall(v + 1, f"version_{v + 1}"))
+    assert [(type(c).__name__, c.version) for c in log.since(2)] == [
+        ("TrainCall", 2), ("TrainCall", 3), ("SaveCall", 4), ("TrainCall", 4), ("TrainCall", 5)
+    ]  # fmt: skip
+    log.durable(4)  # the v4 write finished: nothing before it is needed any more
+    assert [c.version for c in log.calls] == [4, 5] and log.base == 4
+    log.durable(2)  # an older write finishing late cuts nothing
+    assert [c.version for c in log.calls] == [4, 5]
+    with pytest.raises(RuntimeError, match="starts at v4"):
+        log.since(2)
+
+
+def test_the_newest_complete_checkpoint_in_range_is_chosen(tmp_path):
+    for v in (2, 4, 6):
+        folder = tmp_path / f"version_{v:05d}"
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text(json.dumps({"version": v}))
+    (tmp_path / "version_00008.tmp").mkdir()  # a write the dead trainer did not finish
+    assert newest_checkpoint(tmp_path, 0, 10)[0] == 6
+    assert newest_checkpoint(tmp_path, 0, 5)[0] == 4
+    assert newest_checkpoint(tmp_path, 7, 10) is None
+    assert newest_checkpoint(None, 0, 10) is None
+
+
+def _runtime(model_dir, out, pace, *, trainer_restarts, every=2, steps=8) -> RayRuntime:
+    """dora K=1 on 3 engines, driven directly so a test can kill actors mid-run; checkpoints
+    every `every` versions under out/checkpoints, as `dorarl train` writes them."""
+    folder = str(model_dir)
+    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", f"steps={steps}"]
+    config = load_config(TrainConfig, overrides=overrides)
+    task = build_task(config, folder)
+    trainer_args = (folder, config.trainer, 1)
+    workers, trainer = start_workers(3, folder, config.engine, trainer_args, 1, pace)
+    recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+    runtime = RayRuntime(
+        config.controller_config(), task, _rollout(config, task), workers, trainer, recorder,
+        respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace), max_restarts=2,
+        respawn_trainer=lambda ckpt: spawn_trainer((*trainer_args, ckpt), pace),
+        max_trainer_restarts=trainer_restarts, checkpoints=out / "checkpoints",
+    )  # fmt: skip
+
+    def on_publish(version):
+        if version % every == 0 and version < steps:
+            position = runtime.controller.resume_state()
+            runtime.save_checkpoint(out / "checkpoints" / f"version_{version:05d}", position, 0)
+
+    runtime.on_publish = on_publish
+    return runtime
+
+
+@pytest.mark.slow
+def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
+    tmp_path, tiny_model_dir
+):
+    out = tmp_path / "run"
+    start_local_ray(num_cpus=2)
+    try:
+        pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
+        runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=1)
+        killed = []
+
+        def kill_after_step_3(row, groups):
+            # v4's checkpoint was just queued: the kill catches it unwritten, so the new
+            # trainer starts from v2 and makes v3 and v4 again
+            if row["new_version"] == 4 and not killed:
+                killed.append(runtime.trainer)
+                ray.kill(runtime.trainer)
+
+        runtime.on_step = kill_after_step_3
+        summary = runtime.run()
+        ray.get(runtime.save_checkpoint(out / "checkpoints" / "version_00008",
+                                        runtime.controller.resume_state(), 0))  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert killed and runtime.trainer is not killed[0]
+    assert summary["steps"] == 8 and summary["trainer_restarts"] == 1
+    assert summary["replayed_steps"] == 2  # v2 -> v3 -> v4 made again
+    assert summary["replay_mismatches"] == 0  # CPU training is deterministic: same versions
+    summary, trajectories, metrics, _ = _read(out)
+    _check_invariants(summary, trajectories, k=1)
+    assert [m["step"] for m in metrics] == list(range(8))  # no row from a replayed step
+    saved = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert saved == [f"version_{v:05d}" for v in (2, 4, 6, 8)]  # v4 written by the new one
+
+
+@pytest.mark.slow
+def test_a_dead_trainer_stops_the_run_when_restarts_are_off(tmp_path, tiny_model_dir):
+    start_local_ray(num_cpus=2)
+    try:
+        runtime = _runtime(tiny_model_dir, tmp_path / "run", None, trainer_restarts=0)
+
+        def kill(row, groups):
+            if row["step"] == 1:
+                ray.kill(runtime.trainer)
+
+        runtime.on_step = kill
+        with pytest.raises(WorkerFailed, match=r"^the trainer \(.*\) failed: ActorDied"):
+            runtime.run()
+    finally:
+        ray.shutdown()
