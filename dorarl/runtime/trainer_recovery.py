@@ -45,7 +45,7 @@ import ray
 
 from dorarl.data import Group
 from dorarl.runtime.recovery import DEATHS
-from dorarl.trainer.checkpoint import VERSION_FOLDER, version_folders
+from dorarl.trainer.checkpoint import checkpoint_version, version_folders
 
 if TYPE_CHECKING:
     from dorarl.runtime.ray_runtime import RayRuntime, _Pending
@@ -115,7 +115,7 @@ def newest_checkpoint(folder: Path | None, lowest: int, highest: int) -> tuple[i
         return None
     found = []
     for path in version_folders(folder):
-        version = int(VERSION_FOLDER.fullmatch(path.name).group(1))
+        version = checkpoint_version(path)
         if lowest <= version <= highest:
             found.append((version, path))
     return found[-1] if found else None

@@ -4,7 +4,9 @@ A checkpoint folder is a Hugging Face model folder (config, model.safetensors, g
 config, tokenizer files) plus `optimizer.safetensors`, `rng.safetensors` and
 `trainer_state.json`. Invariants: nothing is ever read with torch.load/pickle; a folder is
 written under a temporary name and renamed into place, so a crash never leaves a
-half-written checkpoint under the final name.
+half-written checkpoint under the final name, and a crash at any point of a write leaves
+the previous complete checkpoint readable (a rewrite's displaced copy, `NAME.old`, stands
+for `NAME` until the new one is in place; see `write_atomically`).
 """
 
 from __future__ import annotations
@@ -141,10 +143,17 @@ def copy_tokenizer_files(source: Path, dest: Path) -> None:
 
 
 def write_atomically(folder: Path, write: Callable[[Path], None]) -> Path:
-    """Run `write(tmp)` into a fresh sibling folder, then swap it in as `folder`."""
+    """Run `write(tmp)` into a fresh sibling folder, then swap it in as `folder`.
+
+    A crash before the swap leaves `folder` (or nothing) as it was, plus a `.tmp` no reader
+    counts. Replacing an existing `folder` takes two renames; a crash between them leaves
+    only `folder.old`, which readers take for `folder` (`version_folders`) and the next
+    write puts back before it starts."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".tmp")
     old = folder.with_name(folder.name + ".old")
+    if old.exists() and not folder.exists():
+        old.rename(folder)  # the last complete copy, displaced by a rewrite that died
     for stale in (tmp, old):
         if stale.exists():
             shutil.rmtree(stale)
@@ -176,21 +185,31 @@ def read_state(folder: Path) -> dict[str, Any]:
 
 
 VERSION_FOLDER = re.compile(r"version_(\d+)")
+DISPLACED = re.compile(r"version_(\d+)\.old")
+
+
+def checkpoint_version(path: Path) -> int | None:
+    """N for a checkpoint folder `version_N` (or its displaced copy `version_N.old`)."""
+    match = VERSION_FOLDER.fullmatch(path.name) or DISPLACED.fullmatch(path.name)
+    return int(match.group(1)) if match else None
 
 
 def version_folders(parent: Path) -> list[Path]:
-    """Complete checkpoints under `parent` (version_N with a state file), oldest first; a
-    .tmp/.old left by an interrupted rewrite is not one."""
-    found = [
-        (int(match.group(1)), path)
-        for path in Path(parent).glob("version_*")
-        if (match := VERSION_FOLDER.fullmatch(path.name)) and (path / STATE_FILE).is_file()
-    ]
-    return [path for _, path in sorted(found)]
+    """Complete checkpoints under `parent` (version_N with a state file), oldest first. A
+    .tmp is never one; a .old is, when a rewrite died before its version_N was back."""
+    found: dict[int, Path] = {}
+    for path in sorted(Path(parent).glob("version_*")):  # version_N sorts before its .old
+        version = checkpoint_version(path)
+        if version is not None and version not in found and (path / STATE_FILE).is_file():
+            found[version] = path
+    return [found[v] for v in sorted(found)]
 
 
 def prune(parent: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints under `parent` (keep <= 0: none)."""
+    """Delete all but the newest `keep` checkpoints under `parent` (keep <= 0: none), and
+    the `.tmp` folders of writes that died (the only writer calls this after its own)."""
+    for leftover in Path(parent).glob("version_*.tmp"):
+        shutil.rmtree(leftover)
     if keep <= 0:
         return []
     doomed = version_folders(parent)[:-keep]

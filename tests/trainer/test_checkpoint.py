@@ -117,3 +117,56 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
     assert [p.name for p in prune(tmp_path, keep=2)] == ["version_00003", "version_00007"]
     assert [p.name for p in version_folders(tmp_path)] == ["version_00012", "version_00100"]
     assert prune(tmp_path, keep=0) == [] and len(version_folders(tmp_path)) == 2
+
+
+def test_a_write_that_dies_midway_leaves_the_previous_checkpoint_newest(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from dorarl.jobs.resume import find_checkpoint
+    from dorarl.trainer import checkpoint as ckpt
+
+    trainer = Trainer.from_pretrained(tiny_model_dir, _config())
+    trainer.save_checkpoint(tmp_path / "checkpoints" / "version_00001", {"n": 1})
+    written = []
+
+    def dies_after_the_weights(path, tensors):  # the trainer's process dies mid-write
+        written.append(path.name)
+        raise KeyboardInterrupt("killed while writing " + path.name)
+
+    monkeypatch.setattr(ckpt, "save_tensors", dies_after_the_weights)
+    for name in ("version_00002", "version_00001"):  # a new version, and a rewrite
+        with pytest.raises(KeyboardInterrupt):
+            trainer.save_checkpoint(tmp_path / "checkpoints" / name, {"n": 2})
+    assert written == ["optimizer.safetensors"] * 2  # the model was written, then the crash
+    assert find_checkpoint(tmp_path).name == "version_00001"
+    assert Trainer.resume(find_checkpoint(tmp_path), _config())[1] == {"n": 1}
+
+    monkeypatch.undo()
+    trainer.save_checkpoint(
+        tmp_path / "checkpoints" / "version_00003",
+        {"n": 3},
+    )
+    ckpt.prune(tmp_path / "checkpoints", keep=0)  # the dead writes' .tmp folders go
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["version_00001", "version_00003"]
+
+
+def test_a_rewrite_that_dies_between_its_renames_keeps_the_displaced_copy(tmp_path):
+    from dorarl.trainer.checkpoint import STATE_FILE, version_folders, write_atomically
+
+    folder = tmp_path / "version_00004"
+    write_atomically(folder, lambda tmp: (tmp / STATE_FILE).write_text('{"n": 1}'))
+    folder.rename(tmp_path / "version_00004.old")  # the first rename of a rewrite, then death
+    (tmp_path / "version_00004.tmp").mkdir()
+    assert version_folders(tmp_path) == [tmp_path / "version_00004.old"]  # still readable
+
+    def dies(tmp):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):  # the next write puts the copy back before it starts
+        write_atomically(folder, dies)
+    assert version_folders(tmp_path) == [folder]
+    assert (folder / STATE_FILE).read_text() == '{"n": 1}'
+    write_atomically(folder, lambda tmp: (tmp / STATE_FILE).write_text('{"n": 2}'))
+    assert (folder / STATE_FILE).read_text() == '{"n": 2}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["version_00004"]
