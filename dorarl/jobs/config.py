@@ -86,6 +86,14 @@ class EvalSection:
 
 
 @dataclass(kw_only=True)
+class RecordSection:
+    text: bool = field(
+        default=False,
+        metadata={"help": "write prompt, answer and response text to trajectories.jsonl"},
+    )
+
+
+@dataclass(kw_only=True)
 class RaySection:
     address: str | None = field(
         default=None, metadata={"help": "Ray cluster address (None: start local Ray)"}
@@ -182,6 +190,7 @@ class TrainConfig:
     forced_lengths: ForcedLengthsSection = field(default_factory=ForcedLengthsSection)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
     eval: EvalSection = field(default_factory=EvalSection)
+    record: RecordSection = field(default_factory=RecordSection)
     ray: RaySection = field(default_factory=RaySection)
     engine: EngineConfig = field(default_factory=_default_engine)
     trainer: TrainerConfig = field(default_factory=_default_trainer)

@@ -9,15 +9,18 @@ turns on device emulation (dorarl.runtime.pacing) for the engines and the traine
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from dorarl.config import ConfigError
+from dorarl.data import Sample
 from dorarl.engine import EngineConfig
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.learning_signal import LearningSignal
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
@@ -187,7 +190,9 @@ def _run(
         slots_per_instance=config.engine.max_num_seqs,
         first_version=start,
         overhead_kinds=RayRuntime.OVERHEAD_KINDS,
+        texts=_texts(task) if config.record.text else None,
     )
+    signal = LearningSignal()
     wanted = eval_versions(config, start)
     evals: dict[int, ray.ObjectRef] = {}
     deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights, for later
@@ -243,6 +248,7 @@ def _run(
             elif version in wanted and version not in evals:
                 evals[version] = evaluator.evaluate.remote(runtime.weights_ref[version], version)
             scalars.log(row)
+            signal.observe(row)
             progress.update(row, _ready_accuracy(evals))
 
         runtime.on_step = on_step
@@ -266,6 +272,18 @@ def _run(
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
         summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, summary, results, runtime)
+
+
+def _texts(task: Task) -> Callable[[Sample], dict[str, str]]:
+    """A sample's prompt, reference answer and response (up to its stop token) as text."""
+    prompts = {p.prompt_id: p for p in task.train_prompts()}
+
+    def texts(sample: Sample) -> dict[str, str]:
+        prompt = prompts[sample.prompt_id]
+        response = task.response_text(sample.response_ids)
+        return {"prompt": prompt.text, "answer": prompt.answer, "response": response}
+
+    return texts
 
 
 def _start_evaluator(

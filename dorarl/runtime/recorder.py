@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,7 @@ class Recorder:
         trace: bool = True,
         first_version: int = 0,
         overhead_kinds: Sequence[str] = OVERHEAD_KINDS,
+        texts: Callable[[Sample], dict[str, str]] | None = None,
     ) -> None:
         unknown = set(overhead_kinds) - set(OVERHEAD_KINDS)
         if unknown:
@@ -74,6 +75,7 @@ class Recorder:
         self.overhead_kinds = tuple(overhead_kinds)  # what this run measures, nothing else
         self.mode, self.k = mode, k
         self.first_version = first_version  # a resumed run: steps and versions continue
+        self.texts = texts  # sample -> text fields of its trajectory row (record.text)
         self.num_instances, self.slots = num_instances, slots_per_instance
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self._metrics_file = self._traj_file = None
@@ -342,7 +344,7 @@ class Recorder:
             "reward": sample.reward,
             "migrations": sample.migrations,
             "offloads": sample.offloads,
-        }
+        } | (self.texts(sample) if self.texts is not None else {})
 
     def _step_line(self, now: float, new_version: int) -> dict[str, Any]:
         step = self._step

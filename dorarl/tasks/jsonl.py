@@ -1,7 +1,8 @@
 """A task from JSON-lines files: one `{"prompt": str, "answer": str}` object per line.
 
 Invariants: loading either returns well-formed prompts that fit the context or raises a
-`UserInputError` naming `file:line`; blank lines are skipped and extra fields ignored.
+`UserInputError` naming `file:line` (empty prompts and answers included); blank lines
+are skipped and extra fields ignored.
 The held-out set is `eval_path` if given, else a seeded `eval_fraction` of the rows.
 """
 
@@ -112,6 +113,10 @@ def _parse_row(line: str, where: str) -> tuple[str, str]:
     # Numeric answers are common in math data; bools and containers are mistakes.
     if isinstance(answer, bool) or not isinstance(answer, str | int | float):
         raise UserInputError(f"{where}: field 'answer' must be a string or a number")
+    # an empty answer would reward an empty response; an empty prompt asks nothing
+    for key, value in (("prompt", row["prompt"]), ("answer", str(answer))):
+        if not value.strip():
+            raise UserInputError(f"{where}: field {key!r} is empty")
     return row["prompt"], str(answer)
 
 

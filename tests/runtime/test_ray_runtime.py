@@ -119,13 +119,16 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
-    overrides = [*COMMON, "task.name=jsonl", f"task.path={data}", "task.reward=math", "steps=2"]
+    overrides = [*COMMON, "task.name=jsonl", f"task.path={data}", "task.reward=math", "steps=2",
+                 "record.text=true"]  # fmt: skip
     assert train_main([f"model={tiny_model_dir}", *overrides, "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     assert summary["dropped_total"] == 0 and summary["steps"] == 2
     assert summary["reward_errors"] > 0
     assert metrics[-1]["reward_errors"] == summary["reward_errors"]
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
+    assert all(row["prompt"].endswith("=") and isinstance(row["response"], str) for row in rows)
 
 
 def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0) -> RayRuntime:

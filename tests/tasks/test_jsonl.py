@@ -56,6 +56,10 @@ def test_separate_eval_file_and_numeric_answers(tmp_path):
         ('{"prompt": 5, "answer": "1"}', "'prompt' must be a string"),
         ('{"prompt": "x", "answer": null}', "'answer' must be a string or a number"),
         ('{"prompt": "x", "answer": true}', "'answer' must be a string or a number"),
+        ('{"prompt": "", "answer": "1"}', "field 'prompt' is empty"),
+        ('{"prompt": " \\n", "answer": "1"}', "field 'prompt' is empty"),
+        ('{"prompt": "x", "answer": ""}', "field 'answer' is empty"),
+        ('{"prompt": "x", "answer": "  "}', "field 'answer' is empty"),
     ],
 )
 def test_malformed_rows_name_file_and_line(tmp_path, bad_line, message):

@@ -1,0 +1,61 @@
+"""Warnings for a run that cannot learn: steps whose groups all have zero advantage, and
+rewards that stay 0 for every response after the first steps.
+
+GRPO's advantage is a response's reward minus its group's mean, so a group whose G
+responses all got the same reward gives no gradient; a step made only of such groups
+cannot change the policy. Each warning is given the first time, then again at most once
+every `every` steps while the condition lasts, so a long run is told without being
+flooded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+HINT = "record.text=true writes prompts, answers and responses to trajectories.jsonl"
+
+
+@dataclass
+class LearningSignal:
+    every: int = 10  # steps between repeats of one warning
+    first_steps: int = 3  # steps after which all-zero rewards are a warning
+    steps: int = 0
+    zero_advantage_steps: int = 0
+    rewarded: bool = False  # some response got a non-zero reward
+    warned_at: dict[str, int] = field(default_factory=dict)  # warning kind -> step count
+
+    def observe(self, row: dict[str, Any]) -> list[str]:
+        """Take one step's metrics row; return (and log) the warnings it calls for."""
+        self.steps += 1
+        step = row.get("step", self.steps - 1)
+        warnings = []
+        if row.get("zero_advantage_groups", 0.0) >= 1.0:
+            self.zero_advantage_steps += 1
+            warnings += self._due(
+                "zero_advantage",
+                f"step {step}: every group has zero advantage (all responses to each prompt "
+                f"got the same reward), so this step cannot change the policy "
+                f"({self.zero_advantage_steps} such steps of {self.steps}); {HINT}",
+            )
+        all_zero = row.get("reward_mean", 0.0) == 0.0 and row.get("reward_std", 0.0) == 0.0
+        self.rewarded = self.rewarded or not all_zero
+        if not self.rewarded and self.steps >= self.first_steps:
+            warnings += self._due(
+                "zero_reward",
+                f"step {step}: every response of the first {self.steps} steps got reward 0; "
+                f"check the task's answers and reward; {HINT}",
+            )
+        for warning in warnings:
+            log.warning("%s", warning)
+        return warnings
+
+    def _due(self, kind: str, message: str) -> list[str]:
+        last = self.warned_at.get(kind)
+        if last is not None and self.steps - last < self.every:
+            return []
+        self.warned_at[kind] = self.steps
+        return [message]
