@@ -352,8 +352,6 @@ class RayRuntime:
     def submit_train(self, version: int, groups: list[Group], kind: str = "train") -> None:
         """Queue the step training `version` on `groups`; its weights come with its result,
         so a version whose step finished always has weights to load."""
-        if kind == "train" and self.trainer_recovery is not None:
-            self.trainer_recovery.log.record(TrainCall(version, groups))
         call = self.trainer.train_step_and_weights.options(num_returns=2)
         metrics, weights = call.remote(groups)
         self._submit(metrics, kind, version, groups, weights)
@@ -453,6 +451,8 @@ class RayRuntime:
     def _train(self, c: Train) -> None:
         groups = [self._group(gid) for gid in c.group_ids]
         self.recorder.consumed(groups, c.version)
+        if self.trainer_recovery is not None:
+            self.trainer_recovery.log.record(TrainCall(c.version, groups))
         self.submit_train(c.version, groups)
 
     def _finish(self, c: Finish) -> None:

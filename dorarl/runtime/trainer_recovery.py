@@ -154,7 +154,8 @@ class TrainerRecovery:
         found = newest_checkpoint(self.checkpoints, max(self.start, self.log.base), rt.published)
         version, folder = found if found else (self.log.base, None)
         if folder is None and version != self.start:
-            raise RuntimeError(f"no checkpoint of v{version} left to restart the trainer from")
+            log.error("the trainer died and its checkpoint of v%d is gone", version)
+            return False
         log.warning(
             "the trainer died; restarting it from %s (v%d) and replaying %d step(s) (%d)",
             folder or "the run's start point",

@@ -52,9 +52,12 @@ def test_the_newest_complete_checkpoint_in_range_is_chosen(tmp_path):
     assert newest_checkpoint(None, 0, 10) is None
 
 
-def _runtime(model_dir, out, pace, *, trainer_restarts, every=2, steps=8) -> RayRuntime:
+def _runtime(
+    model_dir, out, pace, *, trainer_restarts, every=2, steps=8, doomed_replacements=0
+) -> RayRuntime:
     """dora K=1 on 3 engines, driven directly so a test can kill actors mid-run; checkpoints
-    every `every` versions under out/checkpoints, as `dorarl train` writes them."""
+    every `every` versions under out/checkpoints, as `dorarl train` writes them. The first
+    `doomed_replacements` replacement trainers die as soon as they are made (mid-replay)."""
     folder = str(model_dir)
     overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", f"steps={steps}"]
     config = load_config(TrainConfig, overrides=overrides)
@@ -62,10 +65,18 @@ def _runtime(model_dir, out, pace, *, trainer_restarts, every=2, steps=8) -> Ray
     trainer_args = (folder, config.trainer, 1)
     workers, trainer = start_workers(3, folder, config.engine, trainer_args, 1, pace)
     recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+    replacements = []
+
+    def respawn_trainer(ckpt):
+        replacements.append(spawn_trainer((*trainer_args, ckpt), pace))
+        if len(replacements) <= doomed_replacements:
+            ray.kill(replacements[-1])
+        return replacements[-1]
+
     runtime = RayRuntime(
         config.controller_config(), task, _rollout(config, task), workers, trainer, recorder,
         respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace), max_restarts=2,
-        respawn_trainer=lambda ckpt: spawn_trainer((*trainer_args, ckpt), pace),
+        respawn_trainer=respawn_trainer,
         max_trainer_restarts=trainer_restarts, checkpoints=out / "checkpoints",
     )  # fmt: skip
 
@@ -86,7 +97,8 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
     start_local_ray(num_cpus=2)
     try:
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
-        runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=1)
+        # the first replacement dies too, before its replay is done: replayed again
+        runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=2, doomed_replacements=1)
         killed = []
 
         def kill_after_step_3(row, groups):
@@ -103,8 +115,8 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
     finally:
         ray.shutdown()
     assert killed and runtime.trainer is not killed[0]
-    assert summary["steps"] == 8 and summary["trainer_restarts"] == 1
-    assert summary["replayed_steps"] == 2  # v2 -> v3 -> v4 made again
+    assert summary["steps"] == 8 and summary["trainer_restarts"] == 2
+    assert summary["replayed_steps"] == 2 * 2  # v2 -> v3 -> v4 made again, twice
     assert summary["replay_mismatches"] == 0  # CPU training is deterministic: same versions
     summary, trajectories, metrics, _ = _read(out)
     _check_invariants(summary, trajectories, k=1)
