@@ -5,6 +5,8 @@ import json
 
 import pytest
 import ray
+from hypothesis import given
+from hypothesis import strategies as st
 from test_ray_runtime import COMMON, _check_invariants, _read
 
 from dorarl.config import load_config
@@ -38,6 +40,35 @@ def test_the_log_keeps_exactly_the_calls_a_checkpoint_lacks():
     assert [c.version for c in log.calls] == [4, 5]
     with pytest.raises(RuntimeError, match="starts at v4"):
         log.since(2)
+
+
+@given(
+    steps=st.integers(1, 30),
+    every=st.integers(1, 5),
+    durable=st.lists(st.integers(0, 30), max_size=6),
+    restore=st.integers(0, 30),
+)
+def test_replaying_the_log_from_any_kept_checkpoint_gives_back_the_whole_history(
+    steps, every, durable, restore
+):
+    """Restoring checkpoint c and replaying `since(c)` is the full history cut at c: each step
+    from c on exactly once and in order, and the checkpoint writes after c."""
+    log = TrainerLog(base=0)
+    for v in range(steps):  # in the order the runtime submits them
+        log.record(TrainCall(v, _batch(v)))
+        if (v + 1) % every == 0:
+            log.record(SaveCall(v + 1, f"version_{v + 1}"))
+    saved = set(range(every, steps + 1, every))
+    for version in durable:
+        if version in saved:
+            log.durable(version)
+    if restore < log.base or (restore not in saved and restore != 0):
+        return
+    replay = log.since(restore)
+    assert [c.version for c in replay if isinstance(c, TrainCall)] == list(range(restore, steps))
+    assert [c.version for c in replay if isinstance(c, SaveCall)] == sorted(
+        v for v in saved if v > restore
+    )
 
 
 def test_the_newest_complete_checkpoint_in_range_is_chosen(tmp_path):
