@@ -18,8 +18,8 @@ from dorarl.jobs.train import main as train_main
 
 pytestmark = pytest.mark.slow
 
-STEPS = 12
-KILLS = {2: "ray::EngineWorker", 5: "ray::TrainerWorker", 8: "ray::EngineWorker"}
+STEPS = 10
+KILLS = {2: "ray::EngineWorker", 4: "ray::TrainerWorker", 7: "ray::EngineWorker"}
 """Step rows in metrics.jsonl after which a process of that actor class gets SIGKILL."""
 
 
