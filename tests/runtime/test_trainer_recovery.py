@@ -95,7 +95,8 @@ def _runtime(
     task = build_task(config, folder)
     trainer_args = (folder, config.trainer, 1)
     workers, trainer = start_workers(3, folder, config.engine, trainer_args, 1, pace)
-    recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8)
+    recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8,
+                        overhead_kinds=RayRuntime.OVERHEAD_KINDS)  # fmt: skip
     replacements = []
 
     def respawn_trainer(ckpt):
