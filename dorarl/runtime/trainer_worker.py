@@ -51,9 +51,6 @@ class TrainerWorker:
     def version(self) -> int:
         return self.trainer.version
 
-    def resumed_state(self) -> dict[str, Any]:
-        return self.extra_state
-
     def train_step(self, groups: list[Group]) -> dict[str, Any]:
         started = time.perf_counter()
         metrics = self.trainer.train_step(groups)

@@ -4,7 +4,6 @@ real compute exceeded the pace is counted; engine and trainer workers pace the w
 import time
 
 import pytest
-import torch
 
 from dorarl.bench.calibrate import Calibration, PaceRule, choose_pace
 from dorarl.config import ConfigError
@@ -37,18 +36,24 @@ def test_paced_call_never_returns_before_its_device_time(device_s, work_s):
     assert pacer.stats.steps == 0  # take() starts a fresh count
 
 
-def test_over_pace_steps_are_counted_and_keep_their_real_time():
+def test_over_pace_steps_are_counted_and_keep_their_real_time(monkeypatch):
+    # what the pacer decides, not wall-clock margins (which a loaded CPU breaks): an
+    # over-pace step returns without sleeping, an under-pace one sleeps to its deadline
+    slept: list[float] = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (slept.append(s), real_sleep(s)))
     pacer = Pacer()
     started = time.perf_counter()
     _busy(0.03)
-    pacer.finish(started, 0.01)  # over: returns at once, no sleep added
-    assert time.perf_counter() - started < 0.03 + 0.01
+    over = pacer.finish(started, 0.01)
+    assert slept == [] and over >= 0.03
     started = time.perf_counter()
-    pacer.finish(started, 0.01)  # under: sleeps to the pace
+    pacer.finish(started, 0.01)
+    assert slept and time.perf_counter() - started >= 0.01
     stats = pacer.stats
     assert stats.steps == 2 and stats.over == 1 and stats.over_share == 0.5
-    assert stats.excess_s == pytest.approx(0.02, abs=0.01)
-    assert stats.worst_ratio >= 3.0 - 0.3
+    assert stats.excess_s == pytest.approx(over - 0.01)
+    assert stats.worst_ratio == pytest.approx(over / 0.01)
 
 
 def test_pace_stats_merge_and_dict():
@@ -114,7 +119,6 @@ def test_paced_trainer_step_lasts_its_device_time(tiny_model_dir):
     assert metrics["train_paced_s"] == pytest.approx(0.05 + 0.002 * tokens)
     assert time.perf_counter() - started >= metrics["train_paced_s"]
     assert metrics["train_over_pace"] == int(metrics["train_compute_s"] > metrics["train_paced_s"])
-    assert torch.get_num_threads() >= 1
 
 
 def _cal(decode=0.002, train=0.3) -> Calibration:

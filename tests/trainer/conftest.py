@@ -1,35 +1,10 @@
-"""A tiny Llama with the built-in character tokenizer, saved as a HF folder, and groups for it."""
+"""Random groups of made-up samples for the trainer tests."""
 
 import random
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from dorarl.data import Group, Sample
-from dorarl.tasks.chartok import build_char_tokenizer
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    tok = build_char_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    return folder
 
 
 @pytest.fixture
