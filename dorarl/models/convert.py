@@ -109,8 +109,9 @@ def convert_gguf(gguf_path: str | Path, out: str | Path) -> ConvertedModel:
     # under Hugging Face names (a loader that kept them packed).
     spec = spec_from_hf(model.config, where=str(gguf_path))
     check_named(spec, model.state_dict(), f"{gguf_path}: weights")
+    eos = header.metadata.get("tokenizer.ggml.eos_token_id")
     with staged_out_dir(out_dir) as staging:
-        save_folder(model, tokenizer, staging)
+        save_folder(model, tokenizer, staging, eos=None if eos is None else int(eos))
     return ConvertedModel(out_dir, model, tokenizer, header)
 
 
@@ -124,14 +125,24 @@ def load_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return model.eval(), tokenizer
 
 
-def save_folder(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
-    """The Hugging Face layout, with nothing left that says "GGUF"."""
+def save_folder(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    folder: Path,
+    eos: int | None = None,
+) -> None:
+    """The Hugging Face layout, with nothing left that says "GGUF". `eos`: the GGUF's own
+    EOS id, which wins over what a transformers version's GGUF tokenizer loader made of it
+    (5.17 maps some files' EOS to another token)."""
+    if eos is not None and tokenizer.eos_token_id != eos:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     _drop_quantization_config(folder / "config.json")
-    eos = (
-        tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.config.eos_token_id
-    )
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
     generation = GenerationConfig(
         bos_token_id=model.config.bos_token_id,
         eos_token_id=eos,
