@@ -1,15 +1,23 @@
-"""Paged attention over the KV pool for one step's flattened tokens.
+"""Paged attention over the KV pool for one step's flattened tokens, reading K/V in place.
 
-Rows of a step are grouped: decode rows (one query each) sorted by context length and cut
-into a few length buckets, then one group per prefill chunk. Per layer and group, one
-`index_select` gathers the group's blocks into `[batch, kv_heads, ctx, dim]` and one SDPA
-call attends; the query heads sharing a kv head ride in SDPA's query-length axis, so GQA
-needs no key repetition. Invariant: a query at position p sees exactly keys 0..p of its own
-sequence (padding and later keys are masked), so neighbours never change its result.
+A step's attention is planned once (`plan_step`, shared by every layer) from plain
+per-sequence data, the same a GPU paged kernel takes: block tables, cached lengths, query
+lengths. Rows are decode rows first, then one chunk per prefill row.
+- Decode rows are attended block-parallel over the pool's contiguous block range that holds
+  them, as a view (no copy of the context): each block's keys meet its owner's queries in one
+  batched matmul, the softmax runs per sequence by segment reductions (scatter max, index_add
+  sums) and the values are summed back per owner. Blocks of the range that belong to no decode
+  row are masked. The allocator hands out low block ids first, so the range stays tight.
+- A prefill chunk that starts its sequence attends to its own new keys (no pool read); one that
+  continues a sequence gathers that sequence's blocks once per layer, amortised over the chunk.
+The query heads sharing a kv head ride in the query axis (GQA needs no key repetition).
+Invariant: a query at position p sees exactly keys 0..p of its own sequence; neighbours change
+its result only by float rounding (the order its blocks are summed in).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,96 +27,136 @@ from dorarl.engine.kv_cache import KVCache
 
 
 @dataclass
-class AttnGroup:
-    start: int  # first token row of the group in the step
-    batch: int
-    q_len: int
-    tiles: torch.Tensor  # [batch * kv_heads * blocks] tile ids, ordered (seq, head, block)
-    mask: torch.Tensor | None  # [batch, 1, q_len * group_size or 1, keys], True = attend
+class SeqRows:
+    """One sequence's part of a step: its block table, tokens already cached, new tokens."""
 
-    @property
-    def rows(self) -> int:
-        return self.batch * self.q_len
+    table: list[int]
+    start: int
+    q_len: int
 
 
 @dataclass
-class GroupInput:
-    """One group's sequences as plain data: their block tables, first positions, q length."""
+class DecodePlan:
+    batch: int
+    lo: int  # pool block range [lo, hi) holding every decode row's context
+    hi: int
+    owner: torch.Tensor  # [hi - lo] decode row of each block (0 for foreign blocks: masked)
+    owner_index: torch.Tensor  # owner expanded to [hi - lo, kv_heads, q_per_kv], for scatter
+    mask: torch.Tensor  # [hi - lo, 1, 1, block_size] additive: 0 attends, -inf does not
 
-    tables: list[list[int]]
-    starts: list[int]  # position of each sequence's first new token (= tokens already cached)
+
+@dataclass
+class PrefillPlan:
+    row: int  # first token row of the chunk in the step
     q_len: int
+    tiles: torch.Tensor | None  # [kv_heads * blocks] pool tiles of the cached context; None: none
+    mask: torch.Tensor  # [1, 1, q_len * q_per_kv, keys], True = attend
 
 
-def build_group(
-    start: int,
-    item: GroupInput,
-    kv_heads: int,
-    q_per_kv: int,
-    block_size: int,
-    device: torch.device,
-) -> AttnGroup:
-    batch, q_len = len(item.tables), item.q_len
-    ctx = [s + q_len for s in item.starts]
-    num_blocks = -(-max(ctx) // block_size)
-    padded = [t[:num_blocks] + [0] * (num_blocks - len(t[:num_blocks])) for t in item.tables]
-    table = torch.tensor(padded, dtype=torch.long, device=device)
-    heads = torch.arange(kv_heads, device=device)
-    tiles = (table[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
-    return AttnGroup(
-        start, batch, q_len, tiles, _mask(item, num_blocks * block_size, q_per_kv, device)
+@dataclass
+class StepPlan:
+    write_rows: torch.Tensor  # flat pool row of each (new token, kv head)
+    decode: DecodePlan | None
+    prefill: list[PrefillPlan]
+
+
+def plan_decode(
+    seqs: list[SeqRows], kv_heads: int, q_per_kv: int, block_size: int, device: torch.device
+) -> DecodePlan:
+    ctx = [s.start + 1 for s in seqs]
+    num_blocks = [-(-c // block_size) for c in ctx]
+    width = max(num_blocks)
+    padded = [s.table[:n] + [-1] * (width - n) for s, n in zip(seqs, num_blocks, strict=True)]
+    table = torch.tensor(padded, dtype=torch.long)
+    used = table >= 0
+    lo, hi = int(table[used].min()), int(table.max()) + 1
+    rows = torch.arange(len(seqs))[:, None].expand_as(table)
+    first_key = torch.arange(width)[None, :] * block_size
+    valid = (torch.tensor(ctx)[:, None] - first_key).clamp(0, block_size)
+    owner = torch.zeros(hi - lo, dtype=torch.long)
+    owner[table[used] - lo] = rows[used]
+    keys = torch.zeros(hi - lo, dtype=torch.long)  # keys of its owner each block holds
+    keys[table[used] - lo] = valid[used]
+    mask = torch.zeros(hi - lo, 1, 1, block_size)
+    mask.masked_fill_(
+        torch.arange(block_size)[None, None, None, :] >= keys[:, None, None, None], -math.inf
+    )
+    owner = owner.to(device)
+    return DecodePlan(
+        batch=len(seqs),
+        lo=lo,
+        hi=hi,
+        owner=owner,
+        owner_index=owner[:, None, None].expand(hi - lo, kv_heads, q_per_kv),
+        mask=mask.to(device),
     )
 
 
-def _mask(
-    item: GroupInput, num_keys: int, q_per_kv: int, device: torch.device
-) -> torch.Tensor | None:
-    if item.q_len == 1 and all(s + 1 == num_keys for s in item.starts):
-        return None  # every key is the row's own context: no padding, no future
-    starts = torch.tensor(item.starts, dtype=torch.long, device=device)
-    # Query row r of a sequence is token r // q_per_kv (query heads of one kv head are adjacent);
-    # a decode row's heads share one mask row, which SDPA broadcasts.
-    rows = q_per_kv if item.q_len > 1 else 1
-    offsets = torch.arange(item.q_len, device=device).repeat_interleave(rows)
-    last_key = starts[:, None] + offsets[None, :]
-    keys = torch.arange(num_keys, device=device)
-    return (keys[None, None, :] <= last_key[:, :, None]).unsqueeze(1)
-
-
-def bucket_by_length(ctx_lens: list[int], min_fill: float = 0.6) -> list[tuple[int, int]]:
-    """Cut lengths sorted descending into [lo, hi) buckets whose shortest member is at least
-    min_fill of the longest: padding waste stays bounded with a handful of groups."""
-    buckets, lo = [], 0
-    for i in range(1, len(ctx_lens) + 1):
-        if i == len(ctx_lens) or ctx_lens[i] < min_fill * ctx_lens[lo]:
-            buckets.append((lo, i))
-            lo = i
-    return buckets
+def plan_prefill(
+    row: int, seq: SeqRows, kv_heads: int, q_per_kv: int, block_size: int, device: torch.device
+) -> PrefillPlan:
+    tiles = None
+    num_keys = seq.q_len
+    if seq.start:
+        num_blocks = -(-(seq.start + seq.q_len) // block_size)
+        table = torch.tensor(seq.table[:num_blocks], dtype=torch.long, device=device)
+        heads = torch.arange(kv_heads, device=device)
+        tiles = (table[None, :] * kv_heads + heads[:, None]).reshape(-1)  # (head, block)
+        num_keys = num_blocks * block_size
+    # Query row r is token r // q_per_kv (query heads of one kv head are adjacent); without a
+    # cached context the keys are the chunk's own, so key 0 is position `start` = 0.
+    offsets = torch.arange(seq.q_len, device=device).repeat_interleave(q_per_kv)
+    last_key = offsets + (seq.start if tiles is not None else 0)
+    mask = torch.arange(num_keys, device=device)[None, :] <= last_key[:, None]
+    return PrefillPlan(row, seq.q_len, tiles, mask[None, None])
 
 
 class PagedAttention:
-    """Attention backend of the engine: writes new keys to the pool, attends over it."""
+    """Attention backend of the engine: writes new keys to the pool, attends over it in place."""
 
-    def __init__(self, cache: KVCache, write_rows: torch.Tensor, groups: list[AttnGroup]) -> None:
+    def __init__(self, cache: KVCache, plan: StepPlan) -> None:
         self.cache = cache
-        self.write_rows = write_rows
-        self.groups = groups
+        self.plan = plan
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         """q `[tokens, heads, dim]`, k and v `[tokens, kv_heads, dim]` -> `[tokens, heads * dim]`."""
-        self.cache.write(layer, k, v, self.write_rows)
-        outs = [self._attend(layer, q, g) for g in self.groups]
+        self.cache.write(layer, k, v, self.plan.write_rows)
+        outs = []
+        if self.plan.decode is not None:
+            outs.append(self._decode(layer, q, self.plan.decode))
+        outs.extend(self._prefill(layer, q, k, v, p) for p in self.plan.prefill)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def _attend(self, layer: int, q: torch.Tensor, g: AttnGroup) -> torch.Tensor:
-        tokens, heads, dim = q.shape
+    def _decode(self, layer: int, q: torch.Tensor, d: DecodePlan) -> torch.Tensor:
+        heads, dim = q.shape[1], q.shape[2]
         kv_heads = self.cache.shape.num_kv_heads
         per_kv = heads // kv_heads
-        qg = q[g.start : g.start + g.rows].view(g.batch, g.q_len, kv_heads, per_kv, dim)
-        qg = qg.transpose(1, 2).reshape(g.batch, kv_heads, g.q_len * per_kv, dim)
-        keys, values = self.cache.gather(layer, g.tiles, g.batch)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=g.mask)
-        out = out.view(g.batch, kv_heads, g.q_len, per_kv, dim).transpose(1, 2)
-        return out.reshape(g.rows, heads * dim)
+        keys, values = self.cache.block_range(layer, d.lo, d.hi)  # [blocks, kv_heads, bs, dim]
+        qd = q[: d.batch].reshape(d.batch, kv_heads, per_kv, dim) * (1.0 / math.sqrt(dim))
+        scores = torch.matmul(qd.index_select(0, d.owner), keys.transpose(-1, -2))
+        scores.add_(d.mask)  # [blocks, kv_heads, per_kv, bs]
+        row_max = torch.full((d.batch, kv_heads, per_kv), -math.inf, dtype=q.dtype)
+        row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax")
+        probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
+        total = torch.zeros_like(row_max).index_add_(0, d.owner, probs.sum(-1))
+        out = torch.zeros_like(qd).index_add_(0, d.owner, torch.matmul(probs, values))
+        return out.div_(total.unsqueeze(-1)).view(d.batch, heads * dim)
+
+    def _prefill(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillPlan
+    ) -> torch.Tensor:
+        heads, dim = q.shape[1], q.shape[2]
+        kv_heads = self.cache.shape.num_kv_heads
+        per_kv = heads // kv_heads
+        rows = slice(p.row, p.row + p.q_len)
+        qg = q[rows].view(p.q_len, kv_heads, per_kv, dim).transpose(0, 1)
+        qg = qg.reshape(1, kv_heads, p.q_len * per_kv, dim)
+        if p.tiles is None:
+            keys, values = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
+        else:
+            keys, values = self.cache.gather(layer, p.tiles, 1)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=p.mask)
+        out = out.view(kv_heads, p.q_len, per_kv, dim).transpose(0, 1)
+        return out.reshape(p.q_len, heads * dim)

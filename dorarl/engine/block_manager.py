@@ -2,12 +2,14 @@
 
 A `BlockPool` hands out block ids of a fixed-size pool. Invariant: every id is either
 free or owned by exactly one sequence table; a double free or a foreign id is a bug and
-trips an assertion. The tensors behind the ids live in `kv_cache.py`.
+trips an assertion. The lowest free ids go out first, so the blocks in use stay packed at the
+low end of the pool (decode attention reads the range that holds them in place). The
+tensors behind the ids live in `kv_cache.py`.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -17,7 +19,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_total = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: list[int] = list(range(num_blocks))  # a min-heap
         self._used: set[int] = set()
 
     @property
@@ -33,7 +35,7 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         assert n <= len(self._free), f"allocate {n} blocks with {len(self._free)} free"
-        blocks = [self._free.popleft() for _ in range(n)]
+        blocks = [heapq.heappop(self._free) for _ in range(n)]
         self._used.update(blocks)
         return blocks
 
@@ -41,7 +43,7 @@ class BlockPool:
         for block in blocks:
             assert block in self._used, f"free of block {block} that is not in use"
             self._used.remove(block)
-            self._free.append(block)
+            heapq.heappush(self._free, block)
 
 
 class BlockManager:

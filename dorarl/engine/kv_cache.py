@@ -1,9 +1,9 @@
 """The paged KV pools (device and host) and the copies between them and snapshots.
 
 Pool layout: `[2 (k, v), num_layers, num_blocks, num_kv_heads, block_size, head_dim]`, so one
-block of one kv head is a contiguous `[block_size, head_dim]` tile: gathering a batch's
-block tables with one `index_select` yields attention-ready `[batch, kv_heads, ctx, dim]`
-keys. Snapshot layout (engine-independent): `[2, num_layers, num_kv_heads, num_tokens,
+block of one kv head is a contiguous `[block_size, head_dim]` tile and a range of blocks is
+a plain view `[blocks, kv_heads, block_size, head_dim]` (decode attention reads it in place);
+gathering one sequence's tiles with `index_select` yields `[1, kv_heads, ctx, dim]` keys. Snapshot layout (engine-independent): `[2, num_layers, num_kv_heads, num_tokens,
 head_dim]` on the CPU, so a request can move between engines of different block sizes.
 """
 
@@ -41,8 +41,6 @@ class KVCache:
         # Flat per-layer views: rows of head_dim for writes, tiles of a block for gathers.
         self.rows = self.pool.view(2, s.num_layers, -1, s.head_dim)
         self.tiles = self.pool.view(2, s.num_layers, -1, s.block_size, s.head_dim)
-        # Reused gather buffer: fresh multi-MB tensors per layer cost page faults on the CPU.
-        self._work = torch.empty(0, device=device, dtype=dtype)
 
     @property
     def device(self) -> torch.device:
@@ -57,6 +55,10 @@ class KVCache:
         d = self.shape.head_dim
         self.rows[0, layer].index_copy_(0, rows, k.reshape(-1, d))
         self.rows[1, layer].index_copy_(0, rows, v.reshape(-1, d))
+
+    def block_range(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of pool blocks [lo, hi) as views `[blocks, kv_heads, block_size, dim]`."""
+        return self.pool[0, layer, lo:hi], self.pool[1, layer, lo:hi]
 
     def gather(
         self, layer: int, tiles: torch.Tensor, batch: int

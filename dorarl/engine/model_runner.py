@@ -1,7 +1,8 @@
 """Turns a scheduled batch into tensors, runs the forward pass, samples the finished rows.
 
-Row order is decode rows (sorted by context length, longest first, so length buckets are
-contiguous slices) and then one chunk per prefill row. A row samples only when its chunk
+Row order is decode rows, then one chunk per prefill row. Everything the layers share
+(token ids, positions, pool write rows, the attention plan, the rows that need logits) is
+built once per step here, never per layer. A row samples only when its chunk
 reaches the end of its sequence's tokens; earlier prefill chunks just fill the KV pool.
 """
 
@@ -12,11 +13,13 @@ from dataclasses import dataclass
 import torch
 
 from dorarl.engine.attention import (
-    AttnGroup,
-    GroupInput,
+    DecodePlan,
     PagedAttention,
-    bucket_by_length,
-    build_group,
+    PrefillPlan,
+    SeqRows,
+    StepPlan,
+    plan_decode,
+    plan_prefill,
 )
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.model import Transformer
@@ -55,8 +58,7 @@ class ModelRunner:
 
     @staticmethod
     def order(batch: Batch) -> list[tuple[Sequence, int]]:
-        decode = sorted(batch.decode, key=lambda s: -s.num_computed)
-        return [(seq, 1) for seq in decode] + batch.prefill
+        return batch.items
 
     def prepare(self, items: list[tuple[Sequence, int]]) -> StepInputs:
         ids, positions, blocks, sample_rows, samplers = [], [], [], [], []
@@ -71,7 +73,8 @@ class ModelRunner:
                 samplers.append(seq)
         dev = self.device
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
-        attention = PagedAttention(self.cache, self._write_rows(blocks, pos), self._groups(items))
+        plan = StepPlan(self._write_rows(blocks, pos), *self._plan(items))
+        attention = PagedAttention(self.cache, plan)
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=pos,
@@ -88,21 +91,17 @@ class ModelRunner:
         tile = block[:, None] * s.num_kv_heads + heads[None, :]
         return (tile * s.block_size + (positions % s.block_size)[:, None]).reshape(-1)
 
-    def _groups(self, items: list[tuple[Sequence, int]]) -> list[AttnGroup]:
+    def _plan(
+        self, items: list[tuple[Sequence, int]]
+    ) -> tuple[DecodePlan | None, list[PrefillPlan]]:
         s = self.cache.shape
         per_kv = self.model.spec.num_heads // s.num_kv_heads
-        decode = [seq for seq, n in items if n == 1 and seq.num_uncomputed == 1]
-        inputs: list[tuple[int, GroupInput]] = []
-        for lo, hi in bucket_by_length([seq.num_computed + 1 for seq in decode]):
-            group = decode[lo:hi]
-            inputs.append(
-                (lo, GroupInput([q.block_table for q in group], [q.num_computed for q in group], 1))
-            )
-        row = len(decode)
-        for seq, n in items[len(decode) :]:
-            inputs.append((row, GroupInput([seq.block_table], [seq.num_computed], n)))
-            row += n
-        return [
-            build_group(start, g, s.num_kv_heads, per_kv, s.block_size, self.device)
-            for start, g in inputs
-        ]
+        args = (s.num_kv_heads, per_kv, s.block_size, self.device)
+        rows = [SeqRows(seq.block_table, seq.num_computed, n) for seq, n in items]
+        num_decode = sum(1 for seq, n in items if n == 1 and seq.num_uncomputed == 1)
+        decode = plan_decode(rows[:num_decode], *args) if num_decode else None
+        prefill, row = [], num_decode
+        for item in rows[num_decode:]:
+            prefill.append(plan_prefill(row, item, *args))
+            row += item.q_len
+        return decode, prefill
