@@ -13,6 +13,7 @@ a CPU shared with other jobs the wall clock also measures their load, the CPU cl
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import math
@@ -33,9 +34,11 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from dorarl.bench.engine_real import SHAPES, RealSpec, load_model, print_real, run_real
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.dense_attention import DenseAttention
 from dorarl.engine.sampler import SampleRow, sample
+from dorarl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +238,8 @@ def run_hf_continuous(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) 
 
     gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=-1)
     pages = math.ceil((spec.prompt_len + max(work.lengths) + 1) / spec.block_size)
-    cb = ContinuousBatchingConfig(
+    cb = continuous_batching_config(
+        ContinuousBatchingConfig,
         max_requests_per_batch=spec.max_batch,
         page_size=spec.block_size,
         num_blocks=spec.max_batch * pages,
@@ -253,6 +257,17 @@ def run_hf_continuous(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) 
     if tokens != work.total_tokens:
         raise RuntimeError(f"hf_continuous produced {tokens} tokens, expected {work.total_tokens}")
     return {"wall_s": took.wall, "cpu_s": took.cpu, "tokens": tokens}
+
+
+def continuous_batching_config(cls: Any, page_size: int, **settings: Any) -> Any:
+    """Build transformers' ContinuousBatchingConfig across versions: the KV page size is
+    `page_size` in recent releases and is not a parameter at all in 5.17 (then its default)."""
+    accepted = inspect.signature(cls).parameters
+    for name in ("page_size", "block_size"):
+        if name in accepted:
+            settings[name] = page_size
+            break
+    return cls(**{k: v for k, v in settings.items() if k in accepted})
 
 
 def _drain_hf_manager(manager: Any, work: Workload) -> int:
@@ -586,12 +601,43 @@ def main(argv: list[str]) -> int:
         "--threads", type=int, default=1, help="torch CPU threads for every contender"
     )
     parser.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face contenders")
+    real = parser.add_mutually_exclusive_group()
+    real.add_argument(
+        "--model", type=Path, help="also bench a local HF model folder (batches 32 and 64)"
+    )
+    real.add_argument(
+        "--shape", choices=sorted(SHAPES), help="also bench random weights of a real model's shape"
+    )
+    parser.add_argument(
+        "--real-only", action="store_true", help="with --model/--shape: skip the tiny-model bench"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    console = Console()
-    report = run(QUICK if args.quick else FULL, Console(stderr=True), skip_hf=args.skip_hf)
+    console, log = Console(), Console(stderr=True)
+    if args.real_only and not (args.model or args.shape):
+        raise UserInputError("--real-only needs --model DIR or --shape NAME")
+    report = (
+        _header_only() if args.real_only else run(QUICK if args.quick else FULL, log, args.skip_hf)
+    )
     report["quick"] = args.quick
+    if args.model or args.shape:
+        model = load_model(args.model, args.shape)
+        report["real_model"] = run_real(model, RealSpec(), log, skip_hf=args.skip_hf)
+        report["real_model"]["source"] = str(args.model) if args.model else args.shape
+        report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "engine.json").write_text(json.dumps(report, indent=2))
-    print_report(report, console)
+    if not args.real_only:
+        print_report(report, console)
+    if "real_model" in report:
+        print_real(report["real_model"], console)
+        console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
     return 0
+
+
+def _header_only() -> dict[str, Any]:
+    return {
+        "threads": torch.get_num_threads(),
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }

@@ -1,9 +1,10 @@
 """`dorarl bench engine`: the workload, the report, and an end-to-end micro run."""
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
+import torch
 from rich.console import Console
 
 from dorarl.bench import engine as bench
@@ -24,6 +25,15 @@ MICRO = replace(
     vocab=256,
     prompt_len=8,
     prefill_chunk=32,
+)
+TINY_LLAMA = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    vocab_size=128,
 )
 
 
@@ -91,3 +101,48 @@ def test_cli_quick_writes_engine_json(tmp_path):
     assert main(["bench", "engine", "--out", str(tmp_path), "--quick", "--skip-hf"]) == 0
     report = json.loads((tmp_path / "engine.json").read_text())
     assert report["quick"] is True and report["tokens_per_s"]["engine"] > 0
+
+
+def test_real_model_bench_compares_engine_hf_and_floor_exactly():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dorarl.bench import engine_real
+
+    config = LlamaConfig(**{**engine_real.SHAPES["smollm2-135m"], **TINY_LLAMA})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    spec = engine_real.RealSpec(batches=(3, 5), prompt_len=6, new_tokens=4)
+    report = engine_real.run_real(model, spec, Console(quiet=True))
+    json.dumps(report)
+    assert set(report["batches"]) == {"3", "5"}
+    for batch, entry in report["batches"].items():
+        assert entry["greedy_identical_requests"] == int(batch)  # greedy equals HF's
+        assert entry["engine"]["decode_steps"] == spec.new_tokens - 1
+        assert entry["floor"]["step"]["ms"] > 0 and entry["hf_static"]["tokens_per_s"] > 0
+    assert set(report["bars"]) == set(engine_real.REAL_BARS)
+    assert report["bars"]["step_vs_matmuls_32"]["pass"] is None  # batch 32 not measured here
+
+
+def test_continuous_batching_config_tolerates_a_transformers_without_page_size():
+    @dataclass
+    class Old:  # transformers 5.17 has no page_size
+        num_blocks: int | None = None
+        max_requests_per_batch: int | None = None
+
+    cb = bench.continuous_batching_config(Old, page_size=16, num_blocks=8, max_requests_per_batch=4)
+    assert cb == Old(num_blocks=8, max_requests_per_batch=4)
+
+    @dataclass
+    class New:
+        page_size: int = 256
+        num_blocks: int | None = None
+
+    assert bench.continuous_batching_config(New, page_size=16, num_blocks=8).page_size == 16
+
+
+def test_unknown_shape_is_a_one_line_user_error():
+    from dorarl.bench import engine_real
+    from dorarl.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="--shape"):
+        engine_real.load_model(None, "gpt-9")

@@ -1,0 +1,309 @@
+"""`dorarl bench engine --model DIR | --shape smollm2-135m`: the engine on a real model's shape.
+
+Static batches of B greedy requests (B = 32 and 64, random prompts, exactly `new_tokens` new
+tokens each) decoded by our engine and by HF `generate` in the same run, with the floor: the
+time of the decode step's own matrix multiplications (q|k|v, o, gate|up and down of every
+layer and the lm_head, on the model's weights at M = B rows), timed right after each engine
+decode step so that both see the same outside load. Wall and this process's CPU clock both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+)
+
+from dorarl.engine import Engine, EngineConfig, SamplingParams
+from dorarl.engine.model_spec import read_hf_config
+from dorarl.engine.weights import ModelWeights
+from dorarl.errors import UserInputError
+
+# Random-weight shapes (no download). SmolLM2-135M-Instruct: Llama, tied embeddings.
+SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+}
+REAL_BARS = {  # name: (what, target, at most?)
+    "step_vs_matmuls_32": ("decode step engine / its matmuls at batch 32 (at most)", 1.3, True),
+    "engine_vs_hf_static_32": ("tokens_per_s engine / hf_static at batch 32", 1.2, False),
+    "engine_tokens_per_s_64": ("engine tokens_per_s at batch 64", 100.0, False),
+}
+
+
+@dataclass(frozen=True)
+class RealSpec:
+    batches: tuple[int, ...] = (32, 64)
+    prompt_len: int = 32
+    new_tokens: int = 48
+    seed: int = 0
+
+
+def load_model(model_dir: Path | None, shape: str | None, seed: int = 0) -> PreTrainedModel:
+    """A local HF folder (safetensors only) or a seeded random model of a named shape."""
+    if model_dir is not None:
+        read_hf_config(model_dir)  # refuses a missing config or an unsupported architecture
+        model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch.float32, use_safetensors=True
+        )
+        return model.eval()
+    if shape not in SHAPES:
+        raise UserInputError(f"--shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**SHAPES[shape])).eval()
+
+
+@dataclass
+class Clock:
+    wall: list[float]
+    cpu: list[float]
+
+    @classmethod
+    def new(cls) -> Clock:
+        return cls([], [])
+
+    def time(self, fn: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn()
+        self.wall.append(time.perf_counter() - wall)
+        self.cpu.append(time.process_time() - cpu)
+        return out
+
+    def median_ms(self) -> dict[str, float]:
+        return {
+            "ms": 1e3 * statistics.median(self.wall),
+            "cpu_ms": 1e3 * statistics.median(self.cpu),
+        }
+
+    def total(self) -> dict[str, float]:
+        return {"wall_s": sum(self.wall), "cpu_s": sum(self.cpu)}
+
+
+class StepMatmuls:
+    """The decode step's matrix multiplications on the engine's own weights, at M = batch rows."""
+
+    def __init__(self, weights: ModelWeights, batch: int, hidden: int, intermediate: int) -> None:
+        self.weights = weights
+        self.x = torch.randn(batch, hidden, dtype=weights.embed.dtype)
+        self.h = torch.randn(batch, intermediate, dtype=weights.embed.dtype)
+
+    @torch.inference_mode()
+    def __call__(self) -> None:
+        for layer in self.weights.layers:
+            F.linear(self.x, layer.qkv_w)
+            F.linear(self.x, layer.o_w)
+            F.linear(self.x, layer.gate_up_w)
+            F.linear(self.h, layer.down_w)
+        F.linear(self.x, self.weights.lm_head)
+
+
+def _prompts(batch: int, spec: RealSpec, vocab: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(spec.seed + batch)
+    # Ids from 3 up: clear of the usual special ids (pad/bos/eos).
+    return torch.randint(3, vocab, (batch, spec.prompt_len), generator=gen).tolist()
+
+
+def run_engine_batch(
+    model: PreTrainedModel, prompts: list[list[int]], spec: RealSpec
+) -> dict[str, Any]:
+    batch = len(prompts)
+    max_len = spec.prompt_len + spec.new_tokens + 1
+    config = EngineConfig(
+        max_num_seqs=batch,
+        max_model_len=max_len,
+        # Room for the whole batch at once, prefilled in one step as HF generate does.
+        num_blocks=batch * (-(-max_len // 16) + 1),
+        block_size=16,
+        prefill_chunk_size=batch * spec.prompt_len,
+    )
+    engine = Engine.from_hf_config(model.config, config, model.state_dict())
+    matmuls = StepMatmuls(
+        engine.model.weights, batch, engine.spec.hidden_size, engine.spec.intermediate_size
+    )
+    matmuls()  # warm up
+    params = SamplingParams(temperature=0.0, target_len=spec.new_tokens)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    steps, decode, floor = Clock.new(), Clock.new(), Clock.new()
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        prefilling = engine.stats().tokens_generated < batch
+        done = (steps if prefilling else decode).time(engine.step)
+        outputs.update({out.request_id: out.output_ids for out in done})
+        if not prefilling:
+            floor.time(matmuls)  # right after the step it is the floor of: same load
+    total = {k: steps.total()[k] + decode.total()[k] for k in ("wall_s", "cpu_s")}
+    tokens = batch * spec.new_tokens
+    return {
+        "engine": {
+            **total,
+            "tokens": tokens,
+            "tokens_per_s": tokens / total["wall_s"],
+            "tokens_per_cpu_s": tokens / total["cpu_s"],
+            "decode_steps": len(decode.wall),
+            "step": decode.median_ms(),
+        },
+        "floor": {"step": floor.median_ms()},
+        "outputs": [outputs[f"r{i}"] for i in range(batch)],
+    }
+
+
+def run_hf_batch(
+    model: PreTrainedModel, prompts: list[list[int]], spec: RealSpec
+) -> dict[str, Any]:
+    ids = torch.tensor(prompts)
+    gen = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=spec.new_tokens,
+        min_new_tokens=spec.new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    clock = Clock.new()
+    with torch.inference_mode():
+        out = clock.time(
+            lambda: model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
+        )
+    tokens = len(prompts) * spec.new_tokens
+    total = clock.total()
+    return {
+        "hf_static": {
+            **total,
+            "tokens": tokens,
+            "tokens_per_s": tokens / total["wall_s"],
+            "tokens_per_cpu_s": tokens / total["cpu_s"],
+            # generate's time spread over its steps (prefill included)
+            "step": {
+                "ms": 1e3 * total["wall_s"] / spec.new_tokens,
+                "cpu_ms": 1e3 * total["cpu_s"] / spec.new_tokens,
+            },
+        },
+        "outputs": out[:, ids.shape[1] :].tolist(),
+    }
+
+
+def run_real(
+    model: PreTrainedModel, spec: RealSpec, console: Console, skip_hf: bool = False
+) -> dict[str, Any]:
+    vocab = model.config.vocab_size
+    report: dict[str, Any] = {
+        "spec": asdict(spec),
+        "arch": model.config.model_type,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batches": {},
+    }
+    for batch in spec.batches:
+        prompts = _prompts(batch, spec, vocab)
+        console.log(f"real model: engine, batch {batch}")
+        ours = run_engine_batch(model, prompts, spec)
+        entry = {"engine": ours["engine"], "floor": ours["floor"]}
+        if not skip_hf:
+            console.log(f"real model: hf generate, batch {batch}")
+            theirs = run_hf_batch(model, prompts, spec)
+            entry["hf_static"] = theirs["hf_static"]
+            same = sum(a == b for a, b in zip(ours["outputs"], theirs["outputs"], strict=True))
+            entry["greedy_identical_requests"] = same
+        report["batches"][str(batch)] = entry
+    report["bars"] = real_bars(report["batches"])
+    return report
+
+
+def real_bars(batches: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each bar on the wall clock and on this process's CPU clock."""
+    values = {name: (None, None) for name in REAL_BARS}
+    if "32" in batches:
+        b = batches["32"]
+        values["step_vs_matmuls_32"] = tuple(
+            b["engine"]["step"][k] / b["floor"]["step"][k] for k in ("ms", "cpu_ms")
+        )
+        if "hf_static" in b:
+            values["engine_vs_hf_static_32"] = tuple(
+                b["engine"][k] / b["hf_static"][k] for k in ("tokens_per_s", "tokens_per_cpu_s")
+            )
+    if "64" in batches:
+        e = batches["64"]["engine"]
+        values["engine_tokens_per_s_64"] = (e["tokens_per_s"], e["tokens_per_cpu_s"])
+    bars = {}
+    for name, (what, target, at_most) in REAL_BARS.items():
+        wall, cpu = values[name]
+        bars[name] = {
+            "what": what,
+            "target": target,
+            "value": wall,
+            "pass": None if wall is None else (wall <= target if at_most else wall >= target),
+            "value_cpu": cpu,
+            "pass_cpu": None if cpu is None else (cpu <= target if at_most else cpu >= target),
+        }
+    return bars
+
+
+def print_real(report: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"real model ({report['parameters'] / 1e6:.1f}M params, {report['arch']}): "
+        f"prompt {report['spec']['prompt_len']}, {report['spec']['new_tokens']} new tokens, greedy"
+    )
+    for col in ("batch", "contender", "tokens/s", "tokens/cpu-s", "ms/step", "cpu ms/step"):
+        table.add_column(col, justify="right")
+    for batch, entry in report["batches"].items():
+        for name in ("engine", "hf_static", "floor"):
+            if name not in entry:
+                continue
+            row = entry[name]
+            table.add_row(
+                batch,
+                "matmuls (floor)" if name == "floor" else name,
+                _fmt(row.get("tokens_per_s"), ",.1f"),
+                _fmt(row.get("tokens_per_cpu_s"), ",.1f"),
+                _fmt(row["step"]["ms"], ",.1f"),
+                _fmt(row["step"]["cpu_ms"], ",.1f"),
+            )
+        if "greedy_identical_requests" in entry:
+            console.print(
+                f"batch {batch}: engine and HF greedy outputs identical for "
+                f"{entry['greedy_identical_requests']}/{batch} requests"
+            )
+    console.print(table)
+    bars = Table(title="real-model bars (wall clock | this process's cpu clock)")
+    for col in ("bar", "target", "wall", "result", "cpu", "result"):
+        bars.add_column(col)
+    verdict = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}
+    for bar in report["bars"].values():
+        bars.add_row(
+            bar["what"],
+            str(bar["target"]),
+            _fmt(bar["value"], ".2f"),
+            verdict[bar["pass"]],
+            _fmt(bar["value_cpu"], ".2f"),
+            verdict[bar["pass_cpu"]],
+        )
+    console.print(bars)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else f"{value:{spec}}"
