@@ -38,6 +38,10 @@ class SeqRows:
 @dataclass
 class DecodePlan:
     batch: int
+    # What a paged kernel (GPU, issue 13) takes: padded block tables (-1 pads) and lengths.
+    tables: torch.Tensor  # [batch, max blocks]
+    context_lens: torch.Tensor  # [batch] keys each decode row attends to
+    # The CPU backend's view of the same: the block range and its owners.
     lo: int  # pool block range [lo, hi) holding every decode row's context
     hi: int
     owner: torch.Tensor  # [hi - lo] decode row of each block (0 for foreign blocks: masked)
@@ -84,6 +88,8 @@ def plan_decode(
     owner = owner.to(device)
     return DecodePlan(
         batch=len(seqs),
+        tables=table.to(device),
+        context_lens=torch.tensor(ctx, device=device),
         lo=lo,
         hi=hi,
         owner=owner,
