@@ -5,14 +5,18 @@ per-sequence data, the same a GPU paged kernel takes: block tables, cached lengt
 lengths. Rows are decode rows first, then one chunk per prefill row.
 - Decode rows are attended block-parallel over the pool's contiguous block range that holds
   them, as a view (no copy of the context): each block's keys meet its owner's queries in one
-  batched matmul, the softmax runs per sequence by segment reductions (scatter max, index_add
-  sums) and the values are summed back per owner. Blocks of the range that belong to no decode
+  batched matmul, the softmax max is a per-sequence scatter max and the sums of exp and of
+  weighted values are reduced per sequence. Blocks of the range that belong to no decode
   row are masked. The allocator hands out low block ids first, so the range stays tight.
+  Cross-block sums run in each sequence's logical block order, never the physical one: the
+  small per-block partials (sum of exp, weighted value sum) are permuted into logical order
+  and added by a fixed pairwise tree, so a sequence's output is a function of its logical K/V
+  alone, bit for bit (a migrated request lands in other blocks and must continue exactly).
 - A prefill chunk that starts its sequence attends to its own new keys (no pool read); one that
   continues a sequence gathers that sequence's blocks once per layer, amortised over the chunk.
 The query heads sharing a kv head ride in the query axis (GQA needs no key repetition).
-Invariant: a query at position p sees exactly keys 0..p of its own sequence; neighbours change
-its result only by float rounding (the order its blocks are summed in).
+Invariant: a query at position p sees exactly keys 0..p of its own sequence, and its result
+does not depend, even by rounding, on which physical blocks hold them or on its neighbours.
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ class DecodePlan:
     owner: torch.Tensor  # [hi - lo] decode row of each block (0 for foreign blocks: masked)
     owner_index: torch.Tensor  # owner expanded to [hi - lo, kv_heads, q_per_kv], for scatter
     mask: torch.Tensor  # [hi - lo, 1, 1, block_size] additive: 0 attends, -inf does not
+    # Each decode row's blocks in logical order, as indices into the range's per-block
+    # partials; padded to a power of two with hi - lo (an all-zero partial) for the tree sum.
+    logical: torch.Tensor  # [batch * pow2 width]
+    width: int  # the power-of-two width
 
 
 @dataclass
@@ -86,6 +94,9 @@ def plan_decode(
         torch.arange(block_size)[None, None, None, :] >= keys[:, None, None, None], -math.inf
     )
     owner = owner.to(device)
+    pow2 = 1 << (width - 1).bit_length()
+    logical = torch.full((len(seqs), pow2), hi - lo, dtype=torch.long)
+    logical[:, :width][used] = table[used] - lo
     return DecodePlan(
         batch=len(seqs),
         tables=table.to(device),
@@ -95,6 +106,8 @@ def plan_decode(
         owner=owner,
         owner_index=owner[:, None, None].expand(hi - lo, kv_heads, q_per_kv),
         mask=mask.to(device),
+        logical=logical.view(-1).to(device),
+        width=pow2,
     )
 
 
@@ -146,8 +159,14 @@ class PagedAttention:
         row_max = torch.full((d.batch, kv_heads, per_kv), -math.inf, dtype=q.dtype)
         row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax")
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
-        total = torch.zeros_like(row_max).index_add_(0, d.owner, probs.sum(-1))
-        out = torch.zeros_like(qd).index_add_(0, d.owner, torch.matmul(probs, values))
+        # Per-block partials, plus one zero partial (index hi - lo) that pads logical tables.
+        blocks = d.hi - d.lo
+        block_total = probs.new_zeros(blocks + 1, kv_heads, per_kv)
+        torch.sum(probs, -1, out=block_total[:blocks])
+        block_out = probs.new_zeros(blocks + 1, kv_heads, per_kv, dim)
+        torch.matmul(probs, values, out=block_out[:blocks])
+        total = _logical_tree_sum(block_total, d.logical, d.batch, d.width)
+        out = _logical_tree_sum(block_out, d.logical, d.batch, d.width)
         return out.div_(total.unsqueeze(-1)).view(d.batch, heads * dim)
 
     def _prefill(
@@ -166,3 +185,18 @@ class PagedAttention:
         out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=p.mask)
         out = out.view(kv_heads, p.q_len, per_kv, dim).transpose(0, 1)
         return out.reshape(p.q_len, heads * dim)
+
+
+def _logical_tree_sum(
+    partials: torch.Tensor, logical: torch.Tensor, batch: int, width: int
+) -> torch.Tensor:
+    """Sum each row's per-block partials in logical block order by a fixed pairwise tree.
+
+    Padding to a power of two with exact zeros leaves the tree over a row's real blocks
+    unchanged (x + 0 == x), so the result does not depend on the batch's widest row either.
+    """
+    acc = partials.index_select(0, logical).view(batch, width, *partials.shape[1:])
+    while width > 1:
+        width //= 2
+        acc = acc[:, :width] + acc[:, width:]
+    return acc[:, 0]

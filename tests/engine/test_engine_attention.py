@@ -76,3 +76,82 @@ def test_paged_attention_equals_dense_reference(block_size, heads, kv_heads):
         )
         torch.testing.assert_close(got[row : row + item.q_len], want, atol=2e-6, rtol=1e-5)
         row += item.q_len
+
+
+def _place(cache, table, keys, values, block_size):
+    """Write a sequence's logical K/V `[positions, kv_heads, dim]` into the blocks of `table`."""
+    kv_heads = keys.shape[1]
+    rows = [
+        (table[p // block_size] * kv_heads + torch.arange(kv_heads)) * block_size + p % block_size
+        for p in range(keys.shape[0])
+    ]
+    cache.write(0, keys, values, torch.cat(rows))
+
+
+def _attend_in_layout(contents, tables, decode, prefill_row, block_size, heads, num_blocks):
+    """Attention outputs of one step whose sequences (K/V/q `contents`) sit in blocks `tables`.
+
+    Sequences listed in `decode` are decode rows (the last position is the new token), in that
+    batch order; `prefill_row` names one sequence run as a continuing chunk of its last 5 tokens.
+    """
+    kv_heads, dim = contents[0][0].shape[1:]
+    cache = KVCache(
+        KVShape(1, kv_heads, dim, block_size), num_blocks, 0, torch.device("cpu"), torch.float32
+    )
+    cache.pool.normal_()  # stale data in unused slots must not matter
+    qs, ks, vs, seqs = [], [], [], []
+    for i in [*decode, prefill_row]:
+        keys, values, q = contents[i]
+        new = 1 if i != prefill_row else 5
+        _place(cache, tables[i], keys[:-new], values[:-new], block_size)
+        seqs.append(SeqRows(tables[i], keys.shape[0] - new, new))
+        qs.append(q[-new:])
+        ks.append(keys[-new:])
+        vs.append(values[-new:])
+    write_rows = []
+    for s in seqs:
+        for p in range(s.start, s.start + s.q_len):
+            tile = s.table[p // block_size] * kv_heads + torch.arange(kv_heads)
+            write_rows.append(tile * block_size + p % block_size)
+    args = (kv_heads, heads // kv_heads, block_size, torch.device("cpu"))
+    plan = StepPlan(
+        torch.cat(write_rows),
+        plan_decode(seqs[: len(decode)], *args),
+        [plan_prefill(len(decode), seqs[-1], *args)],
+    )
+    out = PagedAttention(cache, plan)(0, torch.cat(qs), torch.cat(ks), torch.cat(vs))
+    rows = {i: out[r : r + 1] for r, i in enumerate(decode)}
+    rows[prefill_row] = out[len(decode) :]
+    return rows
+
+
+@pytest.mark.parametrize("block_size,heads,kv_heads", [(4, 4, 2), (16, 9, 3)])
+def test_attention_is_bit_identical_whatever_blocks_a_sequence_holds(block_size, heads, kv_heads):
+    """A migrated request lands in other physical blocks, with other batch companions; its
+    attention must not change by a single bit, or greedy/seeded continuations may diverge."""
+    torch.manual_seed(1)
+    dim, num_blocks = 16, 200
+    lengths = [150, 9, 61, 130, 33, 77, 100]  # sequence 0 is the one that moves
+    contents = [
+        (
+            torch.randn(n, kv_heads, dim) * 3,
+            torch.randn(n, kv_heads, dim),
+            torch.randn(n, heads, dim) * 3,
+        )
+        for n in lengths
+    ]
+    need = [-(-n // block_size) for n in lengths]
+    # Layout A: blocks handed out in ascending order, sequence 0's first.
+    ids = iter(range(num_blocks))
+    tables_a = [[next(ids) for _ in range(b)] for b in need]
+    # Layout B: every block shuffled, so a sequence's blocks are out of order and interleaved.
+    free = list(range(num_blocks))
+    random.Random(7).shuffle(free)
+    tables_b = [[free.pop() for _ in range(b)] for b in need]
+    a = _attend_in_layout(contents, tables_a, [0, 1, 2], 6, block_size, heads, num_blocks)
+    b = _attend_in_layout(contents, tables_b, [3, 2, 4, 0, 5], 6, block_size, heads, num_blocks)
+    a_moved = _attend_in_layout(contents, tables_b, [0, 3, 1], 6, block_size, heads, num_blocks)
+    assert torch.equal(a[0], b[0])
+    assert torch.equal(a[0], a_moved[0])
+    assert torch.equal(a[2], b[2])
+    assert torch.equal(a[6], b[6])  # continuing prefill chunk
