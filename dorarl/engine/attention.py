@@ -160,11 +160,8 @@ class PagedAttention:
         row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax")
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
         # Per-block partials, plus one zero partial (index hi - lo) that pads logical tables.
-        blocks = d.hi - d.lo
-        block_total = probs.new_zeros(blocks + 1, kv_heads, per_kv)
-        torch.sum(probs, -1, out=block_total[:blocks])
-        block_out = probs.new_zeros(blocks + 1, kv_heads, per_kv, dim)
-        torch.matmul(probs, values, out=block_out[:blocks])
+        block_total = F.pad(probs.sum(-1), (0, 0, 0, 0, 0, 1))
+        block_out = F.pad(torch.matmul(probs, values), (0, 0, 0, 0, 0, 0, 0, 1))
         total = _logical_tree_sum(block_total, d.logical, d.batch, d.width)
         out = _logical_tree_sum(block_out, d.logical, d.batch, d.width)
         return out.div_(total.unsqueeze(-1)).view(d.batch, heads * dim)
