@@ -22,34 +22,14 @@ from rich.table import Table
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
     PreTrainedModel,
 )
 
+from dorarl.bench.shapes import random_llama
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.model_spec import read_hf_config
 from dorarl.engine.weights import ModelWeights
-from dorarl.errors import UserInputError
 
-# Random-weight shapes (no download). SmolLM2-135M-Instruct: Llama, tied embeddings.
-SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-}
 REAL_BARS = {  # name: (what, target, at most?)
     "step_vs_matmuls_32": ("decode step engine / its matmuls at batch 32 (at most)", 1.3, True),
     "engine_vs_hf_static_32": ("tokens_per_s engine / hf_static at batch 32", 1.2, False),
@@ -73,10 +53,7 @@ def load_model(model_dir: Path | None, shape: str | None, seed: int = 0) -> PreT
             str(model_dir), dtype=torch.float32, use_safetensors=True
         )
         return model.eval()
-    if shape not in SHAPES:
-        raise UserInputError(f"--shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**SHAPES[shape])).eval()
+    return random_llama(shape, seed).eval()
 
 
 @dataclass

@@ -31,40 +31,15 @@ import torch
 import transformers
 from rich.console import Console
 from rich.table import Table
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from dorarl.bench.matmul_floor import MicroShape, floor_ms
+from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data import Group, Sample
-from dorarl.errors import UserInputError
 from dorarl.trainer import Trainer, TrainerConfig, load_model
 from dorarl.trainer.batch import build_sequences, collate, plan_micro_batches
 from dorarl.trainer.memory import PeakMemory
 
-SHAPES: dict[str, dict[str, Any]] = {
-    "smollm2-135m": dict(
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        vocab_size=49152,
-        tie_word_embeddings=True,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        max_position_embeddings=8192,
-    ),
-    "tiny": dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=512,
-        tie_word_embeddings=True,
-        max_position_embeddings=512,
-    ),
-}
 BARS = {  # name: (what, target)
     "trainer_vs_hf": ("tokens/s trainer / hf forward+backward (at least)", 0.8),
     "peak_memory_gb": ("peak memory of a full train_step, GB (at most)", 6.0),
@@ -124,10 +99,7 @@ def make_groups(work: Workload, vocab: int) -> list[Group]:
 def build_model(shape: str, model_dir: str | None, seed: int = 0) -> PreTrainedModel:
     if model_dir is not None:
         return load_model(model_dir, "float32", "cpu")
-    if shape not in SHAPES:
-        raise UserInputError(f"--shape: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**SHAPES[shape]))
+    return random_llama(shape, seed)
 
 
 # --- contenders ---------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from transformers import LlamaConfig
 
 from dorarl.bench import trainer as bench
 from dorarl.bench.matmul_floor import MicroShape, step_shapes
+from dorarl.bench.shapes import SHAPES
 from dorarl.errors import UserInputError
 
 
@@ -39,7 +40,7 @@ def test_workload_is_long_tailed_and_capped():
 
 
 def test_floor_counts_every_multiply_of_the_step():
-    config = LlamaConfig(**bench.SHAPES["smollm2-135m"])
+    config = LlamaConfig(**SHAPES["smollm2-135m"])
     micro = [MicroShape(rows=4, width=100, response_tokens=150), MicroShape(2, 60, 40)]
     linears, attention = step_shapes(config, micro)
     hidden, inter, vocab, layers = 576, 1536, 49152, 30

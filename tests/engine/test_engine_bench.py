@@ -8,6 +8,7 @@ import torch
 from rich.console import Console
 
 from dorarl.bench import engine as bench
+from dorarl.bench.shapes import SHAPES
 
 MICRO = replace(
     bench.QUICK,
@@ -108,7 +109,7 @@ def test_real_model_bench_compares_engine_hf_and_floor_exactly():
 
     from dorarl.bench import engine_real
 
-    config = LlamaConfig(**{**engine_real.SHAPES["smollm2-135m"], **TINY_LLAMA})
+    config = LlamaConfig(**{**SHAPES["smollm2-135m"], **TINY_LLAMA})
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     spec = engine_real.RealSpec(batches=(3, 5), prompt_len=6, new_tokens=4)
