@@ -35,6 +35,7 @@ from rich.table import Table
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from dorarl.bench.engine_real import RealSpec, load_model, print_real, run_real
+from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import SHAPES
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.dense_attention import DenseAttention
@@ -466,11 +467,11 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     for name in tps:
         table.add_row(
             name,
-            _fmt(tps[name], ",.0f"),
-            _fmt(report["wall_s"].get(name), ".2f"),
-            _fmt(_ratio(tps["engine"], tps[name]), ".2f", "x"),
-            _fmt(cps[name], ",.0f"),
-            _fmt(_ratio(cps["engine"], cps[name]), ".2f", "x"),
+            fmt_or_dash(tps[name], ",.0f"),
+            fmt_or_dash(report["wall_s"].get(name), ".2f"),
+            fmt_or_dash(_ratio(tps["engine"], tps[name]), ".2f", "x"),
+            fmt_or_dash(cps[name], ",.0f"),
+            fmt_or_dash(_ratio(cps["engine"], cps[name]), ".2f", "x"),
         )
     console.print(table)
     if report.get("hf_continuous_error"):
@@ -488,10 +489,6 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     )
     _print_migration(report, console)
     _print_bars(report["bars"], console)
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 def _print_migration(report: dict[str, Any], console: Console) -> None:
@@ -512,20 +509,7 @@ def _print_migration(report: dict[str, Any], console: Console) -> None:
 
 
 def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
-    table = Table(title="bars (wall clock | this process's cpu clock)")
-    for col in ("bar", "target", "wall", "result", "cpu", "result"):
-        table.add_column(col)
-    verdict = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}
-    for bar in bars.values():
-        table.add_row(
-            bar["what"],
-            str(bar["target"]),
-            _fmt(bar["value"], ".2f"),
-            verdict[bar["pass"]],
-            _fmt(bar["value_cpu"], ".2f"),
-            verdict[bar["pass_cpu"]],
-        )
-    console.print(table)
+    console.print(clock_bars_table("bars", bars))
 
 
 # --- entry point ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import random_llama
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.model_spec import read_hf_config
@@ -255,10 +256,10 @@ def print_real(report: dict[str, Any], console: Console) -> None:
             table.add_row(
                 batch,
                 "matmuls (floor)" if name == "floor" else name,
-                _fmt(row.get("tokens_per_s"), ",.1f"),
-                _fmt(row.get("tokens_per_cpu_s"), ",.1f"),
-                _fmt(row["step"]["ms"], ",.1f"),
-                _fmt(row["step"]["cpu_ms"], ",.1f"),
+                fmt_or_dash(row.get("tokens_per_s"), ",.1f"),
+                fmt_or_dash(row.get("tokens_per_cpu_s"), ",.1f"),
+                fmt_or_dash(row["step"]["ms"], ",.1f"),
+                fmt_or_dash(row["step"]["cpu_ms"], ",.1f"),
             )
         if "greedy_identical_requests" in entry:
             console.print(
@@ -266,21 +267,4 @@ def print_real(report: dict[str, Any], console: Console) -> None:
                 f"{entry['greedy_identical_requests']}/{batch} requests"
             )
     console.print(table)
-    bars = Table(title="real-model bars (wall clock | this process's cpu clock)")
-    for col in ("bar", "target", "wall", "result", "cpu", "result"):
-        bars.add_column(col)
-    verdict = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}
-    for bar in report["bars"].values():
-        bars.add_row(
-            bar["what"],
-            str(bar["target"]),
-            _fmt(bar["value"], ".2f"),
-            verdict[bar["pass"]],
-            _fmt(bar["value_cpu"], ".2f"),
-            verdict[bar["pass_cpu"]],
-        )
-    console.print(bars)
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else f"{value:{spec}}"
+    console.print(clock_bars_table("real-model bars", report["bars"]))

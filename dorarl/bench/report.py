@@ -156,3 +156,26 @@ def print_modes(result: dict[str, Any], out: Path) -> None:
     for line in pace_warnings(result):
         console.print(f"[yellow]{line}[/yellow]")
     console.print(f"wrote {out / 'modes.json'}, {out / 'throughput.png'}, timeline_<mode>.png")
+
+
+def clock_bars_table(title: str, bars: dict[str, dict[str, Any]]) -> Table:
+    """Bars judged on the wall clock and on this process's CPU clock, side by side (a shared
+    machine moves the first; the second shows what the code itself costs)."""
+    table = Table(title=f"{title} (wall clock | this process's cpu clock)")
+    for col in ("bar", "target", "wall", "result", "cpu", "result"):
+        table.add_column(col)
+    verdict = {True: "[green]pass", False: "[red]MISS", None: "[yellow]n/a"}
+    for bar in bars.values():
+        table.add_row(
+            bar["what"],
+            str(bar["target"]),
+            fmt_or_dash(bar["value"], ".2f"),
+            verdict[bar["pass"]],
+            fmt_or_dash(bar["value_cpu"], ".2f"),
+            verdict[bar["pass_cpu"]],
+        )
+    return table
+
+
+def fmt_or_dash(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
