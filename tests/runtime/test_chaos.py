@@ -1,26 +1,28 @@
 """Chaos: a `dorarl train` run whose trainer is killed once and engines twice (kill -9 of
-the actors' processes, as the OOM killer or a lost machine would) ends with every
-invariant intact and one consistent history in its files."""
+the actors' processes, as the OOM killer or a lost machine would) and whose driver gets
+SIGINT, then is resumed, ends with every invariant intact and one consistent history."""
 
 import json
 import os
 import signal
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import psutil
 import pytest
-from test_ray_runtime import COMMON, _check_invariants, _read
+from test_ray_runtime import COMMON, _read
 
 from dorarl.jobs.train import main as train_main
 
 pytestmark = pytest.mark.slow
 
-STEPS = 10
-KILLS = {2: "ray::EngineWorker", 4: "ray::TrainerWorker", 7: "ray::EngineWorker"}
+STEPS = 30
+KILLS = {4: "ray::EngineWorker", 9: "ray::TrainerWorker", 14: "ray::EngineWorker"}
 """Step rows in metrics.jsonl after which a process of that actor class gets SIGKILL."""
+INTERRUPT_AT = 19
+"""Step rows after which the driver (this process) gets SIGINT, as from a Ctrl-C."""
 
 
 def _actor_processes(title: str) -> list[psutil.Process]:
@@ -42,10 +44,11 @@ class Killer(threading.Thread):
     def __init__(self, out: Path) -> None:
         super().__init__(daemon=True)
         self.out, self.done, self.killed = out, threading.Event(), []
+        self.interrupted = False
 
     def run(self) -> None:
         pending = dict(KILLS)
-        while pending and not self.done.is_set():
+        while (pending or not self.interrupted) and not self.done.is_set():
             steps = self._steps()
             for step in [s for s in pending if s <= steps]:
                 victims = _actor_processes(pending[step])
@@ -53,6 +56,9 @@ class Killer(threading.Thread):
                     victim = victims[step % len(victims)]
                     os.kill(victim.pid, signal.SIGKILL)
                     self.killed.append((step, pending.pop(step), victim.pid))
+            if not pending and not self.interrupted and steps >= INTERRUPT_AT:
+                os.kill(os.getpid(), signal.SIGINT)
+                self.interrupted = True
             time.sleep(0.05)
 
     def _steps(self) -> int:
@@ -60,22 +66,36 @@ class Killer(threading.Thread):
         return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_a_run_survives_a_dead_trainer_and_two_dead_engines(tmp_path, tiny_model_dir):
+def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     killer = Killer(out)
     killer.start()
     try:
-        rc = train_main([f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1",
-                         f"steps={STEPS}", "checkpoint_every=3", "--out", str(out)])  # fmt: skip
+        interrupted = train_main([f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1",
+                                  f"steps={STEPS}", "checkpoint_every=5", "--out", str(out)])  # fmt: skip
     finally:
         killer.done.set()
         killer.join()
     assert [kind for _, kind, _ in killer.killed] == [KILLS[s] for s in sorted(KILLS)]
-    assert rc == 0
+    assert interrupted == 130 and killer.interrupted
+    first = json.loads((out / "summary.json").read_text())
+    assert first["stopped_by"] == "SIGINT" and first["stopped_at_version"] < STEPS
+    assert first["trainer_restarts"] == 1 and first["engine_restarts"] == 2
+    assert first["replay_mismatches"] == 0 and first["dropped_total"] == 0
+    assert first["resume_command"] == f"dorarl train resume={out}"
+
+    assert train_main([f"resume={out}"]) == 0  # the printed command, run in-process
     summary, trajectories, metrics, _ = _read(out)
-    assert summary["trainer_restarts"] == 1 and summary["engine_restarts"] == 2
-    assert summary["replay_mismatches"] == 0
-    _check_invariants(summary, trajectories, k=1)  # Eq. 1, once each, one version, 0 dropped
+    assert summary["dropped_total"] == 0
+    # Eq. 1, each trajectory consumed once, one version per group, across both segments
+    seen, versions = set(), defaultdict(set)
+    for t in trajectories:
+        key = (t["group_id"], t["sample_index"])
+        assert key not in seen, f"trajectory {key} consumed twice"
+        seen.add(key)
+        assert 0 <= t["train_version"] - t["behavior_version"] <= 1, t
+        versions[t["group_id"]].add(t["behavior_version"])
+    assert all(len(v) == 1 for v in versions.values())
     # one history: every step once, in order, each with the groups its trajectories show
     assert [(m["step"], m["version"], m["new_version"]) for m in metrics] == [
         (s, s, s + 1) for s in range(STEPS)
@@ -84,7 +104,7 @@ def test_a_run_survives_a_dead_trainer_and_two_dead_engines(tmp_path, tiny_model
     for t in trajectories:
         groups[t["train_version"]] += t["sample_index"] == 0
     assert all(groups[m["version"]] == m["consumed_groups"] == 4 for m in metrics)
-    assert summary["consumed"] == 4 * STEPS
+    assert len(trajectories) == 4 * 4 * STEPS
     newest = sorted((out / "checkpoints").glob("version_*"))[-1]
     state = json.loads((newest / "trainer_state.json").read_text())
     assert newest.name == f"version_{STEPS:05d}" and state["version"] == STEPS
