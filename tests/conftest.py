@@ -23,6 +23,17 @@ from tiny_model import build_chat_tokenizer, save_tiny_model  # noqa: E402
 SMOLLM2_ENV = "DORARL_SMOLLM2_DIR"
 
 
+@pytest.fixture
+def single_thread():
+    """Tiny models run fastest on one thread; OpenMP spin-waits badly on a shared CPU."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny_model"))

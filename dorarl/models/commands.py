@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import time
 from pathlib import Path
 
 from dorarl.models.convert import convert_gguf
 from dorarl.models.summary import summary_lines
 from dorarl.models.verify import verify_folder
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    """--out and --no-verify, as both commands take them."""
+    parser.add_argument("--out", required=True, help="new or empty folder to write")
+    parser.add_argument(
+        "--no-verify", action="store_true", help="skip the engine-vs-transformers check"
+    )
 
 
 def convert_and_check(

@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from dorarl.models.commands import convert_and_check
+from dorarl.models.commands import add_output_args, convert_and_check
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -16,10 +16,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Convert a GGUF file (llama or qwen2 family) into a Hugging Face folder.",
     )
     parser.add_argument("gguf", type=Path, help="the .gguf file")
-    parser.add_argument("--out", required=True, help="new or empty folder to write")
-    parser.add_argument(
-        "--no-verify", action="store_true", help="skip the engine-vs-transformers check"
-    )
+    add_output_args(parser)
     return parser.parse_args(argv)
 
 

@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dorarl.models.commands import convert_and_check
+from dorarl.models.commands import add_output_args, convert_and_check
 from dorarl.models.convert import require_gguf_support
 from dorarl.models.fetch import fetch_gguf
 from dorarl.models.output_dir import check_out_dir
@@ -23,10 +23,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("name", help="a known model name")
-    parser.add_argument("--out", required=True, help="new or empty folder to write")
-    parser.add_argument(
-        "--no-verify", action="store_true", help="skip the engine-vs-transformers check"
-    )
+    add_output_args(parser)
     return parser.parse_args(argv)
 
 

@@ -1,13 +1,8 @@
-"""Engine tests run single-threaded: tiny models are fastest on one thread, and OpenMP
-spin-waits badly when the CPU is shared with other processes."""
+"""Engine tests run single-threaded (the `single_thread` fixture of tests/conftest.py)."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _engine_tests_single_thread(single_thread):
     yield
-    torch.set_num_threads(before)

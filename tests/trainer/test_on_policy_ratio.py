@@ -24,13 +24,7 @@ SAMPLING = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny models run fastest on one thread; OpenMP spin-waits badly on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _on_policy_groups(trainer: Trainer, params: SamplingParams) -> list[Group]:
