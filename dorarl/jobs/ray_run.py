@@ -25,7 +25,8 @@ from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.stopping import StopRequest
-from dorarl.jobs.train import finish_outputs
+from dorarl.jobs.train import eval_fields, finish_outputs, sampled_eval_summary
+from dorarl.jobs.workload import build_task, eval_sampling
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
@@ -41,40 +42,8 @@ from dorarl.runtime.ray_runtime import (
 )
 from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.threads import ThreadPlan, share_threads
-from dorarl.tasks import Task, make_task
+from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
-
-
-def build_task(config: TrainConfig, model_folder: str) -> Task:
-    section = config.task
-    if section.name == "jsonl":
-        return make_task(
-            "jsonl",
-            path=section.path,
-            eval_path=section.eval_path,
-            reward=section.reward,
-            tokenizer=model_folder,
-            seed=config.seed,
-            max_new_tokens=config.sampling.max_new_tokens or config.engine.max_model_len // 2,
-            max_model_len=config.engine.max_model_len,
-            chat_template=section.chat_template,
-        )
-    if section.name == "arith":
-        cap = config.sampling.max_new_tokens
-        return make_task(
-            "arith",
-            tokenizer=model_folder,
-            seed=config.seed,
-            min_value=section.min_value,
-            max_value=section.max_value,
-            system_prompt=section.system_prompt,
-            max_model_len=config.engine.max_model_len,
-            **({"max_new_tokens": cap} if cap else {}),
-        )
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
 
 
 def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
@@ -266,7 +235,7 @@ def _run(
     rows = finish_outputs(out_dir, results, f"{config.mode} (K={controller_config.effective_K})")
     for row in rows:
         if "eval_accuracy" in row:
-            scalars.log({"step": row["step"], "eval_accuracy": row["eval_accuracy"]})
+            scalars.log({"step": row["step"], **eval_fields(row)})
     scalars.close()
     if runtime.stopped and stop is not None:
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
@@ -304,6 +273,7 @@ def _start_evaluator(
         config.eval.max_prompts,
         threads.evaluator,
         threads.evaluator_nice,
+        eval_sampling(config),
     )
 
 
@@ -362,6 +332,7 @@ def _final_summary(
     if ordered:  # a stopped run may have none finished
         summary["eval_accuracy_first"] = ordered[0]["accuracy"]
         summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    summary.update(sampled_eval_summary(ordered))
     if runtime.pace_total["engine"].steps or runtime.pace_total["train"].steps:
         summary["pace"] = {kind: stats.to_dict() for kind, stats in runtime.pace_total.items()}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
