@@ -2,10 +2,11 @@
 
 Both kernels read K/V in place through block tables from the pool of `kv_cache.py`
 (`[2, layers, blocks, kv_heads, block_size, head_dim]`; one layer's K is the view
-`pool[0, layer]`, `[blocks, kv_heads, block_size, head_dim]`). Any power-of-two block size
->= 16 and head_dim 64 or 128 (any power of two >= 16 works); any GQA ratio: the query heads
-sharing a kv head are packed into the rows of one tile, so each K/V tile is loaded once per
-kv head. Softmax is online, in float32, with exp2.
+`pool[0, layer]`, `[blocks, kv_heads, block_size, head_dim]`). A program's loop reads a
+tile of 64 keys per step, each key's block looked up in the table, so any power-of-two
+block size >= 16 works; head_dim 64 or 128 (any power of two >= 16); any GQA ratio: the
+query heads sharing a kv head are packed into the rows of one tile, so each K/V tile is
+loaded once per kv head. Softmax is online, in float32, with exp2.
 
 - Decode (`paged_decode`): one program per (sequence, kv head, partition of
   `partition_tokens` keys). With one partition it writes the result; with more (long
@@ -51,7 +52,9 @@ from dorarl.engine.kv_cache import KVCache
 
 LOG2E = 1.4426950408889634
 PARTITION_TOKENS = 512  # keys per decode partition; fixed so results never depend on the batch
+DECODE_KEYS = 64  # keys a decode program reads per step of its loop (whatever the block size)
 PREFILL_BLOCK_M = 64  # packed (token, head) query rows per prefill program
+PREFILL_BLOCK_N = 64  # keys per step of a prefill program's loop
 
 
 class StepRows(Protocol):
@@ -95,20 +98,35 @@ def _attend_block(
 
 
 @triton.jit
+def _load_kv(
+    k_ptr, v_ptr, table_ptr, kpos, limit, kvh, stride_kb, stride_kh, stride_kt,
+    BS: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """K and V tiles [keys, D] of key positions kpos through one sequence's block table;
+    positions >= limit are not read (zeros) and reported in `valid`."""
+    valid = kpos < limit
+    block = tl.load(table_ptr + kpos // BS, mask=valid, other=0).to(tl.int64)
+    rows = block * stride_kb + kvh * stride_kh + (kpos % BS) * stride_kt
+    at = rows[:, None] + tl.arange(0, D)[None, :]
+    k_tile = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+    v_tile = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    return k_tile, v_tile, valid
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_m_ptr, part_den_ptr, part_acc_ptr,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_tb, stride_ob, stride_oh,
     num_parts, scale,
-    G: tl.constexpr, M: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
+    G: tl.constexpr, M: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, KEYS: tl.constexpr,
     PART: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     seq, kvh, part = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(lens_ptr + seq)
     first = part * PART
-    last = tl.minimum(first + PART, tl.cdiv(ctx, BS))
+    end = tl.minimum(first + PART, ctx)
     rows = tl.arange(0, M)
     dims = tl.arange(0, D)
-    keys = tl.arange(0, BS)
     row_ok = rows < G
     heads = kvh * G + rows
     q = tl.load(
@@ -119,17 +137,17 @@ def _decode_kernel(
     m = tl.full([M], float("-inf"), tl.float32)
     den = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, D], tl.float32)
-    tile = kvh * stride_kh + keys[:, None] * stride_kt + dims[None, :]
-    for b in range(first, last):
-        block = tl.load(tables_ptr + seq * stride_tb + b).to(tl.int64)
-        k_tile = tl.load(k_ptr + block * stride_kb + tile)
-        v_tile = tl.load(v_ptr + block * stride_kb + tile)
-        visible = (b * BS + keys)[None, :] < ctx
+    table = tables_ptr + seq * stride_tb
+    for start in range(first, end, KEYS):
+        kpos = start + tl.arange(0, KEYS)
+        k_tile, v_tile, valid = _load_kv(
+            k_ptr, v_ptr, table, kpos, ctx, kvh, stride_kb, stride_kh, stride_kt, BS, D
+        )
         m, den, acc = _attend_block(
-            q, m, den, acc, k_tile, v_tile, visible, scale, PREC, False, UPCAST
+            q, m, den, acc, k_tile, v_tile, valid[None, :], scale, PREC, False, UPCAST
         )
     if SPLIT:
-        if first < last:
+        if first < end:
             at = (seq * tl.num_programs(1) + kvh) * num_parts + part
             tl.store(part_m_ptr + at * M + rows, m)
             tl.store(part_den_ptr + at * M + rows, den)
@@ -146,12 +164,11 @@ def _decode_kernel(
 @triton.jit
 def _combine_kernel(
     lens_ptr, out_ptr, part_m_ptr, part_den_ptr, part_acc_ptr, stride_ob, stride_oh, num_parts,
-    G: tl.constexpr, M: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
+    G: tl.constexpr, M: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     """Merge a sequence's partitions in partition order (only its own, however wide the grid)."""
     seq, kvh = tl.program_id(0), tl.program_id(1)
-    ctx = tl.load(lens_ptr + seq)
-    own_parts = tl.cdiv(tl.cdiv(ctx, BS), PART)
+    own_parts = tl.cdiv(tl.load(lens_ptr + seq), PART)
     rows = tl.arange(0, M)
     dims = tl.arange(0, D)
     m = tl.full([M], float("-inf"), tl.float32)
@@ -181,8 +198,8 @@ def _prefill_kernel(
     q_start_ptr, q_len_ptr, cached_ptr,
     stride_qt, stride_qh, stride_kb, stride_kh, stride_kt, stride_tb, stride_ot, stride_oh,
     scale,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, BS: tl.constexpr, D: tl.constexpr,
-    PREC: tl.constexpr, P_LOWP: tl.constexpr, UPCAST: tl.constexpr,
+    G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BS: tl.constexpr,
+    D: tl.constexpr, PREC: tl.constexpr, P_LOWP: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     work, kvh = tl.program_id(0), tl.program_id(1)
     chunk = tl.load(tile_chunk_ptr + work)
@@ -196,7 +213,6 @@ def _prefill_kernel(
     heads = kvh * G + rows % G
     pos = tl.where(valid, cached + tok, 0)  # invalid rows see key 0 only: finite, never stored
     dims = tl.arange(0, D)
-    keys = tl.arange(0, BS)
     q = tl.load(
         q_ptr + (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
         mask=valid[:, None],
@@ -205,13 +221,14 @@ def _prefill_kernel(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     den = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    last_pos = cached + tl.minimum((row0 + BLOCK_M - 1) // G, q_len - 1)
-    tile = kvh * stride_kh + keys[:, None] * stride_kt + dims[None, :]
-    for b in range(0, last_pos // BS + 1):
-        block = tl.load(tables_ptr + chunk * stride_tb + b).to(tl.int64)
-        k_tile = tl.load(k_ptr + block * stride_kb + tile)
-        v_tile = tl.load(v_ptr + block * stride_kb + tile)
-        visible = (b * BS + keys)[None, :] <= pos[:, None]
+    end = cached + tl.minimum((row0 + BLOCK_M - 1) // G, q_len - 1) + 1  # keys the tile sees
+    table = tables_ptr + chunk * stride_tb
+    for start in range(0, end, BLOCK_N):
+        kpos = start + tl.arange(0, BLOCK_N)
+        k_tile, v_tile, _ = _load_kv(
+            k_ptr, v_ptr, table, kpos, end, kvh, stride_kb, stride_kh, stride_kt, BS, D
+        )
+        visible = kpos[None, :] <= pos[:, None]
         m, den, acc = _attend_block(
             q, m, den, acc, k_tile, v_tile, visible, scale, PREC, P_LOWP, UPCAST
         )
@@ -245,6 +262,7 @@ def paged_decode(
     context_lens: torch.Tensor,
     out: torch.Tensor | None = None,
     partition_tokens: int = PARTITION_TOKENS,
+    keys_per_tile: int = DECODE_KEYS,
 ) -> torch.Tensor:
     """One new query per sequence over its cached keys (its own key written already).
 
@@ -258,8 +276,8 @@ def paged_decode(
     kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
     rows = max(16, triton.next_power_of_2(group))
-    part = max(1, partition_tokens // block_size)
-    num_parts = triton.cdiv(tables.shape[1], part)
+    assert partition_tokens % keys_per_tile == 0 and keys_per_tile >= 16, "tile sizes"
+    num_parts = triton.cdiv(tables.shape[1] * block_size, partition_tokens)
     out = torch.empty_like(q) if out is None else out
     split = num_parts > 1
     dummy = out  # partial buffers are not touched when not split
@@ -273,13 +291,14 @@ def paged_decode(
         q, k_cache, v_cache, tables, context_lens, out, part_m, part_den, part_acc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         tables.stride(0), out.stride(0), out.stride(1), num_parts, scale,
-        G=group, M=rows, BS=block_size, D=dim, PART=part, SPLIT=split, PREC=_precision(q.dtype),
+        G=group, M=rows, BS=block_size, D=dim, KEYS=keys_per_tile, PART=partition_tokens,
+        SPLIT=split, PREC=_precision(q.dtype),
         UPCAST=_UPCAST_DOTS,
     )  # fmt: skip
     if split:
         _combine_kernel[(batch, kv_heads)](
             context_lens, out, part_m, part_den, part_acc, out.stride(0), out.stride(1), num_parts,
-            G=group, M=rows, BS=block_size, D=dim, PART=part,
+            G=group, M=rows, D=dim, PART=partition_tokens,
         )  # fmt: skip
     return out
 
@@ -303,6 +322,7 @@ def paged_prefill(
     work: PrefillWork,
     out: torch.Tensor,
     block_m: int = PREFILL_BLOCK_M,
+    block_n: int = PREFILL_BLOCK_N,
 ) -> torch.Tensor:
     """Causal attention of each chunk's queries (rows of q `[tokens, heads, dim]`) over its
     sequence's keys in the pool, the chunk's own already written; results into `out` rows."""
@@ -314,7 +334,7 @@ def paged_prefill(
         work.q_start, work.q_len, work.cached,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         work.tables.stride(0), out.stride(0), out.stride(1), LOG2E / math.sqrt(dim),
-        G=heads // kv_heads, BLOCK_M=block_m, BS=block_size, D=dim,
+        G=heads // kv_heads, BLOCK_M=block_m, BLOCK_N=block_n, BS=block_size, D=dim,
         PREC=_precision(q.dtype), P_LOWP=q.dtype != torch.float32, UPCAST=_UPCAST_DOTS,
     )  # fmt: skip
     return out

@@ -71,9 +71,9 @@ def test_split_decode_combines_partitions_and_matches_one_partition_bitwise(dtyp
     ctx = [5, 31, 32, 33, 95, 130]
     pool = random_pool(ctx, 2, 64, 16, dtype)
     q, step = _decode_inputs(pool, ctx, 6)
-    split = _decode(pool, q, step, partition_tokens=32)  # 2 blocks a partition: up to 9
+    split = _decode(pool, q, step, partition_tokens=32, keys_per_tile=16)  # up to 5 parts
     _check_decode(pool, q, split, ctx)
-    whole = _decode(pool, q, step, partition_tokens=1024)
+    whole = _decode(pool, q, step, partition_tokens=1024, keys_per_tile=16)
     short = [i for i, c in enumerate(ctx) if c <= 32]  # one partition either way
     assert torch.equal(split[short], whole[short])
 
@@ -101,7 +101,7 @@ def test_padded_rows_of_context_zero_give_zeros_and_touch_nothing_else():
     for part in (16, 1024):
         out = paged_decode(
             q, pool.cache.pool[0, 0], pool.cache.pool[1, 0], step.decode_tables, lens,
-            partition_tokens=part,
+            partition_tokens=part, keys_per_tile=16,
         )  # fmt: skip
         assert torch.equal(out[1], torch.zeros_like(out[1]))
         _check_decode(pool, q[:1], out[:1], ctx[:1])
