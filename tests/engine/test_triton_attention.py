@@ -19,6 +19,7 @@ from triton_testlib import (
 )
 
 from dorarl.engine.attention import PagedAttention, StepPlan, plan_decode, plan_prefill
+from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.triton_attention import (
     TritonPagedAttention,
     paged_decode,
@@ -155,16 +156,19 @@ def test_prefill_tiles_split_a_chunk_and_support_other_shapes():
 
 
 def test_matches_the_engines_cpu_attention_path():
+    """Same step, same pool: the engine's own backend, run on the CPU (its home)."""
     pool, rows, q, k, v = _mixed_step(torch.float32, seed=5)
-    ours = _run_triton(pool, rows, q, k, v)
     s = pool.cache.shape
+    cpu_cache = KVCache(s, pool.cache.pool.shape[2], 0, torch.device("cpu"), torch.float32)
+    cpu_cache.pool.copy_(pool.cache.pool)
+    ours = _run_triton(pool, rows, q, k, v).cpu()
     group = q.shape[1] // s.num_kv_heads
-    args = (s.num_kv_heads, group, s.block_size, DEVICE)
+    args = (s.num_kv_heads, group, s.block_size, torch.device("cpu"))
     first = [2 + sum(r.q_len for r in rows[2:i]) for i in range(2, len(rows))]
     plan = StepPlan(
         plan_paged_step(rows, 2, *args).write_rows,
         plan_decode(rows[:2], *args),
         [plan_prefill(at, r, *args) for at, r in zip(first, rows[2:], strict=True)],
     )
-    theirs = PagedAttention(pool.cache, plan)(0, q, k, v).view(q.shape)
+    theirs = PagedAttention(cpu_cache, plan)(0, q.cpu(), k.cpu(), v.cpu()).view(q.shape)
     torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=0)
