@@ -137,3 +137,15 @@ def test_top_k_and_top_p_sets_on_a_wide_vocabulary():
         assert not (drawn & ~allowed).any()
         if params.top_k:
             assert drawn.sum() == 7  # every one of the 7 comes up in 3000 draws
+
+
+@pytest.mark.cuda
+def test_uploading_and_sampling_never_wait_for_the_device():
+    logits = _logits(len(MIXED), seed=5).cuda()
+    rows = [SampleRow(p, seed=3, counter=2) for p in MIXED]
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        tokens, logprobs = sample_on_device(logits, sampling_batch(rows, 300, DEVICE))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert fetch(tokens, logprobs) == _draw(logits, rows)

@@ -172,3 +172,14 @@ def test_matches_the_engines_cpu_attention_path():
     )
     theirs = PagedAttention(cpu_cache, plan)(0, q.cpu(), k.cpu(), v.cpu()).view(q.shape)
     torch.testing.assert_close(ours, theirs, atol=2e-6, rtol=0)
+
+
+@pytest.mark.cuda
+def test_planning_and_attending_never_wait_for_the_device():
+    pool, rows, q, k, v = _mixed_step(torch.bfloat16)
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call raises
+    try:
+        out = _run_triton(pool, rows, q, k, v)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out).all()
