@@ -14,7 +14,8 @@ loaded once per kv head. Softmax is online, in float32, with exp2.
   them in partition order. The partition size is fixed, never chosen from the batch, so a
   sequence's output is a function of its own logical K/V alone: it does not depend on its
   companions, on the batch's widest table, or on which physical blocks hold its keys (a
-  migrated request continues bit for bit on an engine of the same block size).
+  migrated request continues bit for bit on any engine using these kernels, whatever its
+  block size: the loops walk key tiles of a fixed size, the block is only a lookup).
 - Prefill (`paged_prefill`): one program per (tile of `BLOCK_M` packed (token, head) rows of
   one chunk, kv head). A chunk's queries attend causally to all keys of their sequence up to
   their own position, read from the pool: the caller writes the chunk's new K/V into their

@@ -93,6 +93,24 @@ def test_a_rows_output_ignores_companions_and_physical_placement():
     assert torch.equal(together[0], alone[0])
 
 
+def test_a_rows_output_is_the_same_bits_on_another_block_size():
+    """Loops walk key tiles of a fixed size, so the block size is only a lookup."""
+    ctx = [200]
+    small = random_pool(ctx, 2, 64, 16, torch.bfloat16, seed=5)
+    large = random_pool(ctx, 2, 64, 64, torch.bfloat16, seed=6)
+    keys, values = logical_kv(small.cache, small.tables[0], ctx[0])
+    pos = torch.arange(ctx[0], device=DEVICE)
+    blocks = torch.tensor(large.tables[0], device=DEVICE)[pos // 64]
+    large.cache.pool[0, 0, blocks, :, pos % 64] = keys.to(torch.bfloat16)
+    large.cache.pool[1, 0, blocks, :, pos % 64] = values.to(torch.bfloat16)
+    q, step = _decode_inputs(small, ctx, 4)
+    _, large_step = _decode_inputs(large, ctx, 4)
+    for part in (64, 512):  # split and not
+        a = _decode(small, q, step, partition_tokens=part)
+        b = _decode(large, q, large_step, partition_tokens=part)
+        assert torch.equal(a, b)
+
+
 def test_padded_rows_of_context_zero_give_zeros_and_touch_nothing_else():
     ctx = [20, 33]
     pool = random_pool(ctx, 2, 64, 16, torch.float32)
