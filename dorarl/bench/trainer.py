@@ -56,19 +56,25 @@ class Workload:
     median_len: int = 28
     sigma: float = 0.6
     max_len: int = 64
+    min_len: int = 1
     repeats: int = 2
     seed: int = 0
 
 
 FULL = Workload(groups=8)
 QUICK = Workload(groups=1, repeats=1)
+# The arith task on SmolLM2's ChatML template: ~45-token prompts, answers of 10-48 tokens.
+ARITH = Workload(groups=4, prompt_len=45, median_len=24, sigma=0.45, min_len=10, max_len=48)
 
 
 def make_groups(work: Workload, vocab: int) -> list[Group]:
     """Stratified lognormal response lengths (cut at max_len), rewards 0/1 within a group."""
     n, dist = work.groups * work.group_size, NormalDist()
     lengths = [
-        min(work.max_len, max(1, round(work.median_len * math.exp(work.sigma * dist.inv_cdf(q)))))
+        min(
+            work.max_len,
+            max(work.min_len, round(work.median_len * math.exp(work.sigma * dist.inv_cdf(q)))),
+        )
         for q in ((i + 0.5) / n for i in range(n))
     ]
     rng = random.Random(work.seed)
