@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 Packing = Literal["shared_prompt", "padded"]
 
 
+# The mask of a row of width W is W^2 booleans, and the model gets it as W^2 floats (one
+# tensor for all layers, kept for backward): 84 MB at 4096 in float32. Wider rows would save
+# little padding, so groups longer than this are split (their prompt repeated).
+MAX_ROW_TOKENS = 4096
+
+
 @dataclass
 class Segment:
     """One prompt followed by some of its responses (all of them unless the group was split)."""
@@ -131,7 +137,8 @@ def plan_rows(
 def plan_packed(
     seqs: list[TrainSequence], token_budget: int, attention_width: float = math.inf
 ) -> list[list[list[Segment]]]:
-    """The cheapest of `plan_rows` at row widths from the longest group's up to the budget.
+    """The cheapest of `plan_rows` at row widths from the longest group's up to the budget
+    (at most MAX_ROW_TOKENS).
 
     A masked row's attention costs width^2 however much of it the mask hides, so wider rows
     (less padding) pay for it: a micro-batch of rows x width costs
@@ -143,11 +150,12 @@ def plan_packed(
 
 
 def _candidate_widths(seqs: list[TrainSequence], token_budget: int) -> list[int]:
+    widest = min(token_budget, MAX_ROW_TOKENS)
     groups = shared_prompt_segments(seqs, math.inf)
-    width = min(token_budget, max((g.length for g in groups), default=1))
+    width = min(widest, max((g.length for g in groups), default=1))
     widths = [width]
-    while width < token_budget:
-        width = min(token_budget, 2 * width)
+    while width < widest:
+        width = min(widest, 2 * width)
         widths.append(width)
     return widths
 

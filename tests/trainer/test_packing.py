@@ -16,6 +16,8 @@ from dorarl.data import Group, Sample
 from dorarl.trainer import LossConfig, Trainer, TrainerConfig
 from dorarl.trainer.batch import TrainSequence, build_sequences
 from dorarl.trainer.packing import (
+    MAX_ROW_TOKENS,
+    attention_width,
     collate_packed,
     micro_batches,
     plan_packed,
@@ -302,3 +304,30 @@ def test_the_check_passes_the_families_we_pack():
 def test_sliding_window_attention_is_not_packed():
     model = _tiny_model("qwen2", use_sliding_window=True, sliding_window=8)
     assert Trainer(model, TrainerConfig()).packing == "padded"
+
+
+def test_row_width_trades_padding_against_attention():
+    from transformers import LlamaConfig
+
+    from dorarl.bench.shapes import SHAPES
+
+    smollm2 = attention_width(LlamaConfig(**SHAPES["smollm2-135m"]))
+    assert smollm2 == pytest.approx(3072)
+    # Arith-shaped: four groups of 8 answers to a 45-token prompt, 222-274 tokens each.
+    seqs = [
+        _seq(list(range(g * 100, g * 100 + 45)), [7] * n)
+        for g, total in enumerate((177, 229, 201, 222))
+        for n in [total // 8] * 7 + [total - 7 * (total // 8)]
+    ]
+    (rows,) = plan_packed(seqs, 1280, smollm2)
+    assert [len(row) for row in rows] == [1, 1, 1, 1]  # a group per row: attention is dear
+    (rows,) = plan_packed(seqs, 1280, math.inf)
+    assert [len(row) for row in rows] == [4]  # free attention: one row, no padding
+
+
+def test_rows_stay_within_the_widest_mask():
+    seqs = [_seq([1] * 40, [2] * 1000) for _ in range(9)]  # one group of 9,040 tokens
+    plan = plan_packed(seqs, 16384, math.inf)
+    assert max(row_length(row) for rows in plan for row in rows) <= MAX_ROW_TOKENS
+    segments = [segment for rows in plan for row in rows for segment in row]
+    assert sum(len(s.responses) for s in segments) == 9 and len(segments) == 3
