@@ -18,7 +18,6 @@ longer than the budget goes alone), the same rule as the padded plan's.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -27,8 +26,6 @@ import torch
 from transformers import PretrainedConfig
 
 from dorarl.trainer.batch import MicroBatch, TrainSequence, collate, plan_micro_batches
-
-log = logging.getLogger(__name__)
 
 Packing = Literal["shared_prompt", "padded"]
 
@@ -75,7 +72,7 @@ class PackedBatch:
         return self.input_ids.shape[0]
 
 
-def shared_prompt_segments(seqs: list[TrainSequence], row_tokens: int) -> list[Segment]:
+def shared_prompt_segments(seqs: list[TrainSequence], row_tokens: float) -> list[Segment]:
     """Sequences with the same prompt (a group's) as segments of at most `row_tokens` tokens;
     a prompt with one response longer than that still gets a segment of its own."""
     by_prompt: dict[tuple[int, ...], list[TrainSequence]] = {}
@@ -87,7 +84,7 @@ def shared_prompt_segments(seqs: list[TrainSequence], row_tokens: int) -> list[S
     return segments
 
 
-def _split_group(prompt: list[int], group: list[TrainSequence], row_tokens: int) -> list[Segment]:
+def _split_group(prompt: list[int], group: list[TrainSequence], row_tokens: float) -> list[Segment]:
     parts: list[Segment] = []
     current: list[TrainSequence] = []
     used = len(prompt)
@@ -193,7 +190,9 @@ class _Columns:
     response: torch.Tensor  # response number within the segment; -1 on the prompt, -2 on padding
 
 
-def collate_packed(rows: list[list[Segment]], pad_id: int, device: torch.device | str):
+def collate_packed(
+    rows: list[list[Segment]], pad_id: int, device: torch.device | str
+) -> PackedBatch:
     """One PackedBatch: rows right-padded to the longest, block-causal mask, token tensors."""
     width = max(row_length(row) for row in rows)
     shape = (len(rows), width)
