@@ -119,8 +119,18 @@ class TrainerConfig:
     micro_batch_tokens: int = field(
         default=0,
         metadata={
-            "help": "padded tokens per forward/backward micro-batch (0: as many as keep the "
-            "activations saved for backward near 2 GiB, from the model's shape)"
+            "help": "tokens per forward/backward micro-batch, rows x longest row, padding "
+            "included (0: as many as keep the activations saved for backward near 2 GiB, "
+            "from the model's shape)"
+        },
+    )
+    packing: Literal["shared_prompt", "padded"] = field(
+        default="shared_prompt",
+        metadata={
+            "help": "shared_prompt: a row holds a prompt once, then its group's responses "
+            "(block-causal mask, position ids restart per response), several groups per row; "
+            "padded: one right-padded row per response, the prompt in each. A model whose "
+            "attention cannot take a 4D mask falls back to padded with a warning"
         },
     )
     logits_chunk_tokens: int = field(
