@@ -217,7 +217,7 @@ CASES = {
         {"micro_batch_tokens": 10**6},
     ),
     "seq_mean+mask_truncated, many micro-batches": (
-        LossConfig(aggregation="seq_mean", mask_truncated=True),
+        LossConfig(aggregation="seq_mean", overlong="mask"),
         {"micro_batch_tokens": 24},
     ),
     "proximal+dual_clip, temperature": (
@@ -265,7 +265,7 @@ def _shared_trainer(tiny_model_dir, **config) -> Trainer:
 def test_packed_equals_padded_on_random_group_shapes(
     tiny_model_dir, single_thread, seed, n_groups, max_size, max_len, budget, aggregation
 ):
-    loss = LossConfig(aggregation=aggregation, mask_truncated=seed % 2 == 0)
+    loss = LossConfig(aggregation=aggregation, overlong="mask" if seed % 2 == 0 else "none")
     trainer = _shared_trainer(tiny_model_dir, micro_batch_tokens=budget, loss=loss)
     groups = _groups(seed, n_groups, (1, max_size), (0, max_len))
     seqs = build_sequences(groups, loss)
