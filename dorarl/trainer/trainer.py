@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from dorarl.data import Group
 from dorarl.errors import UserInputError
 from dorarl.trainer import checkpoint as ckpt
+from dorarl.trainer.allocator import map_large_blocks, release_free_heap
 from dorarl.trainer.batch import MicroBatch, build_sequences, collate, plan_micro_batches
 from dorarl.trainer.config import TrainerConfig
 from dorarl.trainer.forward import micro_batch_logprobs, split_head
@@ -47,6 +48,15 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str) -> PreT
     return model.to(device)
 
 
+def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Per decoder layer, non-reentrant (recompute in backward; composes with FSDP2)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers before the rename
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class Trainer:
     """Owns the policy (and the frozen reference), its AdamW state and the version counter."""
 
@@ -63,8 +73,12 @@ class Trainer:
         config.validate()
         self.config = config
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            map_large_blocks()  # freed activations leave the process (dorarl.trainer.allocator)
         self.model = model.to(self.device)
         self.model.train()
+        if config.activation_checkpointing:
+            _enable_activation_checkpointing(self.model)
         self.version = version
         self.optimizer_steps = 0
         self.source_dir = Path(source_dir) if source_dir is not None else None
@@ -74,7 +88,9 @@ class Trainer:
         self.reference_split = split_head(self.reference) if self.reference is not None else None
         self.peak_memory = PeakMemory(self.device)
         self.micro_batch_tokens = config.micro_batch_tokens or auto_micro_batch_tokens(
-            model.config, next(model.parameters()).element_size()
+            model.config,
+            next(model.parameters()).element_size(),
+            checkpointing=config.activation_checkpointing,
         )
         self.pad_id = int(model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(
@@ -151,6 +167,8 @@ class Trainer:
             )
             grad_norm, applied = 0.0, False
         self.version += 1
+        if self.device.type == "cpu":
+            release_free_heap()
         metrics.update(loss_metrics)
         metrics.update(
             grad_norm=grad_norm,

@@ -29,3 +29,11 @@ def test_tiny_and_huge_models_are_clamped():
     huge = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80)
     assert auto_micro_batch_tokens(tiny, 4) == MAX_TOKENS
     assert auto_micro_batch_tokens(huge, 2) == MIN_TOKENS
+
+
+def test_activation_checkpointing_sizes_a_larger_micro_batch():
+    plain = auto_micro_batch_tokens(_smollm2_shape(), dtype_bytes=4)
+    recomputed = auto_micro_batch_tokens(_smollm2_shape(), dtype_bytes=4, checkpointing=True)
+    per_token = activation_bytes_per_token(_smollm2_shape(), 4, checkpointing=True)
+    assert recomputed * per_token <= 2 * 1024**3
+    assert recomputed >= 8 * plain

@@ -240,3 +240,20 @@ def test_micro_batch_size_defaults_to_the_model_shape(make_groups):
     auto = _wide_vocab_trainer()
     assert auto.micro_batch_tokens == 16384  # a tiny model: the cap
     assert _wide_vocab_trainer(micro_batch_tokens=64).micro_batch_tokens == 64
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tiny_model_dir, make_groups):
+    groups = make_groups(seed=5)
+    plain = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(micro_batch_tokens=64))
+    recomputed = Trainer.from_pretrained(
+        tiny_model_dir, TrainerConfig(micro_batch_tokens=64, activation_checkpointing=True)
+    )
+    assert any(getattr(m, "gradient_checkpointing", False) for m in recomputed.model.modules())
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in plain.model.modules())
+    m_plain = plain.accumulate_gradients(groups)
+    m_recomputed = recomputed.accumulate_gradients(groups)
+    assert m_recomputed["loss"] == pytest.approx(m_plain["loss"], rel=1e-6)
+    g_plain, g_recomputed = _grads(plain), _grads(recomputed)
+    assert g_plain.keys() == g_recomputed.keys() and g_plain
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_recomputed[name], rtol=1e-5, atol=1e-8), name
