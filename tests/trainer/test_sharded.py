@@ -37,8 +37,13 @@ def tied_model_dir(tmp_path_factory) -> Path:
     return folder
 
 
-def _config(micro_batch_tokens: int) -> TrainerConfig:
-    return TrainerConfig(lr=1e-3, micro_batch_tokens=micro_batch_tokens, max_grad_norm=0.5)
+def _config(micro_batch_tokens: int, checkpointing: bool = False) -> TrainerConfig:
+    return TrainerConfig(
+        lr=1e-3,
+        micro_batch_tokens=micro_batch_tokens,
+        max_grad_norm=0.5,
+        activation_checkpointing=checkpointing,
+    )
 
 
 def _batches(start: int = 0) -> list:
@@ -49,8 +54,9 @@ def _steps(trainer: Trainer, batches: list) -> list[tuple[float, float]]:
     return [(m["loss"], m["grad_norm"]) for m in (trainer.train_step(groups) for groups in batches)]
 
 
-def _sharded_run(group, folder, micro_batch_tokens, batches):
-    trainer = ShardedTrainer.from_pretrained_group(folder, _config(micro_batch_tokens), group)
+def _sharded_run(group, folder, micro_batch_tokens, checkpointing, batches):
+    config = _config(micro_batch_tokens, checkpointing)
+    trainer = ShardedTrainer.from_pretrained_group(folder, config, group)
     history = _steps(trainer, batches)
     return history, trainer.named_tensors()
 
@@ -64,12 +70,16 @@ def _assert_close(got: dict, want: dict, rel: float = 1e-5) -> None:
         assert error <= rel, f"{name}: relative error {error:.2e}"
 
 
-@pytest.mark.parametrize("micro_batch_tokens", [10**6, 24])
-def test_world_size_two_equals_one_process(tied_model_dir, micro_batch_tokens):
+@pytest.mark.parametrize(
+    ("micro_batch_tokens", "checkpointing"), [(10**6, False), (24, False), (24, True)]
+)
+def test_world_size_two_equals_one_process(tied_model_dir, micro_batch_tokens, checkpointing):
     batches = _batches()
     single = Trainer.from_pretrained(tied_model_dir, _config(micro_batch_tokens))
     want = _steps(single, batches)
-    got, weights = run_ranks(_sharded_run, 2, tied_model_dir, micro_batch_tokens, batches)
+    got, weights = run_ranks(
+        _sharded_run, 2, tied_model_dir, micro_batch_tokens, checkpointing, batches
+    )
     for (loss, norm), (want_loss, want_norm) in zip(got, want, strict=True):
         assert loss == pytest.approx(want_loss, rel=1e-5)
         assert norm == pytest.approx(want_norm, rel=1e-5)
