@@ -546,9 +546,11 @@ def spawn_trainer(
     `trainer_args` are `TrainerWorker`'s (model folder, trainer config, threads[, checkpoint
     to restore]); with trainer.world_size > 1, rank 0 of a trainer group."""
     options = actor_options("trainer", trainer_args[1].device, placed)
-    from dorarl.runtime.trainer_group import TrainerGroupWorker  # torch.distributed on demand
+    worker = TrainerWorker
+    if trainer_args[1].world_size > 1:
+        from dorarl.runtime.trainer_group import TrainerGroupWorker  # torch.distributed
 
-    worker = TrainerGroupWorker if trainer_args[1].world_size > 1 else TrainerWorker
+        worker = TrainerGroupWorker
     return ray.remote(**options)(worker).remote(*trainer_args, pace=pace)
 
 

@@ -91,9 +91,6 @@ class TrainerGroupWorker(TrainerWorker):
         ]
         self.group = join_group(0, world, addr, port, self.config.device)
 
-    def version(self) -> int:
-        return self.trainer.version
-
     def rank_pids(self) -> list[int]:
         """Process ids of ranks 1..N-1 (for the failure tests)."""
         return ray.get([r.pid.remote() for r in self.ranks])
