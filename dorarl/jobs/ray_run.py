@@ -195,7 +195,10 @@ def _run(
         respawn=respawn,
         max_restarts=config.ray.max_engine_restarts,
         respawn_trainer=respawn_trainer,
-        max_trainer_restarts=config.ray.max_trainer_restarts,
+        # A group (trainer.world_size > 1) is not restarted: a dead rank stops the run.
+        max_trainer_restarts=config.ray.max_trainer_restarts
+        if config.trainer.world_size == 1
+        else 0,
         checkpoints=out_dir / "checkpoints",
     )
 

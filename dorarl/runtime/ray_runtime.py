@@ -544,9 +544,14 @@ def spawn_trainer(
 ) -> Any:
     """The trainer actor (at start, or replacing a dead one in the same bundle):
     `trainer_args` are `TrainerWorker`'s (model folder, trainer config, threads[, checkpoint
-    to restore])."""
+    to restore]); with trainer.world_size > 1, rank 0 of a trainer group."""
     options = actor_options("trainer", trainer_args[1].device, placed)
-    return ray.remote(**options)(TrainerWorker).remote(*trainer_args, pace=pace)
+    worker = TrainerWorker
+    if trainer_args[1].world_size > 1:
+        from dorarl.runtime.trainer_group import TrainerGroupWorker  # torch.distributed
+
+        worker = TrainerGroupWorker
+    return ray.remote(**options)(worker).remote(*trainer_args, pace=pace)
 
 
 def spawn_engine(

@@ -34,17 +34,26 @@ class TrainerWorker:
         self.config = config
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
+        self.threads = threads
         self.extra_state: dict[str, Any] = {}
+        self._start(resume_from)
+
+    def _start(self, resume_from: str | None) -> None:
+        """The trainer from `resume_from`, or from the base model (then extra_state is {})."""
         if resume_from:
-            self.trainer, self.extra_state = Trainer.resume(resume_from, config, config.device)
+            self.trainer, self.extra_state = Trainer.resume(
+                resume_from, self.config, self.config.device
+            )
         else:
-            self.trainer = Trainer.from_pretrained(model_folder, config, config.device)
+            self.trainer = Trainer.from_pretrained(
+                self.model_folder, self.config, self.config.device
+            )
+            self.extra_state = {}
 
     def reset(self) -> int:
         """A fresh trainer from the base model (version 0, new optimizer), as if just started."""
         del self.trainer
-        self.trainer = Trainer.from_pretrained(self.model_folder, self.config, self.config.device)
-        self.extra_state = {}
+        self._start(None)
         self.pacer = Pacer() if self.pace is not None else None
         return self.trainer.version
 
@@ -53,7 +62,7 @@ class TrainerWorker:
 
     def train_step(self, groups: list[Group]) -> dict[str, Any]:
         started = time.perf_counter()
-        metrics = self.trainer.train_step(groups)
+        metrics = self._train(groups)
         metrics["train_compute_s"] = time.perf_counter() - started
         if self.pacer is not None:
             paced = self.pace.train_step_s(_trained_tokens(groups))
@@ -74,9 +83,15 @@ class TrainerWorker:
 
     def save_checkpoint(self, folder: str, extra_state: dict[str, Any], keep: int = 0) -> str:
         """Write a checkpoint, then delete all but the newest `keep` beside it (0: keep all)."""
-        written = self.trainer.save_checkpoint(Path(folder), extra_state)
+        written = self._save(Path(folder), extra_state)
         ckpt.prune(written.parent, keep)
         return str(written)
+
+    def _train(self, groups: list[Group]) -> dict[str, Any]:
+        return self.trainer.train_step(groups)
+
+    def _save(self, folder: Path, extra_state: dict[str, Any]) -> Path:
+        return self.trainer.save_checkpoint(folder, extra_state)
 
 
 def _trained_tokens(groups: list[Group]) -> int:

@@ -49,6 +49,15 @@ def optimizer_to_files(
     `names` maps id(parameter) to its model name, so the files do not depend on
     parameter order.
     """
+    tensors, meta = optimizer_state_by_name(optimizer, names)
+    return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}, meta
+
+
+def optimizer_state_by_name(
+    optimizer: torch.optim.Optimizer, names: dict[int, str]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The optimizer's tensors as `state.NAME.FIELD` (as they are: sharded ones stay
+    DTensors) and the JSON-able rest (param groups by name, non-tensor state)."""
     sd = optimizer.state_dict()
     index_names = _index_names(optimizer, names)
     tensors: dict[str, torch.Tensor] = {}
@@ -57,7 +66,7 @@ def optimizer_to_files(
         name = index_names[idx]
         for key, value in state.items():
             if torch.is_tensor(value):
-                tensors[f"state.{name}.{key}"] = value.detach().cpu().contiguous()
+                tensors[f"state.{name}.{key}"] = value
             else:
                 scalars.setdefault(name, {})[key] = value
     groups = [
@@ -150,15 +159,30 @@ def write_atomically(folder: Path, write: Callable[[Path], None]) -> Path:
     only `folder.old`, which readers take for `folder` (`version_folders`) and the next
     write puts back before it starts."""
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    old = folder.with_name(folder.name + ".old")
+    tmp = prepare_temporary(folder)
+    write(tmp)
+    return swap_in(folder)
+
+
+def temporary_of(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".tmp")
+
+
+def prepare_temporary(folder: Path) -> Path:
+    """The empty `.tmp` sibling a write goes into (a displaced copy put back first)."""
+    tmp, old = temporary_of(folder), folder.with_name(folder.name + ".old")
     if old.exists() and not folder.exists():
         old.rename(folder)  # the last complete copy, displaced by a rewrite that died
     for stale in (tmp, old):
         if stale.exists():
             shutil.rmtree(stale)
     tmp.mkdir(parents=True)
-    write(tmp)
+    return tmp
+
+
+def swap_in(folder: Path) -> Path:
+    """Put the finished `.tmp` in place of `folder` (see `write_atomically`)."""
+    tmp, old = temporary_of(folder), folder.with_name(folder.name + ".old")
     if folder.exists():
         folder.rename(old)
     tmp.rename(folder)

@@ -148,6 +148,23 @@ class TrainerConfig:
             "by it so trainer logprobs match the behavior logprobs"
         },
     )
+    activation_checkpointing: bool = field(
+        default=False,
+        metadata={
+            "help": "keep only each decoder layer's input for backward and recompute the "
+            "rest (about a third more compute for a fraction of the activation memory; the "
+            "automatic micro-batch grows to match)"
+        },
+    )
+    world_size: int = field(
+        default=1,
+        metadata={
+            "help": "trainer ranks: N > 1 shards the model, gradients and AdamW state over "
+            "N processes (FSDP2; gloo on cpu, NCCL on cuda) that split each step's batch "
+            "(whole groups with packing=shared_prompt, single sequences with padded); 1: "
+            "one process, no sharding"
+        },
+    )
     dtype: Literal["float32", "bfloat16"] = field(
         default="float32", metadata={"help": "parameter dtype"}
     )
@@ -172,4 +189,6 @@ class TrainerConfig:
             )
         if self.warmup_steps < 0:
             raise ConfigError("warmup_steps: must be >= 0")
+        if self.world_size < 1:
+            raise ConfigError("world_size: must be >= 1")
         self.loss.validate()

@@ -272,6 +272,34 @@ def _packed_batch(
     )
 
 
+# One micro-batch before collation: a padded one's sequences, or a packed one's rows.
+Planned = list[TrainSequence] | list[list[Segment]]
+
+
+def plan_step(
+    seqs: list[TrainSequence],
+    token_budget: int,
+    packing: Packing,
+    model_config: PretrainedConfig | None = None,
+) -> list[Planned]:
+    """The step's micro-batches in either mode, not yet tensors (sequences with no response
+    tokens dropped); `model_config` prices attention against padding for packed widths."""
+    seqs = [s for s in seqs if s.response_ids]
+    if packing == "padded":
+        plan = plan_micro_batches([s.length for s in seqs], token_budget)
+        return [[seqs[i] for i in indices] for indices in plan]
+    width = attention_width(model_config) if model_config is not None else math.inf
+    return plan_packed(seqs, token_budget, width)
+
+
+def collate_planned(
+    planned: Planned, packing: Packing, pad_id: int, device: torch.device | str
+) -> MicroBatch | PackedBatch:
+    if packing == "padded":
+        return collate(planned, pad_id, device)  # type: ignore[arg-type]
+    return collate_packed(planned, pad_id, device)  # type: ignore[arg-type]
+
+
 def micro_batches(
     seqs: list[TrainSequence],
     token_budget: int,
@@ -280,11 +308,6 @@ def micro_batches(
     device: torch.device | str,
     model_config: PretrainedConfig | None = None,
 ) -> list[MicroBatch | PackedBatch]:
-    """The step's micro-batches in either mode (sequences with no response tokens dropped);
-    `model_config` prices attention against padding when choosing packed row widths."""
-    seqs = [s for s in seqs if s.response_ids]
-    if packing == "padded":
-        plan = plan_micro_batches([s.length for s in seqs], token_budget)
-        return [collate([seqs[i] for i in indices], pad_id, device) for indices in plan]
-    width = attention_width(model_config) if model_config is not None else math.inf
-    return [collate_packed(rows, pad_id, device) for rows in plan_packed(seqs, token_budget, width)]
+    """`plan_step`'s micro-batches as tensors."""
+    plan = plan_step(seqs, token_budget, packing, model_config)
+    return [collate_planned(planned, packing, pad_id, device) for planned in plan]

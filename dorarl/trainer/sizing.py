@@ -6,7 +6,9 @@ its norms, q/k/v, attention output and the MLP's gate, up and product. The estim
 a Llama-family layer with fused (flash-style) attention, so the budget holds. Packed rows
 (trainer.packing=shared_prompt) pass a mask to attention, which then takes keys and values
 repeated to every query head (grouped-query attention is not used with a mask), and keeps
-those copies: 2 x (heads - kv_heads) x head_dim more per token.
+those copies: 2 x (heads - kv_heads) x head_dim more per token. With activation
+checkpointing a layer keeps only its input (hidden values per token), and one layer at a
+time holds its full set again (repeated K/V included) while it is recomputed in backward.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ MIN_TOKENS, MAX_TOKENS, ROUND_TO = 256, 16384, 256
 
 
 def activation_bytes_per_token(
-    config: PretrainedConfig, dtype_bytes: int, packed: bool = False
+    config: PretrainedConfig, dtype_bytes: int, packed: bool = False, checkpointing: bool = False
 ) -> int:
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     values = 10 * hidden + 4 * intermediate + (_repeated_kv(config) if packed else 0)
-    return config.num_hidden_layers * values * dtype_bytes
+    layer = values * dtype_bytes
+    if checkpointing:
+        return config.num_hidden_layers * hidden * dtype_bytes + layer
+    return config.num_hidden_layers * layer
 
 
 def _repeated_kv(config: PretrainedConfig) -> int:
@@ -38,8 +43,10 @@ def auto_micro_batch_tokens(
     dtype_bytes: int,
     budget_bytes: int = ACTIVATION_BUDGET_BYTES,
     packed: bool = False,
+    checkpointing: bool = False,
 ) -> int:
     """Tokens per micro-batch whose saved activations fit `budget_bytes`, rounded down to a
     multiple of 256 within [256, 16384] (a larger batch buys a small model nothing)."""
-    fits = budget_bytes // activation_bytes_per_token(config, dtype_bytes, packed)
+    per_token = activation_bytes_per_token(config, dtype_bytes, packed, checkpointing)
+    fits = budget_bytes // per_token
     return max(MIN_TOKENS, min(MAX_TOKENS, fits // ROUND_TO * ROUND_TO))

@@ -22,8 +22,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from dorarl.data import Group
 from dorarl.errors import UserInputError
 from dorarl.trainer import checkpoint as ckpt
-from dorarl.trainer.batch import MicroBatch, build_sequences
-from dorarl.trainer.config import TrainerConfig
+from dorarl.trainer import shards
+from dorarl.trainer.allocator import map_large_blocks, release_free_heap
+from dorarl.trainer.batch import MicroBatch, TrainSequence, build_sequences
+from dorarl.trainer.config import LossConfig, TrainerConfig
 from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_head
 from dorarl.trainer.loss import k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
@@ -48,6 +50,20 @@ def load_model(path: str | Path, dtype: str, device: torch.device | str) -> PreT
     return model.to(device)
 
 
+def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """Per decoder layer, non-reentrant (recompute in backward; composes with FSDP2)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # transformers before the rename
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def trainable_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]:
+    """The batch's sequences that have response tokens, weights normalised over all of them."""
+    return [s for s in build_sequences(groups, cfg) if s.response_ids]
+
+
 class Trainer:
     """Owns the policy (and the frozen reference), its AdamW state and the version counter."""
 
@@ -64,8 +80,12 @@ class Trainer:
         config.validate()
         self.config = config
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            map_large_blocks()  # freed activations leave the process (dorarl.trainer.allocator)
         self.model = model.to(self.device)
         self.model.train()
+        if config.activation_checkpointing:
+            _enable_activation_checkpointing(self.model)
         self.version = version
         self.optimizer_steps = 0
         self.source_dir = Path(source_dir) if source_dir is not None else None
@@ -80,8 +100,10 @@ class Trainer:
             model.config,
             next(model.parameters()).element_size(),
             packed=self.packing == "shared_prompt",
+            checkpointing=config.activation_checkpointing,
         )
         self.pad_id = int(model.config.pad_token_id or 0)
+        self._shard_model()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -107,9 +129,10 @@ class Trainer:
 
     @classmethod
     def resume(
-        cls, folder: str | Path, config: TrainerConfig, device="cpu"
+        cls, folder: str | Path, config: TrainerConfig, device="cpu", **kwargs: Any
     ) -> tuple[Trainer, dict[str, Any]]:
-        """Continue from `save_checkpoint`: weights, optimizer, version, RNG; returns extra_state."""
+        """Continue from `save_checkpoint`: weights, optimizer, version, RNG; returns
+        extra_state. A sharded checkpoint (any world size) loads through DCP."""
         folder = Path(folder)
         state = ckpt.read_state(folder)
         model = load_model(folder, config.dtype, device)
@@ -120,18 +143,32 @@ class Trainer:
             version=state["version"],
             source_dir=folder,
             reference_path=config.reference_path or state.get("reference_path"),
+            **kwargs,
         )
         trainer.optimizer_steps = state["optimizer_steps"]
-        ckpt.optimizer_from_files(
-            trainer.optimizer,
-            trainer._param_names(),
-            ckpt.load_tensors(folder / ckpt.OPTIMIZER_FILE),
-            state["optimizer"],
-        )
+        trainer._restore_optimizer(folder, state["optimizer"])
         trainer._apply_hyperparameters()
         ckpt.restore_rng(ckpt.load_tensors(folder / ckpt.RNG_FILE), state["rng"])
         log.info("resumed %s at version %d", folder, trainer.version)
         return trainer, state["extra_state"]
+
+    def _restore_optimizer(self, folder: Path, meta: dict[str, Any]) -> None:
+        names = self._param_names()
+        if shards.has_shards(folder):
+            shards.load_shards(folder / shards.SHARDS_DIR, self.model, self.optimizer, names, meta)
+            return
+        tensors = ckpt.load_tensors(folder / ckpt.OPTIMIZER_FILE)
+        params = dict(self.model.named_parameters())
+        for key, value in tensors.items():
+            tensors[key] = self._lay_out_like(params[key.split(".", 1)[1].rsplit(".", 1)[0]], value)
+        ckpt.optimizer_from_files(self.optimizer, names, tensors, meta)
+
+    def _lay_out_like(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """A full optimizer tensor as this trainer holds it (a sharded one shards it)."""
+        return value
+
+    def _shard_model(self) -> None:
+        """Where a sharded trainer wraps its model, before the optimizer sees parameters."""
 
     def _load_reference(self) -> PreTrainedModel:
         if self.reference_path is None:
@@ -156,6 +193,8 @@ class Trainer:
             )
             grad_norm, applied = 0.0, False
         self.version += 1
+        if self.device.type == "cpu":
+            release_free_heap()
         metrics.update(loss_metrics)
         metrics.update(
             grad_norm=grad_norm,
@@ -170,7 +209,7 @@ class Trainer:
     def accumulate_gradients(self, groups: list[Group]) -> dict[str, float]:
         """Forward/backward over token-budget micro-batches; leaves the full-batch gradient
         in `.grad` (no optimizer step) and returns the loss metrics."""
-        seqs = build_sequences(groups, self.config.loss)
+        seqs = trainable_sequences(groups, self.config.loss)
         totals = StepTotals()
         batches = micro_batches(
             seqs, self.micro_batch_tokens, self.packing, self.pad_id, self.device, self.model.config
@@ -179,16 +218,21 @@ class Trainer:
             self._micro_step(batch, totals)
         return {**totals.summary(), "micro_batches": float(len(batches))}
 
-    def _micro_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
-        cfg = self.config.loss
-        logp, entropy = micro_batch_logprobs(
+    def _policy_logprobs(
+        self, batch: MicroBatch | PackedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return micro_batch_logprobs(
             self.model,
             self.split,
             batch,
             self.config.temperature,
             self.config.logits_chunk_tokens,
-            entropy_grad=cfg.entropy_coef != 0.0,
+            entropy_grad=self.config.loss.entropy_coef != 0.0,
         )
+
+    def _micro_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
+        cfg = self.config.loss
+        logp, entropy = self._policy_logprobs(batch)
         ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
         loss, terms = objective(
             logp,
@@ -220,7 +264,8 @@ class Trainer:
             group["lr"] = self._lr()
         max_norm = self.config.max_grad_norm if self.config.max_grad_norm > 0 else math.inf
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         applied = math.isfinite(grad_norm)
         if applied:
             self.optimizer.step()
@@ -265,19 +310,21 @@ class Trainer:
 
         `extra_state` must be JSON-serialisable (e.g. the data position).
         """
-        extra = extra_state or {}
-        try:
-            json.dumps(extra)
-        except TypeError as exc:
-            raise TypeError(f"extra_state must be JSON-serialisable: {exc}") from None
+        extra = _jsonable_extra(extra_state)
         return ckpt.write_atomically(Path(folder), lambda tmp: self._write_checkpoint(tmp, extra))
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
         self.model.save_pretrained(str(folder))
-        if self.source_dir is not None:
-            ckpt.copy_tokenizer_files(self.source_dir, folder)
         opt_tensors, opt_meta = ckpt.optimizer_to_files(self.optimizer, self._param_names())
         ckpt.save_tensors(folder / ckpt.OPTIMIZER_FILE, opt_tensors)
+        self._write_state(folder, opt_meta, extra)
+
+    def _write_state(
+        self, folder: Path, opt_meta: dict[str, Any], extra: dict[str, Any], **more: Any
+    ) -> None:
+        """Tokenizer files, RNG and trainer_state.json: what every checkpoint has."""
+        if self.source_dir is not None:
+            ckpt.copy_tokenizer_files(self.source_dir, folder)
         rng_tensors, rng_meta = ckpt.capture_rng()
         ckpt.save_tensors(folder / ckpt.RNG_FILE, rng_tensors)
         state = {
@@ -289,5 +336,15 @@ class Trainer:
             "rng": rng_meta,
             "config": dataclasses.asdict(self.config),
             "extra_state": extra,
+            **more,
         }
         (folder / ckpt.STATE_FILE).write_text(json.dumps(state))
+
+
+def _jsonable_extra(extra_state: dict[str, Any] | None) -> dict[str, Any]:
+    extra = extra_state or {}
+    try:
+        json.dumps(extra)
+    except TypeError as exc:
+        raise TypeError(f"extra_state must be JSON-serialisable: {exc}") from None
+    return extra

@@ -1,4 +1,5 @@
-"""`dorarl bench trainer` on a tiny shape: both contenders, the floor, peak memory, trainer.json."""
+"""`dorarl bench trainer` on a tiny shape: the packed, padded and HF contenders, the floor, the
+peak memory of a first step and of one with AdamW state, trainer.json."""
 
 import json
 
@@ -25,6 +26,9 @@ def test_quick_bench_on_a_tiny_shape_writes_its_report(tmp_path, capsys):
     assert report["ms_per_step"]["floor"] == pytest.approx(report["floor_ms"]["total"])
     assert report["floor_ms"]["output_layer"] > 0 and report["floor_ms"]["attention"] > 0
     assert 0 < report["train_step"]["peak_memory_gb"] < 64
+    first, with_adamw = report["train_step"]["peak_memory_gb_per_step"]  # two full steps
+    assert report["train_step"]["peak_memory_gb"] == max(first, with_adamw)
+    assert report["trainer_config"]["activation_checkpointing"] is False
     assert set(report["peak_memory_gb"]) == {"trainer", "trainer_padded", "hf"}
     assert set(report["bars"]) == {"trainer_vs_hf", "packed_vs_padded", "peak_memory_gb"}
     assert set(report["agreement"]) >= {"loss", "grad_norm", "entropy"}

@@ -43,3 +43,25 @@ def test_packed_rows_count_the_keys_and_values_repeated_for_the_mask():
     mha = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=9)  # fmt: skip
     assert activation_bytes_per_token(mha, 4, packed=True) == activation_bytes_per_token(mha, 4)
+
+
+def test_activation_checkpointing_sizes_a_larger_micro_batch():
+    plain = auto_micro_batch_tokens(_smollm2_shape(), dtype_bytes=4)
+    recomputed = auto_micro_batch_tokens(_smollm2_shape(), dtype_bytes=4, checkpointing=True)
+    per_token = activation_bytes_per_token(_smollm2_shape(), 4, checkpointing=True)
+    assert recomputed * per_token <= 2 * 1024**3
+    assert recomputed >= 8 * plain
+
+
+def test_checkpointing_packed_rows_keeps_layer_inputs_and_one_full_layer_with_its_kv_copies():
+    gqa = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
+    one_layer = (10 * 576 + 4 * 1536 + 2 * (9 - 3) * 64) * 4
+    inputs = 30 * 576 * 4
+    both = activation_bytes_per_token(gqa, 4, packed=True, checkpointing=True)
+    assert both == inputs + one_layer
+    padded = activation_bytes_per_token(gqa, 4, checkpointing=True)
+    assert both - padded == 2 * (9 - 3) * 64 * 4  # one layer's copies, not thirty
+    budget = both * 9000
+    assert auto_micro_batch_tokens(gqa, 4, budget, packed=True, checkpointing=True) == 8960
+    assert auto_micro_batch_tokens(gqa, 4, budget, checkpointing=True) == 9216

@@ -1,5 +1,6 @@
 """Trainer steps: micro-batch accumulation equals the full batch, versions, metrics, weights."""
 
+import dataclasses
 import math
 
 import pytest
@@ -243,3 +244,26 @@ def test_micro_batch_size_defaults_to_the_model_shape(make_groups):
     auto = _wide_vocab_trainer()
     assert auto.micro_batch_tokens == 16384  # a tiny model: the cap
     assert _wide_vocab_trainer(micro_batch_tokens=64).micro_batch_tokens == 64
+
+
+@pytest.mark.parametrize("packing", ["shared_prompt", "padded"])
+def test_activation_checkpointing_gives_the_same_gradients(tiny_model_dir, make_groups, packing):
+    """Packed, the recomputed layers get the block mask and position ids again: a layer
+    recomputed without them would give other activations, hence other gradients."""
+    groups = make_groups(seed=5)
+    config = TrainerConfig(micro_batch_tokens=64, packing=packing)
+    plain = Trainer.from_pretrained(tiny_model_dir, config)
+    recomputed = Trainer.from_pretrained(
+        tiny_model_dir, dataclasses.replace(config, activation_checkpointing=True)
+    )
+    assert plain.packing == recomputed.packing == packing
+    assert any(getattr(m, "gradient_checkpointing", False) for m in recomputed.model.modules())
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in plain.model.modules())
+    m_plain = plain.accumulate_gradients(groups)
+    m_recomputed = recomputed.accumulate_gradients(groups)
+    assert m_recomputed["micro_batches"] == m_plain["micro_batches"] > 1
+    assert m_recomputed["loss"] == pytest.approx(m_plain["loss"], rel=1e-6)
+    g_plain, g_recomputed = _grads(plain), _grads(recomputed)
+    assert g_plain.keys() == g_recomputed.keys() and g_plain
+    for name in g_plain:
+        assert torch.allclose(g_plain[name], g_recomputed[name], rtol=1e-5, atol=1e-8), name

@@ -1,0 +1,216 @@
+"""One rank of a data-parallel trainer: FSDP2-sharded weights, gradients and AdamW state.
+
+Every rank gets the whole batch and takes its own share of it (`distributed.rank_shares`,
+the same on every rank: whole groups when rows are packed), planned into padded or packed
+micro-batches as one process plans them; ranks with fewer micro-batches run zero-weight
+filler passes so that collectives pair up. Per-token weights are normalised over the whole batch before the
+split and gradients are summed over ranks, so loss, gradient and update equal one
+process's (to float rounding). The step's metrics are reduced over ranks; weights for the
+engines and checkpoints are gathered on rank 0. Every public method is collective: all
+ranks call it, in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import PreTrainedModel
+
+from dorarl.data import Group
+from dorarl.trainer import checkpoint as ckpt
+from dorarl.trainer import shards
+from dorarl.trainer.batch import MicroBatch, TrainSequence
+from dorarl.trainer.config import TrainerConfig
+from dorarl.trainer.distributed import RankGroup, rank_shares, reduce_over_ranks, shard
+from dorarl.trainer.forward import HeadSplit, micro_batch_logprobs
+from dorarl.trainer.packing import PackedBatch, collate_planned, micro_batches, plan_step
+from dorarl.trainer.totals import StepTotals
+from dorarl.trainer.trainer import Trainer, _jsonable_extra, trainable_sequences
+
+log = logging.getLogger(__name__)
+
+SUMMED = (
+    "tokens",
+    "loss",
+    "pg_loss",
+    "ratio",
+    "clipped_low",
+    "clipped_high",
+    "entropy",
+    "kl_behavior",
+    "kl_ref",
+    "importance",
+    "truncated",
+)
+OPTIONAL = ("kl_ref", "importance")
+
+
+class PolicyForward(torch.nn.Module):
+    """The FSDP root: body and chunked output layer in one forward, so the root's
+    all-gather and gradient reduce-scatter wrap the whole computation (the output layer is
+    called outside the HF model's own forward). Takes only integer and boolean tensors,
+    which mixed precision leaves alone: a packed batch's block mask stays boolean here and
+    becomes the additive one inside, in the compute dtype."""
+
+    def __init__(self, model: PreTrainedModel, split: HeadSplit | None, config: TrainerConfig):
+        super().__init__()
+        self.model, self.split, self.config = model, split, config
+
+    def forward(
+        self, input_ids, targets, mask, position_ids=None, attention_mask=None, sources=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return micro_batch_logprobs(
+            self.model,
+            self.split,
+            _model_batch(input_ids, targets, mask, position_ids, attention_mask, sources),
+            self.config.temperature,
+            self.config.logits_chunk_tokens,
+            entropy_grad=self.config.loss.entropy_coef != 0.0,
+        )
+
+
+def _model_batch(input_ids, targets, mask, position_ids, attention_mask, sources):
+    """The batch `micro_batch_logprobs` reads (its loss tensors are not needed there)."""
+    if sources is None:
+        return MicroBatch(input_ids, targets, None, None, None, mask)  # type: ignore[arg-type]
+    return PackedBatch(
+        input_ids, position_ids, attention_mask, sources, targets, None, None, None, mask
+    )  # type: ignore[arg-type]
+
+
+def _model_inputs(batch: MicroBatch | PackedBatch) -> dict[str, torch.Tensor]:
+    inputs = {"input_ids": batch.input_ids, "targets": batch.targets, "mask": batch.mask}
+    if isinstance(batch, PackedBatch):
+        inputs.update(
+            position_ids=batch.position_ids,
+            attention_mask=batch.attention_mask,
+            sources=batch.sources,
+        )
+    return inputs
+
+
+class ShardedTrainer(Trainer):
+    def __init__(self, model: PreTrainedModel, config: TrainerConfig, *, group: RankGroup, **kw):
+        self.group = group
+        super().__init__(model, config, **kw)
+
+    @classmethod
+    def from_pretrained_group(
+        cls, path: str | Path, config: TrainerConfig, group: RankGroup, device="cpu"
+    ) -> ShardedTrainer:
+        """This rank's trainer from a HF folder (every rank loads it, then keeps its shard)."""
+        from dorarl.trainer.trainer import load_model
+
+        return cls(
+            load_model(path, config.dtype, device),
+            config,
+            group=group,
+            device=device,
+            source_dir=path,
+            reference_path=config.reference_path or path,
+        )
+
+    def _shard_model(self) -> None:
+        layers = getattr(self.model.base_model, "layers", None)
+        if layers is None:
+            raise ValueError(f"{type(self.model).__name__}: no decoder layers to shard")
+        self.policy = PolicyForward(self.model, self.split, self.config)
+        shard(self.policy, list(layers), self.group)
+
+    def _policy_logprobs(
+        self, batch: MicroBatch | PackedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.policy(**_model_inputs(batch))
+
+    # ---- training -------------------------------------------------------------------------
+
+    def train_step(self, groups: list[Group]) -> dict[str, float | dict]:
+        metrics = super().train_step(groups)
+        metrics["peak_memory_gb"] = reduce_over_ranks(
+            [metrics["peak_memory_gb"]], self.group, "max"
+        )[0]
+        return metrics
+
+    def accumulate_gradients(self, groups: list[Group]) -> dict[str, float]:
+        seqs = trainable_sequences(groups, self.config.loss)
+        budget, packing = self.micro_batch_tokens, self.packing
+        shares = rank_shares(seqs, self.group.world_size, packing, budget)
+        plans = [plan_step(share, budget, packing, self.model.config) for share in shares]
+        mine = plans[self.group.rank]
+        totals = StepTotals()
+        for index in range(max(len(p) for p in plans)):
+            if index < len(mine):
+                batch = collate_planned(mine[index], packing, self.pad_id, self.device)
+                self._micro_step(batch, totals)
+            else:
+                self._micro_step(self._filler(), StepTotals())
+        summary = self._reduce(totals).summary()
+        return {**summary, "micro_batches": float(sum(len(p) for p in plans))}
+
+    def _filler(self) -> MicroBatch | PackedBatch:
+        """A pass that runs every FSDP unit's collectives and adds exactly zero gradient
+        (one pad token answering one pad token, weight 0, in this trainer's packing)."""
+        pad = self.pad_id
+        filler = TrainSequence([pad], [pad], [0.0], 0.0, 0.0)
+        return micro_batches([filler], self.micro_batch_tokens, self.packing, pad, self.device)[0]
+
+    def _reduce(self, totals: StepTotals) -> StepTotals:
+        values = [float(getattr(totals, k) or 0.0) for k in SUMMED]
+        present = [float(getattr(totals, k) is not None) for k in OPTIONAL]
+        summed = reduce_over_ranks(values + present, self.group)
+        out = StepTotals(**{k: v for k, v in zip(SUMMED, summed, strict=False)})
+        out.tokens, out.clipped_low, out.clipped_high = (
+            int(out.tokens),
+            int(out.clipped_low),
+            int(out.clipped_high),
+        )
+        out.truncated = int(out.truncated)
+        for key, count in zip(OPTIONAL, summed[len(SUMMED) :], strict=True):
+            if count == 0:
+                setattr(out, key, None)
+        out.ratio_max = reduce_over_ranks([totals.ratio_max], self.group, "max")[0]
+        return out
+
+    # ---- weights and checkpoints -----------------------------------------------------------
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """Full weights on rank 0 (CPU copies by HF name, as one process gives them); {} on
+        the other ranks, which only take part in the gathers."""
+        gathered: dict[str, torch.Tensor] = {}
+        for name, tensor in self.model.state_dict().items():
+            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+            if self.group.is_coordinator:
+                gathered[name] = full.detach().to("cpu", copy=True)
+        return gathered
+
+    def save_checkpoint(
+        self, folder: str | Path, extra_state: dict[str, Any] | None = None
+    ) -> Path:
+        """Sharded DCP files from every rank plus, from rank 0, the consolidated HF folder,
+        optimizer metadata, RNG and state; written into `.tmp` and swapped in by rank 0."""
+        extra, folder = _jsonable_extra(extra_state), Path(folder)
+        if self.group.is_coordinator:
+            ckpt.prepare_temporary(folder)
+        dist.barrier()
+        tmp = ckpt.temporary_of(folder)
+        names = self._param_names()
+        shards.save_shards(tmp / shards.SHARDS_DIR, self.model, self.optimizer, names)
+        full = self.named_tensors()
+        if self.group.is_coordinator:
+            self.model.save_pretrained(str(tmp), state_dict=full)
+            _, opt_meta = ckpt.optimizer_state_by_name(self.optimizer, names)
+            self._write_state(tmp, opt_meta, extra, world_size=self.group.world_size)
+            ckpt.swap_in(folder)
+        dist.barrier()
+        return folder
+
+    def _lay_out_like(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        if isinstance(param, DTensor) and tuple(value.shape) == tuple(param.shape):
+            local = param.to_local()
+            return distribute_tensor(value.to(local.device), param.device_mesh, param.placements)
+        return value

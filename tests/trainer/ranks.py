@@ -1,0 +1,37 @@
+"""Run a function on N local trainer ranks (torch.multiprocessing, gloo): the Ray-free
+harness of the sharded-trainer tests. Rank 0's return value comes back."""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from dorarl.trainer.distributed import free_port, join_group, leave_group
+
+
+def _rank_main(rank: int, world_size: int, port: int, fn, args, out: str) -> None:
+    torch.set_num_threads(1)
+    group = join_group(rank, world_size, "127.0.0.1", port, "cpu")
+    try:
+        result = fn(group, *args)
+    finally:
+        leave_group()
+    if rank == 0:
+        Path(out).write_bytes(pickle.dumps(result))
+
+
+def run_ranks(fn, world_size: int, *args):
+    """`fn(group, *args)` on every rank; returns rank 0's result (test data, our own)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "result.pickle")
+        mp.start_processes(
+            _rank_main,
+            args=(world_size, free_port(), fn, args, out),
+            nprocs=world_size,
+            start_method="spawn",
+        )
+        return pickle.loads(Path(out).read_bytes())  # written by our own rank 0 above

@@ -1,0 +1,180 @@
+"""The sharded trainer (FSDP2, gloo, world size 2) against one process: same losses, grad
+norms and weights; sharded checkpoints resumed at world sizes 1 and 2."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import _make_groups  # noqa: E402
+from ranks import run_ranks  # noqa: E402
+
+from dorarl.trainer import Trainer, TrainerConfig  # noqa: E402
+from dorarl.trainer.sharded import ShardedTrainer  # noqa: E402
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def tied_model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama with tied embeddings, as SmolLM2 has (the shared weight sits in the root)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    folder = tmp_path_factory.mktemp("tied")
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+PACKINGS = ("shared_prompt", "padded")
+
+
+def _config(
+    micro_batch_tokens: int, checkpointing: bool = False, packing: str = "shared_prompt"
+) -> TrainerConfig:
+    return TrainerConfig(
+        lr=1e-3,
+        micro_batch_tokens=micro_batch_tokens,
+        max_grad_norm=0.5,
+        activation_checkpointing=checkpointing,
+        packing=packing,
+    )
+
+
+def _batches(start: int = 0) -> list:
+    return [_make_groups(seed=10 + step) for step in range(start, start + STEPS)]
+
+
+def _steps(trainer: Trainer, batches: list) -> list[tuple[float, float]]:
+    return [(m["loss"], m["grad_norm"]) for m in (trainer.train_step(groups) for groups in batches)]
+
+
+def _sharded_runs(group, folder, micro_batch_tokens, checkpointing, batches):
+    """One run per packing mode on the same ranks (one spawn: most of a run's time)."""
+    runs = {}
+    for packing in PACKINGS:
+        config = _config(micro_batch_tokens, checkpointing, packing)
+        trainer = ShardedTrainer.from_pretrained_group(folder, config, group)
+        assert trainer.packing == packing
+        runs[packing] = (_steps(trainer, batches), trainer.named_tensors())
+    return runs
+
+
+def _assert_close(got: dict, want: dict, rel: float = 1e-5) -> None:
+    """Each tensor within `rel` of the reference, relative to its norm. (Element-wise,
+    AdamW magnifies rounding where a gradient is near eps: g / (|g| + eps) is steep.)"""
+    assert got.keys() == want.keys()
+    for name in want:
+        error = float((got[name] - want[name]).norm() / want[name].norm())
+        assert error <= rel, f"{name}: relative error {error:.2e}"
+
+
+# 22 tokens: several micro-batches per rank, and in both modes a step where one rank has
+# fewer than the other (its filler passes must add nothing).
+@pytest.mark.parametrize(
+    ("micro_batch_tokens", "checkpointing"), [(10**6, False), (22, False), (22, True)]
+)
+def test_world_size_two_equals_one_process(tied_model_dir, micro_batch_tokens, checkpointing):
+    """In both packing modes: packed, each rank takes whole groups and packs its rows."""
+    batches = _batches()
+    runs = run_ranks(_sharded_runs, 2, tied_model_dir, micro_batch_tokens, checkpointing, batches)
+    for packing, (got, weights) in runs.items():
+        single = Trainer.from_pretrained(
+            tied_model_dir, _config(micro_batch_tokens, packing=packing)
+        )
+        want = _steps(single, batches)
+        for (loss, norm), (want_loss, want_norm) in zip(got, want, strict=True):
+            assert loss == pytest.approx(want_loss, rel=1e-5), packing
+            assert norm == pytest.approx(want_norm, rel=1e-5), packing
+        assert weights.keys() == single.named_tensors().keys()
+        _assert_close(weights, single.named_tensors())
+        moved = single.named_tensors()["model.norm.weight"] - 1.0
+        assert float(moved.abs().max()) > 1e-3  # the steps did change the weights
+
+
+def _full_optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    from dorarl.trainer import checkpoint as ckpt
+
+    tensors, _ = ckpt.optimizer_state_by_name(trainer.optimizer, trainer._param_names())
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).clone() for k, v in tensors.items()
+    }
+
+
+def _save_midway(group, folder, checkpoint, first, then):
+    """3 steps, a sharded checkpoint, 3 more steps: the uninterrupted run at world size 2."""
+    trainer = ShardedTrainer.from_pretrained_group(folder, _config(24), group)
+    _steps(trainer, first)
+    trainer.save_checkpoint(checkpoint, {"position": [7, 8]})
+    saved = (trainer.named_tensors(), _full_optimizer_state(trainer))
+    return _steps(trainer, then), trainer.named_tensors(), saved
+
+
+def _resume_sharded(group, checkpoint, then):
+    trainer, extra = ShardedTrainer.resume(checkpoint, _config(24), group=group)
+    state = (trainer.named_tensors(), _full_optimizer_state(trainer))
+    return _steps(trainer, then), trainer.named_tensors(), state, extra, trainer.version
+
+
+def _assert_equal(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_sharded_checkpoint_resumes_bit_for_bit_at_two_and_at_one(tied_model_dir, tmp_path):
+    checkpoint = tmp_path / "checkpoints" / "version_00003"
+    first, then = _batches(0), _batches(STEPS)
+    history, weights, (saved_weights, saved_moments) = run_ranks(
+        _save_midway, 2, tied_model_dir, checkpoint, first, then
+    )
+    assert (checkpoint / "shards").is_dir() and not checkpoint.with_name(
+        "version_00003.tmp"
+    ).exists()
+    consolidated = LlamaForCausalLM.from_pretrained(checkpoint, use_safetensors=True)
+    _assert_equal(
+        {k: v for k, v in consolidated.state_dict().items() if k in saved_weights}, saved_weights
+    )
+
+    again, weights_again, state, extra, version = run_ranks(_resume_sharded, 2, checkpoint, then)
+    assert version == 2 * STEPS and extra == {"position": [7, 8]}
+    _assert_equal(state[0], saved_weights)
+    _assert_equal(state[1], saved_moments)
+    assert again == history  # bit for bit: losses and grad norms
+    _assert_equal(weights_again, weights)
+
+    single, extra_single = Trainer.resume(checkpoint, _config(24))
+    assert extra_single == {"position": [7, 8]} and single.version == STEPS
+    _assert_equal(single.named_tensors(), saved_weights)
+    _assert_equal(_full_optimizer_state(single), saved_moments)
+    for (loss, norm), (want_loss, want_norm) in zip(_steps(single, then), history, strict=True):
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+        assert norm == pytest.approx(want_norm, rel=1e-5)
+    _assert_close(single.named_tensors(), weights)
+
+
+def test_a_one_process_checkpoint_resumes_at_world_size_two(tied_model_dir, tmp_path):
+    single = Trainer.from_pretrained(tied_model_dir, _config(24))
+    _steps(single, _batches(0))
+    checkpoint = single.save_checkpoint(tmp_path / "version_00003", {"position": []})
+    saved = (single.named_tensors(), _full_optimizer_state(single))
+    want = _steps(single, _batches(STEPS))
+    got, weights, state, _, version = run_ranks(_resume_sharded, 2, checkpoint, _batches(STEPS))
+    assert version == 2 * STEPS
+    _assert_equal(state[0], saved[0])
+    _assert_equal(state[1], saved[1])
+    for (loss, norm), (want_loss, want_norm) in zip(got, want, strict=True):
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+        assert norm == pytest.approx(want_norm, rel=1e-5)
+    _assert_close(weights, single.named_tensors())
