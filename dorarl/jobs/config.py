@@ -11,10 +11,10 @@ from typing import ClassVar, Literal
 
 from dorarl.config import ConfigError
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig
+from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint, read_resume_point
 from dorarl.runtime.placement import PlacementPlan, plan_placement
-from dorarl.sim.lengths import LengthDist
 from dorarl.trainer import LossConfig, TrainerConfig
 
 

@@ -3,7 +3,7 @@
 Evaluation runs in its own actor on the versions it is asked for (the base, every
 `eval.every` versions, the last), so it never stalls rollout or training; with
 `defer_eval` it runs after training, so it takes no CPU from a timed run either. `pace`
-turns on device emulation (dorarl.runtime.pacing) for the engines and the trainer.
+turns on device emulation (dorarl.record.pacing) for the engines and the trainer.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from dorarl.data import Sample
 from dorarl.engine import EngineConfig
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.evaluation import eval_versions, finish_outputs
 from dorarl.jobs.learning_signal import LearningSignal
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.stopping import StopRequest
-from dorarl.jobs.train import finish_outputs
+from dorarl.record.pacing import DeviceModel
+from dorarl.record.recorder import Recorder
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
-from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.ray_runtime import (
     RayRuntime,
@@ -39,7 +40,6 @@ from dorarl.runtime.ray_runtime import (
     spawn_trainer,
     start_workers,
 )
-from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.threads import ThreadPlan, share_threads
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.assets import shipped_base_model
@@ -75,14 +75,6 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
-
-
-def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
-    """The starting version, every `eval.every`-th after it (the first row already shows the
-    start), the last."""
-    every = config.eval.every
-    periodic = {v for v in range(start + 2, config.steps + 1) if every and v % every == 0}
-    return {start, config.steps} | periodic
 
 
 def run_ray(

@@ -2,7 +2,7 @@
 
 Every method returns plain picklable data. Calls on one worker run in submission order
 (a Ray actor with one thread), which is what the controller's command ordering needs.
-With a `DeviceModel`, every engine step lasts its device time (dorarl.runtime.pacing).
+With a `DeviceModel`, every engine step lasts its device time (dorarl.record.pacing).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dorarl.engine import (
     RequestSnapshot,
     SamplingParams,
 )
-from dorarl.runtime.pacing import DeviceModel, Pacer, PaceStats
+from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
 from dorarl.runtime.threads import apply_threads
 
 

@@ -50,16 +50,16 @@ from dorarl.controller import (
     request_id,
 )
 from dorarl.data import Group, Sample
+from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig, RequestOutput, SamplingParams
 from dorarl.errors import WorkerFailed
+from dorarl.record.pacing import DeviceModel, PaceStats
+from dorarl.record.recorder import Recorder
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest, RunReport, WeightsReport
-from dorarl.runtime.pacing import DeviceModel, PaceStats
 from dorarl.runtime.placement import PlacedActors
-from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.recovery import InstanceRecovery
 from dorarl.runtime.trainer_recovery import TRAINER_KINDS, SaveCall, TrainCall, TrainerRecovery
 from dorarl.runtime.trainer_worker import TrainerWorker
-from dorarl.sim.lengths import LengthDist
 from dorarl.tasks import Prompt, Task, score
 
 log = logging.getLogger(__name__)

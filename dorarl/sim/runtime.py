@@ -46,11 +46,11 @@ from dorarl.controller import (
     request_id,
 )
 from dorarl.data import Group, Sample
-from dorarl.runtime.recorder import Recorder
+from dorarl.data.lengths import LengthDist
+from dorarl.record.recorder import Recorder
 from dorarl.sim.clock import EventQueue
 from dorarl.sim.cost import CostModel
 from dorarl.sim.instance import SimInstance, SimRequest
-from dorarl.sim.lengths import LengthDist
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import json
 from dorarl.data import Group, Sample
 from dorarl.jobs.learning_signal import LearningSignal
 from dorarl.jobs.ray_run import _texts
-from dorarl.runtime.recorder import Recorder
+from dorarl.record.recorder import Recorder
 from dorarl.tasks.jsonl import JsonlTask
 
 

@@ -11,10 +11,10 @@ from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.ray_run import _rollout, build_task, run_ray
 from dorarl.jobs.train import main as train_main
+from dorarl.record.pacing import DeviceModel
+from dorarl.record.recorder import Recorder
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.ray_runtime import RayRuntime, _describe, spawn_engine, start_workers
-from dorarl.runtime.recorder import Recorder
 
 pytestmark = pytest.mark.slow
 

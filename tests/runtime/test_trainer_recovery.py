@@ -14,10 +14,10 @@ from dorarl.data import Group
 from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.ray_run import _rollout, build_task
+from dorarl.record.pacing import DeviceModel
+from dorarl.record.recorder import Recorder
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.ray_runtime import RayRuntime, spawn_engine, spawn_trainer, start_workers
-from dorarl.runtime.recorder import Recorder
 from dorarl.runtime.trainer_recovery import SaveCall, TrainCall, TrainerLog, newest_checkpoint
 
 

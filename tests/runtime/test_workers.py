@@ -6,8 +6,8 @@ import torch
 
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
-from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.ray_runtime import actor_options
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig

@@ -1,7 +1,7 @@
 import pytest
 
 from dorarl.sim.cost import kv_bytes_per_token
-from dorarl.sim.presets import H800, MOE_500B, QWEN25_32B, derive_cost
+from dorarl.simulate.presets import H800, MOE_500B, QWEN25_32B, derive_cost
 
 
 def qwen_instance(tp=4, trainer=32):

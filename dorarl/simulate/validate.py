@@ -15,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.controller import ControllerConfig, OrchestratorConfig
+from dorarl.data.lengths import LengthDist
 from dorarl.errors import UserInputError
 from dorarl.sim.cost import CostModel
-from dorarl.sim.lengths import LengthDist
+from dorarl.simulate.config import SimulateConfig
 
 TOLERANCE = 0.15
 COMPARED = ("step_time_s.mean", "consumed_tokens_per_s")
 
 # A `dorarl bench modes` run on this machine (2 CPU cores), trimmed to what the `local`
 # preset and its validation read: the bench's settings, the paced device model and the
-# measured figures per run. Refresh with `python -m dorarl.sim.validate MODES_JSON`.
+# measured figures per run. Refresh with `python -m dorarl.simulate.validate MODES_JSON`.
 LOCAL_BENCH = Path(__file__).with_name("local_bench.json")
 KEPT_FIGURES = ("K", "step_time_s", "consumed_tokens_per_s", "rollout_only_share",
                 "train_time_s", "pace")  # fmt: skip
@@ -50,11 +51,9 @@ def trim_bench(bench: dict[str, Any], source: str) -> dict[str, Any]:
     }
 
 
-def local_from_bench(bench: dict[str, Any] | None = None) -> Any:
+def local_from_bench(bench: dict[str, Any] | None = None) -> SimulateConfig:
     """`SimulateConfig` of this machine as `dorarl bench modes` paced it (`bench`: a
     modes.json; None: the recorded run)."""
-    from dorarl.sim.presets import SimulateConfig
-
     bench = bench or recorded_bench()
     device, config = bench["emulation"]["device"], bench["config"]
     work = config["workload"]
@@ -190,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m dorarl.sim.validate MODES_JSON", file=sys.stderr)
+        print("usage: python -m dorarl.simulate.validate MODES_JSON", file=sys.stderr)
         return 2
     trimmed = trim_bench(
         read_bench(args[0]), source=f"dorarl bench modes --out {Path(args[0]).parent}"

@@ -1,7 +1,9 @@
-"""Reference sampling with Hugging Face `generate`, for jobs that run without an engine.
+"""Reference sampling with Hugging Face `generate`, beside the script that needs it.
 
-Used to measure the base model (greedy accuracy, pass@k) while pre-training it and in
-its tests; RL rollouts go through `dorarl.engine`. Prompts are left-padded into batches.
+`train_base_model.py` measures the base model with it (greedy accuracy, pass@k) while
+pre-training it, and tests/tasks/test_base_model.py cross-checks the shipped model with it
+(pytest puts scripts/ on the path); RL rollouts go through `dorarl.engine`. Prompts are
+left-padded into batches.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from dorarl.runtime.trace import MIGRATION_TID, TRAINER_PID, VERSION_TID, WEIGHTS_TID  # noqa: E402
+from dorarl.record.trace import MIGRATION_TID, TRAINER_PID, VERSION_TID, WEIGHTS_TID  # noqa: E402
 
 LANE = 0.8  # lane height; lanes sit one unit apart
 

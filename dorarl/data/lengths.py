@@ -1,4 +1,5 @@
-"""Long-tailed response lengths: lognormal with a chosen median and p99/median ratio.
+"""Long-tailed response lengths: lognormal with a chosen median and p99/median ratio, and
+the statistics every report gives of a set of lengths (`length_stats`).
 
 Samples of one group share a per-group factor (their prompt makes them long or short
 together); `group_corr` is the share of log-variance it carries, so the marginal stays
@@ -9,6 +10,8 @@ lognormal(median, sigma) for any correlation. Lengths of group g depend only on
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dorarl.config import ConfigError
@@ -84,3 +87,27 @@ def dapo_qwen32b() -> LengthDist:
     log-variance.
     """
     return fit_lognormal(5000.0, 20480.0, group_corr=0.5, max_len=20480, prompt_len=256)
+
+
+def percentile(lengths: Sequence[int], share: float) -> int:
+    """The nearest-rank percentile: the smallest length with at least `share` of all at or
+    below it (always a length that occurred; no interpolation)."""
+    ordered = sorted(lengths)
+    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]
+
+
+def length_stats(lengths: Sequence[int]) -> dict[str, float]:
+    """Count, median, mean, p90, p99 (nearest rank), max and the p99 / median tail ratio."""
+    if not lengths:
+        raise ValueError("length_stats: no lengths")
+    median = float(statistics.median(lengths))
+    p99 = float(percentile(lengths, 0.99))
+    return {
+        "n": len(lengths),
+        "median": median,
+        "mean": statistics.fmean(lengths),
+        "p90": float(percentile(lengths, 0.90)),
+        "p99": p99,
+        "max": float(max(lengths)),
+        "p99_over_median": p99 / median if median else 0.0,
+    }

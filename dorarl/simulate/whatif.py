@@ -8,13 +8,14 @@ end to end: mean step time of the other mode over dora's.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
-import matplotlib
+from rich.table import Table
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.table import Table  # noqa: E402
+from dorarl.report.heatmap import plot_heatmaps
+from dorarl.simulate.runs import run_named
+from dorarl.simulate.validate import run_controller
 
 RATIOS = (2.0, 5.0, 10.0, 20.0)
 KS = (1, 2, 3)
@@ -22,9 +23,6 @@ KS = (1, 2, 3)
 
 def run_whatif(cfg: Any, ratios=RATIOS, ks=KS) -> dict[str, Any]:
     """Grid of speedups; `cfg` is a `SimulateConfig` (its controller's mode and k are set here)."""
-    from dorarl.sim.cli import run_named
-    from dorarl.sim.validate import run_controller
-
     quiet = dataclasses.replace(cfg, trace=False, trajectories=False)
     cells = []
     for ratio in ratios:
@@ -57,7 +55,7 @@ def _cell(ratio: float, k: int, results: dict[str, dict]) -> dict[str, Any]:
     }
 
 
-def _matrix(grid: dict[str, Any], key: str) -> list[list[float]]:
+def speedup_matrix(grid: dict[str, Any], key: str) -> list[list[float]]:
     at = {(c["p99_ratio"], c["k"]): c[key] for c in grid["cells"]}
     return [[at[(r, k)] for r in grid["ratios"]] for k in grid["ks"]]
 
@@ -67,35 +65,25 @@ def whatif_table(grid: dict[str, Any]) -> Table:
     table.add_column("K \\ p99/median", justify="right")
     for r in grid["ratios"]:
         table.add_column(f"{r:g}", justify="right")
-    sync, partial = _matrix(grid, "dora_over_sync"), _matrix(grid, "dora_over_partial")
+    sync, partial = (
+        speedup_matrix(grid, "dora_over_sync"),
+        speedup_matrix(grid, "dora_over_partial"),
+    )
     for k, row_s, row_p in zip(grid["ks"], sync, partial, strict=True):
         table.add_row(str(k), *(f"{s:.2f}x / {p:.2f}x" for s, p in zip(row_s, row_p, strict=True)))
     return table
 
 
-def plot_whatif(grid: dict[str, Any], out) -> Any:
+def plot_whatif(grid: dict[str, Any], out: Path) -> Path:
     """Two heat maps side by side: dora over sync, dora over partial rollout."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    for ax, key, title in zip(
-        axes,
-        ("dora_over_sync", "dora_over_partial"),
-        ("dora / sync", "dora / partial rollout"),
-        strict=True,
-    ):
-        values = _matrix(grid, key)
-        image = ax.imshow(values, cmap="viridis", aspect="auto", origin="lower")
-        middle = (min(map(min, values)) + max(map(max, values))) / 2
-        for i, row in enumerate(values):
-            for j, v in enumerate(row):
-                color = "k" if v > middle else "w"  # legible on viridis' light end
-                ax.text(j, i, f"{v:.2f}x", ha="center", va="center", color=color, fontsize=9)
-        ax.set_xticks(range(len(grid["ratios"])), [f"{r:g}" for r in grid["ratios"]])
-        ax.set_yticks(range(len(grid["ks"])), [str(k) for k in grid["ks"]])
-        ax.set_xlabel("p99 / median response length")
-        ax.set_ylabel("K")
-        ax.set_title(f"{title} (step-time speedup)")
-        fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    panels = [
+        (f"{title} (step-time speedup)", speedup_matrix(grid, key))
+        for key, title in (
+            ("dora_over_sync", "dora / sync"),
+            ("dora_over_partial", "dora / partial rollout"),
+        )
+    ]
+    columns = [f"{r:g}" for r in grid["ratios"]]
+    return plot_heatmaps(
+        panels, columns, [str(k) for k in grid["ks"]], "p99 / median response length", "K", out
+    )

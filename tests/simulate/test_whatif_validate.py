@@ -4,9 +4,9 @@ import json
 import pytest
 
 from dorarl.errors import UserInputError
-from dorarl.sim.cli import main
-from dorarl.sim.presets import PRESETS
-from dorarl.sim.validate import (
+from dorarl.simulate.cli import main
+from dorarl.simulate.presets import PRESETS
+from dorarl.simulate.validate import (
     COMPARED,
     bench_runs,
     compare,
@@ -14,7 +14,7 @@ from dorarl.sim.validate import (
     recorded_bench,
     trim_bench,
 )
-from dorarl.sim.whatif import plot_whatif, run_whatif
+from dorarl.simulate.whatif import plot_whatif, run_whatif
 
 
 def hand_made_bench(step_s, tps):

@@ -10,8 +10,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from dorarl.bench.timeline import plot_timeline
-from dorarl.runtime.trace import TRAINER_PID
+from dorarl.record.trace import TRAINER_PID
+from dorarl.report.timeline import plot_timeline
 
 MAX_LANES = 64
 

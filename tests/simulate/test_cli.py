@@ -3,7 +3,7 @@ import json
 import pytest
 
 from dorarl.config import ConfigError
-from dorarl.sim.cli import main
+from dorarl.simulate.cli import main
 
 TINY = [
     "controller.instances=2",

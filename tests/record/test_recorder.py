@@ -20,7 +20,7 @@ from dorarl.controller import (
     WeightsLoaded,
 )
 from dorarl.data import Group, Sample
-from dorarl.runtime import Recorder
+from dorarl.record import Recorder
 
 
 def group(gid, version, lengths, versions=None, reward=1.0):

@@ -10,25 +10,14 @@ MBU, prefill and training are compute bound at bf16 peak x MFU.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dorarl.controller import ControllerConfig, OrchestratorConfig
+from dorarl.data.lengths import LengthDist, dapo_qwen32b
 from dorarl.sim.cost import CostModel, kv_bytes_per_token
-from dorarl.sim.lengths import LengthDist, dapo_qwen32b
-
-
-@dataclass(kw_only=True)
-class SimulateConfig:
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
-    cost: CostModel = field(default_factory=CostModel)
-    lengths: LengthDist = field(default_factory=LengthDist)
-    seed: int = field(default=0, metadata={"help": "workload seed (lengths)"})
-    trace: bool = field(default=True, metadata={"help": "write trace.json (large at scale)"})
-    trajectories: bool = field(default=True, metadata={"help": "write trajectories.jsonl"})
-    warmup_steps: int = field(
-        default=1, metadata={"help": "steps left out of sim.json figures (pipeline fill)"}
-    )
+from dorarl.simulate.config import SimulateConfig
+from dorarl.simulate.validate import local_from_bench
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,9 +200,7 @@ def moe_500b() -> SimulateConfig:
 
 
 def local() -> SimulateConfig:
-    """This machine, as `dorarl bench modes` paces it (see `dorarl.sim.validate`)."""
-    from dorarl.sim.validate import local_from_bench
-
+    """This machine, as `dorarl bench modes` paces it (see `dorarl.simulate.validate`)."""
     return local_from_bench()
 
 

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from dorarl.config import ConfigError
-from dorarl.sim.cli import build_config, main, run_modes
-from dorarl.sim.lengths import Z99, dapo_qwen32b, fit_lognormal
-from dorarl.sim.presets import PRESETS, check_bars, non_rollout_ratio, reference_consistency
-from dorarl.sim.timelines import lane_subset
+from dorarl.data.lengths import Z99, dapo_qwen32b, fit_lognormal
+from dorarl.report.lanes import lane_subset
+from dorarl.simulate.cli import build_config, main
+from dorarl.simulate.presets import PRESETS, check_bars, non_rollout_ratio, reference_consistency
+from dorarl.simulate.runs import run_modes
 
 
 def shrink(cfg, instances, tbs, steps=3):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dorarl.config import ConfigError
-from dorarl.sim import LengthDist
+from dorarl.data.lengths import LengthDist
 
 
 def draw(dist, groups, size=8, seed=3):

@@ -20,7 +20,7 @@ from typing import Any
 from dorarl.controller import commands as cmd
 from dorarl.controller import events as ev
 from dorarl.data import Group, Sample
-from dorarl.runtime.trace import (
+from dorarl.record.trace import (
     MIGRATION_TID,
     TRAINER_PID,
     VERSION_TID,

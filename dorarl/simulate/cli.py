@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +24,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from dorarl.bench.figures import mode_figures
 from dorarl.config import ConfigError, describe, load_config, to_yaml
-from dorarl.controller import MODES, ControllerConfig
-from dorarl.sim.presets import PRESETS, SimulateConfig, check_bars, reference_consistency
-from dorarl.sim.runtime import SimRuntime
-from dorarl.sim.timelines import plot_lanes
-from dorarl.sim.validate import (
+from dorarl.controller import MODES
+from dorarl.report.lanes import plot_lanes
+from dorarl.simulate.config import SimulateConfig
+from dorarl.simulate.presets import PRESETS, check_bars, reference_consistency
+from dorarl.simulate.runs import run_modes, run_named
+from dorarl.simulate.validate import (
     COMPARED,
     LOCAL_BENCH,
     bench_runs,
@@ -42,11 +40,9 @@ from dorarl.sim.validate import (
     recorded_bench,
     run_controller,
 )
-from dorarl.sim.whatif import plot_whatif, run_whatif, whatif_table
+from dorarl.simulate.whatif import plot_whatif, run_whatif, whatif_table
 
-__all__ = ["SimulateConfig", "main", "run_modes", "run_named"]
-
-log = logging.getLogger(__name__)
+__all__ = ["build_config", "main"]
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -116,52 +112,6 @@ def build_config(
         load_config(SimulateConfig, path)  # errors name the file and key
         layers += _flatten(yaml.safe_load(Path(path).read_text()) or {})
     return load_config(SimulateConfig, None, layers + list(overrides))
-
-
-# ---- running ---------------------------------------------------------------------------
-def run_named(
-    cfg: SimulateConfig, runs: list[tuple[str, ControllerConfig]], out: Path | None
-) -> dict[str, dict]:
-    """Run each (name, controller) on the same workload; name -> figures + run summary."""
-    results = {}
-    for name, controller in runs:
-        started = time.perf_counter()
-        sim = SimRuntime(
-            controller,
-            cfg.cost,
-            cfg.lengths,
-            seed=cfg.seed,
-            out_dir=None if out is None else out / name,
-            trace=cfg.trace,
-            trajectories=cfg.trajectories,
-        )
-        result = sim.run()
-        figures = mode_figures(result.steps, cfg.warmup_steps, controller.instances)
-        figures.pop("pace")
-        figures["all_steps"].pop("pace")
-        results[name] = figures | {
-            "mode": controller.mode,
-            "K": controller.effective_K,
-            "steps": result.summary["steps"],
-            "dropped_total": result.summary["dropped_total"],
-            "offloads": result.summary["offloads"],
-            "throughput_tokens_per_s": result.summary["throughput_tokens_per_s"],
-            "simulator_wall_s": time.perf_counter() - started,
-            "events": result.events,
-        }
-        log.info("%s: %d events in %.1fs", name, result.events, results[name]["simulator_wall_s"])
-    return results
-
-
-def mode_controller(cfg: SimulateConfig, mode: str) -> ControllerConfig:
-    controller = dataclasses.replace(cfg.controller, mode=mode)
-    if controller.lockstep:  # the mode fixes these; set them so nothing is "ignored"
-        controller = dataclasses.replace(controller, K=controller.effective_K, rbs=controller.tbs)
-    return controller
-
-
-def run_modes(cfg: SimulateConfig, modes: list[str], out: Path | None) -> dict[str, dict]:
-    return run_named(cfg, [(m, mode_controller(cfg, m)) for m in modes], out)
 
 
 def speedups(results: dict[str, dict]) -> dict[str, float]:
