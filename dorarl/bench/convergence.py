@@ -38,7 +38,8 @@ from dorarl.config import ConfigError, load_config
 from dorarl.data.lengths import length_stats
 from dorarl.engine import SamplingParams
 from dorarl.jobs.config import EvalSection, TrainConfig
-from dorarl.jobs.ray_run import build_task, run_ray
+from dorarl.jobs.ray_run import run_ray
+from dorarl.jobs.workload import build_task
 from dorarl.record.pacing import DeviceModel
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.tasks import Task

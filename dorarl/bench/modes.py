@@ -44,8 +44,9 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.record.recorder import Recorder
 from dorarl.report.figures import mode_figures, paced_reliably
 from dorarl.report.timeline import plot_throughput, plot_timeline
+from dorarl.runtime.actors import EngineSpec, TrainerSpec, start_workers
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
+from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.assets import shipped_base_model
 from dorarl.trainer import TrainerConfig
@@ -255,8 +256,11 @@ def _run_all(
     summaries: dict[str, dict] = {}
     try:
         t0 = time.perf_counter()
-        trainer_args = (model_folder, cfg.trainer(), 1)
-        actors = start_workers(cfg.instances, model_folder, cfg.engine(), trainer_args, 1, device)
+        engine, trainer = (
+            EngineSpec(model_folder, cfg.engine()),
+            TrainerSpec(model_folder, cfg.trainer()),
+        )
+        actors = start_workers(cfg.instances, engine, trainer, device)
         say(f"started {cfg.instances} engine actors and the trainer in "
             f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
         for name, mode, k in cfg.modes():

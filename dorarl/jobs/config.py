@@ -201,6 +201,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.trainer.temperature = self.sampling.temperature
+        self._resume_read: tuple[str, ResumePoint] | None = None  # not a setting: a cache
 
     def validate(self) -> None:
         for key, device in (
@@ -255,7 +256,13 @@ class TrainConfig:
         )
 
     def resume_point(self) -> ResumePoint | None:
-        return read_resume_point(self.resume) if self.resume else None
+        """The checkpoint `resume` names, read once (at validation) for the value it has."""
+        if not self.resume:
+            return None
+        read = self._resume_read
+        if read is None or read[0] != self.resume:
+            read = self._resume_read = (self.resume, read_resume_point(self.resume))
+        return read[1]
 
 
 def _check_device(key: str, device: str) -> None:

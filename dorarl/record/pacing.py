@@ -113,3 +113,32 @@ class Pacer:
         """The stats since the last `take` (a report carries them to the runtime)."""
         stats, self.stats = self.stats, PaceStats()
         return stats
+
+
+class PaceTally:
+    """Paced work a run reported, engines and trainer apart: since the last training step
+    (each step's `pace_engine` / `pace_train` metrics) and over the whole run."""
+
+    KINDS = ("engine", "train")
+
+    def __init__(self) -> None:
+        self.step = {kind: PaceStats() for kind in self.KINDS}
+        self.total = {kind: PaceStats() for kind in self.KINDS}
+
+    def add(self, kind: str, stats: PaceStats) -> None:
+        self.step[kind].merge(stats)
+        self.total[kind].merge(stats)
+
+    @property
+    def paced(self) -> bool:
+        """Whether any paced work was reported (an unpaced run reports none)."""
+        return any(stats.steps for stats in self.total.values())
+
+    def take_step(self) -> dict[str, dict[str, float]]:
+        """The step's metrics (`pace_engine`, `pace_train`), starting the next step's tally."""
+        fields = {f"pace_{kind}": stats.to_dict() for kind, stats in self.step.items()}
+        self.step = {kind: PaceStats() for kind in self.KINDS}
+        return fields
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        return {kind: stats.to_dict() for kind, stats in self.total.items()}

@@ -8,7 +8,7 @@ from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.evaluation import eval_versions
-from dorarl.jobs.ray_run import build_task
+from dorarl.jobs.workload import build_task
 
 
 def _err(capsys, *args):
