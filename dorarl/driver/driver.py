@@ -81,7 +81,14 @@ class Driver:
     # ---- the loop ------------------------------------------------------------------------
     def run(self, poll: Callable[[], None]) -> None:
         """Start, then `poll()` the runtime's event source until the run finishes or stops."""
+        self.start()
+        self.loop(poll)
+
+    def start(self) -> None:
         self.deliver(Start(self.now()))
+
+    def loop(self, poll: Callable[[], None]) -> None:
+        """`poll()` the runtime's event source until the run finishes or stops."""
         while not self.finished:
             if self.should_stop() and not self.controller.training:
                 self.stop("asked to stop")
@@ -94,7 +101,11 @@ class Driver:
         for observer in self.observers:
             observer(self.controller, event, commands)
         for command in commands:
-            self._execute[type(command)](command)
+            self.execute(command)
+
+    def execute(self, command: Command) -> None:
+        """Update the books for `command`, then have the executor carry it out."""
+        self._execute[type(command)](command)
 
     def stop(self, reason: str) -> None:
         """End the run early; the controller's data position is valid now (no step in

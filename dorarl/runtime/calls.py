@@ -69,5 +69,9 @@ class CallTable:
         for ref in [ref for ref, call in self._calls.items() if call.kind in kinds]:
             del self._calls[ref]
 
+    def of_kind(self, kind: str) -> list[Call]:
+        """The calls of `kind` in flight, in submission order."""
+        return sorted((c for c in self._calls.values() if c.kind == kind), key=lambda c: c.seq)
+
     def __len__(self) -> int:
         return len(self._calls)

@@ -157,6 +157,10 @@ class EngineFleet:
             self._running[iid] = ref
             self._submit(ref, "run", (iid,))
 
+    def running_call(self, iid: int) -> ray.ObjectRef | None:
+        """The stepping call queued on `iid`, if any."""
+        return self._running.get(iid)
+
     def run_ended(self, call: Call) -> None:
         """`call` (a run) is answered: queue the next one if the instance still holds work."""
         iid = call.args[0]

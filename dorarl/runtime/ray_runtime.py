@@ -80,6 +80,7 @@ class RayRuntime:
                 f"reports {recorder.overhead_kinds} (pass overhead_kinds=RayRuntime.OVERHEAD_KINDS)"
             )
         self.t0 = time.monotonic()
+        self.started = False
         self.calls = CallTable()
         self.timers: list[float] = []
         self.pace = PaceTally()
@@ -203,12 +204,20 @@ class RayRuntime:
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Wait for every actor to be up (the clock starts then), run to `Finish`, close."""
+        """Start (unless `start` was called), run to `Finish` or a stop, close."""
+        if not self.started:
+            self.start()
+        self.driver.loop(self.poll)
+        return self.recorder.close(self.now())
+
+    def start(self) -> None:
+        """Wait for every actor to be up, start the clock, deliver Start (the first
+        dispatches go out)."""
         ray.get([w.stats.remote() for w in self.workers])
         self.trainer_client.start()
         self.t0 = time.monotonic()
-        self.driver.run(self.poll)
-        return self.recorder.close(self.now())
+        self.started = True
+        self.driver.start()
 
     def poll(self) -> None:
         """Fire due timers, then hand every answer that is in to its handler."""

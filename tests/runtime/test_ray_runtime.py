@@ -133,17 +133,20 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
     assert all(row["prompt"].endswith("=") and isinstance(row["response"], str) for row in rows)
 
 
-def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0) -> RayRuntime:
-    """dora K=1 for 8 steps on 3 engines, driven directly so a test can reach in mid-run
-    (local Ray must be up); with `max_restarts`, dead engines are replaced."""
+def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0, *extra) -> RayRuntime:
+    """dora K=1 for 8 steps on 3 engines (`extra` overrides change that), driven directly so
+    a test can reach in mid-run (local Ray must be up); with `max_restarts`, dead engines
+    are replaced."""
     folder = str(model_dir)
-    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8"]
+    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8", *extra]
     config = load_config(TrainConfig, overrides=overrides)
     task = build_task(config, folder)
     engine = EngineSpec(folder, config.engine)
-    workers, trainer = start_workers(3, engine, TrainerSpec(folder, config.trainer), pace)
+    workers, trainer = start_workers(
+        config.instances, engine, TrainerSpec(folder, config.trainer), pace
+    )
     recorder = Recorder(
-        out, mode="dora", k=1, num_instances=3, slots_per_instance=8,
+        out, mode="dora", k=1, num_instances=config.instances, slots_per_instance=8,
         overhead_kinds=RayRuntime.OVERHEAD_KINDS,
     )  # fmt: skip
     return RayRuntime(
