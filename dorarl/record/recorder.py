@@ -5,12 +5,13 @@ what the stream lacks: consumed groups, trainer metrics, measured overheads, re-
 work, requests the runtime lost. Times are seconds since run start, given by the runtime.
 Its group and slot accounting is its own (not the controller's), so tests can check one
 against the other. Every dispatched group ends consumed once, complete, or in flight;
-anything else is reported under `dropped` with a reason.
+anything else is reported under `dropped` with a reason. The pieces: `GroupAccount`
+(groups.py), `SlotUsage` (slots.py), `VersionLanes` (versions.py), `RunFiles` (files.py)
+and the trace (trace.py); this module turns them into step rows and the summary.
 """
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,19 +21,29 @@ from typing import Any
 from dorarl.controller import commands as cmd
 from dorarl.controller import events as ev
 from dorarl.data import Group, Sample
-from dorarl.record.trace import (
-    MIGRATION_TID,
-    TRAINER_PID,
-    VERSION_TID,
-    WEIGHTS_TID,
-    TraceBuilder,
-    instance_pid,
-)
+from dorarl.record.files import RunFiles
+from dorarl.record.groups import GroupAccount
+from dorarl.record.slots import SlotUsage
+from dorarl.record.trace import MIGRATION_TID, TRAINER_PID, TraceBuilder, instance_pid
+from dorarl.record.versions import VersionLanes
 
 # Every overhead kind a runtime may report. A runtime reports only those it measures (it
 # builds its Recorder with `overhead_kinds`): the Ray runtime has no free_cache step (see
 # RayRuntime.OVERHEAD_KINDS), the simulator models all three.
 OVERHEAD_KINDS = ("load_balance", "request_transfer", "free_cache")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the recorded run is: its mode and bound, its instances and slots, the
+    version it starts at (a resumed run continues its steps), the overheads it measures."""
+
+    mode: str
+    k: int
+    num_instances: int
+    slots: int
+    first_version: int
+    overhead_kinds: tuple[str, ...]
 
 
 @dataclass
@@ -72,43 +83,32 @@ class Recorder:
         unknown = set(overhead_kinds) - set(OVERHEAD_KINDS)
         if unknown:
             raise ValueError(f"unknown overhead kinds {sorted(unknown)}; known: {OVERHEAD_KINDS}")
-        self.overhead_kinds = tuple(overhead_kinds)  # what this run measures, nothing else
-        self.mode, self.k = mode, k
-        self.first_version = first_version  # a resumed run: steps and versions continue
+        self.run = RunInfo(
+            mode, k, num_instances, slots_per_instance, first_version, tuple(overhead_kinds)
+        )
         self.texts = texts  # sample -> text fields of its trajectory row (record.text)
-        self.num_instances, self.slots = num_instances, slots_per_instance
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self._metrics_file = self._traj_file = None
-        if self.out_dir is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            how = "a" if first_version else "w"  # a resumed run adds to the run's files
-            self._metrics_file = open(self.out_dir / "metrics.jsonl", how)  # noqa: SIM115
-            if trajectories:
-                self._traj_file = open(self.out_dir / "trajectories.jsonl", how)  # noqa: SIM115
-        self.trace = TraceBuilder(num_instances) if trace and self.out_dir is not None else None
+        self.files = RunFiles(out_dir, trajectories=trajectories, append=bool(first_version))
+        self.trace = TraceBuilder(num_instances) if trace and out_dir is not None else None
         self.steps: list[dict[str, Any]] = []
         self.summary: dict[str, Any] | None = None
-        self._init_instances(num_instances)
-        self._where: dict[str, int] = {}
-        self._parked: dict[str, int] = {}
-        self._remaining: dict[int, int] = {}
-        self._state: dict[int, str] = {}
+        self.groups = GroupAccount()
+        self.usage = SlotUsage(num_instances, self._busy_counter if self.trace else None)
+        self.lanes = VersionLanes(num_instances, first_version, self.trace)
+        self.faults: Counter = Counter()  # restarts, replayed steps, replay mismatches
         self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
-        self.counts: Counter = Counter()
-        self.dropped: Counter = Counter()
         self._totals: Counter = Counter()
         self._step = self._new_step(0.0, [0.0] * num_instances)
         self._events = self._event_handlers()
         self._commands = self._command_handlers()
 
-    def _init_instances(self, n: int) -> None:
-        self._busy = [0] * n
-        self._area = [0.0] * n
-        self._area_at = [0.0] * n
-        self._hosted = [self.first_version] * n
-        self._assigned = [self.first_version] * n
-        self._hosted_since = [0.0] * n
-        self._loading: dict[int, tuple[float, int, int]] = {}
+    @property
+    def overhead_kinds(self) -> tuple[str, ...]:
+        """The overheads this run measures, nothing else."""
+        return self.run.overhead_kinds
+
+    @property
+    def out_dir(self) -> Path | None:
+        return self.files.out_dir
 
     # ---- inputs --------------------------------------------------------------------------
     def observe(self, event: ev.Event, commands: Sequence[cmd.Command]) -> None:
@@ -143,65 +143,40 @@ class Recorder:
 
     def restarted(self, instance_id: int, requests: int, now: float) -> None:
         """A dead instance was replaced; its `requests` start again from their prompts."""
-        self.counts["engine_restarts"] += 1
-        self.counts["restarted_requests"] += requests
+        self.faults["engine_restarts"] += 1
+        self.faults["restarted_requests"] += requests
         if self.trace is not None:
             name = f"instance restarted ({requests} requests start again)"
             self.trace.instant(instance_pid(instance_id), name, now)
 
     def trainer_restarted(self, from_version: int, replayed_steps: int, now: float) -> None:
         """A dead trainer was replaced from `from_version`; `replayed_steps` are made again."""
-        self.counts["trainer_restarts"] += 1
-        self.counts["replayed_steps"] += replayed_steps
+        self.faults["trainer_restarts"] += 1
+        self.faults["replayed_steps"] += replayed_steps
         if self.trace is not None:
             name = f"trainer restarted from v{from_version} ({replayed_steps} steps replayed)"
             self.trace.instant(TRAINER_PID, name, now)
 
     def replay_mismatch(self) -> None:
         """A replayed training step did not reproduce the original's loss exactly."""
-        self.counts["replay_mismatches"] += 1
+        self.faults["replay_mismatches"] += 1
 
     def lost(self, group_id: int, reason: str) -> None:
         """A runtime could not keep a group (e.g. an engine failed): reported as dropped."""
-        if self._state.get(group_id) != "dropped":
-            self._state[group_id] = "dropped"
-            self.dropped[reason] += 1
+        self.groups.lost(group_id, reason)
 
     # ---- event handlers ------------------------------------------------------------------
     def _event_handlers(self) -> dict[type, Any]:
         return {
             ev.SampleDone: self._on_sample_done,
-            ev.WeightsLoaded: self._on_loaded,
+            ev.WeightsLoaded: self.lanes.loaded,
             ev.MigrationDone: self._on_migrated,
             ev.TrainDone: self._on_train_done,
         }
 
     def _on_sample_done(self, e: ev.SampleDone) -> None:
-        rid = cmd.request_id(e.group_id, e.sample_index)
-        inst = self._where.pop(rid, None)
-        if inst is not None:
-            self._set_busy(inst, -1, e.now)
-        else:
-            self._parked.pop(rid, None)
-        if e.group_id not in self._remaining:
-            self.dropped["sample_of_unknown_group"] += 1
-            return
-        self._remaining[e.group_id] -= 1
-        if self._remaining[e.group_id] == 0:
-            del self._remaining[e.group_id]
-            if self._state[e.group_id] == "running":
-                self._state[e.group_id] = "complete"
-                self.counts["completed"] += 1
-
-    def _on_loaded(self, e: ev.WeightsLoaded) -> None:
-        start, version, source = self._loading.pop(e.instance_id, (e.now, e.version, cmd.TRAINER))
-        if self.trace is not None:
-            name = f"load v{version} from " + (
-                "trainer" if source == cmd.TRAINER else f"instance {source}"
-            )
-            self.trace.slice(instance_pid(e.instance_id), WEIGHTS_TID, name, start, e.now)
-        self._hosted[e.instance_id] = e.version
-        self._hosted_since[e.instance_id] = e.now
+        self.usage.finished(cmd.request_id(e.group_id, e.sample_index), e.now)
+        self.groups.sample_done(e.group_id)
 
     def _on_migrated(self, e: ev.MigrationDone) -> None:
         pending = self._migrating[(e.src, e.dst)]
@@ -213,9 +188,7 @@ class Recorder:
     def _on_train_done(self, e: ev.TrainDone) -> None:
         line = self._step_line(e.now, e.new_version)
         self.steps.append(line)
-        if self._metrics_file is not None:
-            self._metrics_file.write(json.dumps(line) + "\n")
-            self._metrics_file.flush()
+        self.files.metrics_row(line)
         if self.trace is not None:
             step = self._step
             name = f"train step {line['step']} (v{step.version} -> v{e.new_version})"
@@ -226,7 +199,7 @@ class Recorder:
             rollout_only_s=line["rollout_only_s"],
             tokens=line["consumed_tokens"],
         )
-        self._step = self._new_step(e.now, list(self._area))
+        self._step = self._new_step(e.now, list(self.usage.area))
 
     def _new_step(self, start: float, area0: list[float]) -> _Step:
         return _Step(start, area0, overhead=dict.fromkeys(self.overhead_kinds, 0.0))
@@ -235,10 +208,10 @@ class Recorder:
     def _command_handlers(self) -> dict[type, Any]:
         return {
             cmd.Dispatch: self._on_dispatch,
-            cmd.LoadWeights: self._on_load,
+            cmd.LoadWeights: self.lanes.load_started,
             cmd.Migrate: self._on_migrate,
-            cmd.Interrupt: self._on_interrupt,
-            cmd.Resume: self._on_resume,
+            cmd.Interrupt: lambda c, now: self.usage.parked(c.request_ids, c.instance_id, now),
+            cmd.Resume: lambda c, now: self.usage.resumed(c.request_ids, c.instance_id, now),
             cmd.Offload: self._on_offload,
             cmd.Train: self._on_train,
             cmd.SetTimer: lambda c, now: None,
@@ -246,45 +219,14 @@ class Recorder:
         }
 
     def _on_dispatch(self, c: cmd.Dispatch, now: float) -> None:
-        if c.group_id not in self._state:
-            self._state[c.group_id] = "running"
-            self._remaining[c.group_id] = 0
-            self.counts["dispatched"] += 1
-        self._remaining[c.group_id] += len(c.sample_indices)
-        for s in c.sample_indices:
-            self._where[cmd.request_id(c.group_id, s)] = c.instance_id
-        self._set_busy(c.instance_id, len(c.sample_indices), now)
-
-    def _on_load(self, c: cmd.LoadWeights, now: float) -> None:
-        i = c.instance_id
-        if self.trace is not None:
-            self.trace.slice(
-                instance_pid(i), VERSION_TID, f"v{self._hosted[i]}", self._hosted_since[i], now
-            )
-        self._loading[i] = (now, c.version, c.source)
-        self._assigned[i] = c.version
+        self.groups.dispatched(c.group_id, len(c.sample_indices))
+        rids = [cmd.request_id(c.group_id, s) for s in c.sample_indices]
+        self.usage.placed(rids, c.instance_id, now)
 
     def _on_migrate(self, c: cmd.Migrate, now: float) -> None:
-        moved = [r for r in c.request_ids if self._where.get(r) == c.src]
-        for rid in moved:
-            self._where[rid] = c.dst
-        self._set_busy(c.src, -len(moved), now)
-        self._set_busy(c.dst, len(moved), now)
-        self._step.migrations += len(moved)
-        self._migrating[(c.src, c.dst)].append((now, len(moved)))
-
-    def _on_interrupt(self, c: cmd.Interrupt, now: float) -> None:
-        stopped = [r for r in c.request_ids if self._where.get(r) == c.instance_id]
-        for rid in stopped:
-            del self._where[rid]
-            self._parked[rid] = c.instance_id
-        self._set_busy(c.instance_id, -len(stopped), now)
-
-    def _on_resume(self, c: cmd.Resume, now: float) -> None:
-        resumed = [r for r in c.request_ids if self._parked.pop(r, None) is not None]
-        for rid in resumed:
-            self._where[rid] = c.instance_id
-        self._set_busy(c.instance_id, len(resumed), now)
+        moved = self.usage.moved(c.request_ids, c.src, c.dst, now)
+        self._step.migrations += moved
+        self._migrating[(c.src, c.dst)].append((now, moved))
 
     def _on_offload(self, c: cmd.Offload, now: float) -> None:
         self._step.offloads += 1
@@ -296,24 +238,12 @@ class Recorder:
             self.trace.slice(TRAINER_PID, 0, "waiting for rollout", self._step.start, now)
 
     # ---- bookkeeping ---------------------------------------------------------------------
-    def _set_busy(self, inst: int, delta: int, now: float) -> None:
-        if not delta:
-            return
-        self._settle(inst, now)
-        self._busy[inst] += delta
+    def _busy_counter(self, instance: int, now: float, busy: int) -> None:
         if self.trace is not None:
-            self.trace.counter(instance_pid(inst), "busy_slots", now, self._busy[inst])
-
-    def _settle(self, inst: int, now: float) -> None:
-        self._area[inst] += self._busy[inst] * (now - self._area_at[inst])
-        self._area_at[inst] = now
+            self.trace.counter(instance_pid(instance), "busy_slots", now, busy)
 
     def _consume_group(self, group: Group, version: int) -> None:
-        state = self._state.get(group.group_id)
-        if state != "complete":
-            self.dropped[f"consumed_while_{state or 'unknown'}"] += 1
-        self._state[group.group_id] = "consumed"
-        self.counts["consumed"] += 1
+        self.groups.consumed(group.group_id)
         step = self._step
         step.groups += 1
         # per-token versions never decrease along a trajectory (a resume only moves forward),
@@ -325,12 +255,12 @@ class Recorder:
         for sample in group.samples:
             step.tokens += len(sample.response_ids)
             step.rewards.append(sample.reward)
-            if self._traj_file is not None:
-                self._traj_file.write(json.dumps(self._trajectory(sample, group, version)) + "\n")
+            if self.files.writes_trajectories:
+                self.files.trajectory_row(self._trajectory(sample, group, version))
 
     def _trajectory(self, sample: Sample, group: Group, version: int) -> dict[str, Any]:
         versions = sample.versions
-        if self.mode == "partial_rollout" or (len(versions) and versions[0] != versions[-1]):
+        if self.run.mode == "partial_rollout" or (len(versions) and versions[0] != versions[-1]):
             behavior: int | list[int] = list(versions)
         else:
             behavior = versions[0] if len(versions) else group.version
@@ -347,18 +277,17 @@ class Recorder:
         } | (self.texts(sample) if self.texts is not None else {})
 
     def _step_line(self, now: float, new_version: int) -> dict[str, Any]:
-        step = self._step
-        for i in range(self.num_instances):
-            self._settle(i, now)
+        step, run = self._step, self.run
+        self.usage.settle(now)
         duration = now - step.start
-        capacity = self.slots * duration
+        capacity = run.slots * duration
         util = [
             (a - a0) / capacity if capacity > 0 else 0.0
-            for a, a0 in zip(self._area, step.area0, strict=True)
+            for a, a0 in zip(self.usage.area, step.area0, strict=True)
         ]
         train_start = step.train_start if step.train_start is not None else now
         line: dict[str, Any] = {
-            "step": self.first_version + len(self.steps),
+            "step": run.first_version + len(self.steps),
             "version": step.version,
             "new_version": new_version,
             "time_s": now,
@@ -370,12 +299,10 @@ class Recorder:
             "tokens_per_s": step.tokens / duration if duration > 0 else 0.0,
             "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
             "staleness": {str(s): n for s, n in sorted(step.staleness.items())},
-            "instances_per_version": {
-                str(v): n for v, n in sorted(Counter(self._assigned).items())
-            },
+            "instances_per_version": self.lanes.per_version(),
             "overhead_s": dict(step.overhead),
             "overhead_share": {
-                k: _share(v, duration * self.num_instances) for k, v in step.overhead.items()
+                k: _share(v, duration * run.num_instances) for k, v in step.overhead.items()
             },
             "slot_utilization": sum(util) / len(util),
             "slot_utilization_per_instance": util,
@@ -392,57 +319,45 @@ class Recorder:
     # ---- end of run ----------------------------------------------------------------------
     def close(self, now: float) -> dict[str, Any]:
         """Write summary.json (and trace.json); returns the summary."""
-        states = Counter(self._state.values())
-        totals, wall = self._totals, now
-        for i in range(self.num_instances):
-            self._settle(i, now)
-            if self.trace is not None and i not in self._loading:
-                self.trace.slice(
-                    instance_pid(i), VERSION_TID, f"v{self._hosted[i]}", self._hosted_since[i], now
-                )
-        summary: dict[str, Any] = {
-            "mode": self.mode,
-            "K": self.k,
+        self.usage.settle(now)
+        self.lanes.close(now)
+        self.summary = self._summary(now)
+        self.files.close(self.summary, self.trace)
+        return self.summary
+
+    def _summary(self, wall: float) -> dict[str, Any]:
+        states, totals, run = self.groups.states(), self._totals, self.run
+        counts, dropped, faults = self.groups.counts, self.groups.dropped, self.faults
+        return {
+            "mode": run.mode,
+            "K": run.k,
             "steps": len(self.steps),
-            "dispatched": self.counts["dispatched"],
-            "completed": self.counts["completed"],
-            "consumed": self.counts["consumed"],
+            "dispatched": counts["dispatched"],
+            "completed": counts["completed"],
+            "consumed": counts["consumed"],
             "in_flight_at_end": states["running"],
             "queued_at_end": states["complete"],
-            "dropped": dict(self.dropped),
-            "dropped_total": sum(self.dropped.values()),
+            "dropped": dict(dropped),
+            "dropped_total": sum(dropped.values()),
             "wall_time_s": wall,
             "consumed_tokens": totals["tokens"],
             "throughput_tokens_per_s": _share(totals["tokens"], wall),
             "mean_step_time_s": _share(totals["step_time_s"], len(self.steps)),
             "rollout_only_share": _share(totals["rollout_only_s"], totals["step_time_s"]),
-            "slot_utilization": _share(sum(self._area), wall * self.slots * self.num_instances),
+            "slot_utilization": _share(sum(self.usage.area), wall * run.slots * run.num_instances),
             "overhead_share": {
-                k: _share(totals[f"overhead_{k}"], wall * self.num_instances)
-                for k in self.overhead_kinds
+                k: _share(totals[f"overhead_{k}"], wall * run.num_instances)
+                for k in run.overhead_kinds
             },
             "migrations": totals["migrations"],
             "offloads": totals["offloads"],
             "reprefill_tokens": totals["reprefill"],
-            "engine_restarts": self.counts["engine_restarts"],
-            "restarted_requests": self.counts["restarted_requests"],
-            "trainer_restarts": self.counts["trainer_restarts"],
-            "replayed_steps": self.counts["replayed_steps"],
-            "replay_mismatches": self.counts["replay_mismatches"],
+            "engine_restarts": faults["engine_restarts"],
+            "restarted_requests": faults["restarted_requests"],
+            "trainer_restarts": faults["trainer_restarts"],
+            "replayed_steps": faults["replayed_steps"],
+            "replay_mismatches": faults["replay_mismatches"],
         }
-        self.summary = summary
-        self._write_outputs(summary)
-        return summary
-
-    def _write_outputs(self, summary: dict[str, Any]) -> None:
-        for f in (self._metrics_file, self._traj_file):
-            if f is not None:
-                f.close()
-        if self.out_dir is None:
-            return
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if self.trace is not None:
-            self.trace.write(self.out_dir / "trace.json")
 
 
 def _share(part: float, whole: float) -> float:
