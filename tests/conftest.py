@@ -16,6 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton kernels (dorarl[gpu]) run in Triton's interpreter where there is no GPU. Read when
+# a function is decorated, triton's own library included, so set before torch._dynamo or
+# anything else imports triton; it changes nothing else (Triton needs a GPU otherwise).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_model import build_chat_tokenizer, save_tiny_model  # noqa: E402
@@ -26,8 +33,6 @@ SMOLLM2_ENV = "DORARL_SMOLLM2_DIR"
 @pytest.fixture
 def single_thread():
     """Tiny models run fastest on one thread; OpenMP spin-waits badly on a shared CPU."""
-    import torch
-
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -63,3 +68,13 @@ def smollm2_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("smollm2") / "model"
     assert main(["model", "get", "smollm2-135m-instruct", "--out", str(folder)]) == 0
     return folder
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.cuda` tests need a GPU: skipped, with the reason, where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
+    for item in items:
+        if item.get_closest_marker("cuda"):
+            item.add_marker(skip)

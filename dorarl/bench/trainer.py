@@ -1,13 +1,17 @@
-"""`dorarl bench trainer`: our trainer's forward+backward against a plain HF one, same tokens.
+"""`dorarl bench trainer`: our trainer's forward+backward against a plain HF one, same samples.
 
-Both contenders run in this process on the same model and the same micro-batches (our
-token-budget plan, same padding): `trainer` is `Trainer.accumulate_gradients` (GRPO loss,
-chunked output layer, metrics), `hf` is `model(input_ids, labels=...)` then `loss.backward()`
-per micro-batch, and `floor` is the time of the step's own matrix multiplications on their
-shapes (dorarl.bench.matmul_floor). Tokens are real (unpadded) prompt + response tokens.
-A last full `train_step` (AdamW included) gives the step's peak memory. Writes
-DIR/trainer.json and prints a table. Wall and CPU clocks are both given: on a CPU shared
-with other jobs the wall clock also measures their load.
+The contenders run in this process on the same model, samples and token budget: `trainer`
+is `Trainer.accumulate_gradients` (GRPO loss, chunked output layer, metrics) with shared-
+prompt packing (each prompt once per row, then its group's responses), `trainer_padded` the
+same with one right-padded row per response, `hf` is `model(input_ids, labels=...)` then
+`loss.backward()` on the padded rows, as HF users do it, and `floor` is the time of the packed
+step's own matrix multiplications on its shapes (dorarl.bench.matmul_floor). Tokens/s counts
+the samples' real prompt + response tokens (each prompt once per sample) for every
+contender, so packing's saving shows as a higher rate; `positions` is what each computes.
+The two trainer modes' loss and gradient norm are compared (they must agree). A last full
+`train_step` (AdamW included) gives the step's peak memory. Writes DIR/trainer.json and
+prints a table. Wall and CPU clocks are both given: on a CPU shared with other jobs the
+wall clock also measures their load.
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ from transformers import PreTrainedModel
 from dorarl.bench.matmul_floor import MicroShape, floor_ms
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data import Group, Sample
+from dorarl.errors import UserInputError
 from dorarl.trainer import Trainer, TrainerConfig, load_model
 from dorarl.trainer.batch import build_sequences, collate, plan_micro_batches
 from dorarl.trainer.memory import PeakMemory
+from dorarl.trainer.packing import Packing, micro_batches
 
 BARS = {  # name: (what, target)
     "trainer_vs_hf": ("tokens/s trainer / hf forward+backward (at least)", 0.8),
+    "packed_vs_padded": ("tokens/s trainer packed / trainer padded (at least)", 1.0),
     "peak_memory_gb": ("peak memory of a full train_step, GB (at most)", 6.0),
 }
 
@@ -56,19 +63,25 @@ class Workload:
     median_len: int = 28
     sigma: float = 0.6
     max_len: int = 64
+    min_len: int = 1
     repeats: int = 2
     seed: int = 0
 
 
 FULL = Workload(groups=8)
 QUICK = Workload(groups=1, repeats=1)
+# The arith task on SmolLM2's ChatML template: ~45-token prompts, answers of 10-48 tokens.
+ARITH = Workload(groups=4, prompt_len=45, median_len=24, sigma=0.45, min_len=10, max_len=48)
 
 
 def make_groups(work: Workload, vocab: int) -> list[Group]:
     """Stratified lognormal response lengths (cut at max_len), rewards 0/1 within a group."""
     n, dist = work.groups * work.group_size, NormalDist()
     lengths = [
-        min(work.max_len, max(1, round(work.median_len * math.exp(work.sigma * dist.inv_cdf(q)))))
+        min(
+            work.max_len,
+            max(work.min_len, round(work.median_len * math.exp(work.sigma * dist.inv_cdf(q)))),
+        )
         for q in ((i + 0.5) / n for i in range(n))
     ]
     rng = random.Random(work.seed)
@@ -146,21 +159,30 @@ def hf_forward_backward(model: PreTrainedModel, trainer: Trainer, groups: list[G
     model.zero_grad(set_to_none=True)
 
 
-def trainer_forward_backward(trainer: Trainer, groups: list[Group]) -> None:
-    trainer.accumulate_gradients(groups)
+def trainer_forward_backward(
+    trainer: Trainer, groups: list[Group], packing: Packing
+) -> dict[str, float]:
+    """One accumulation in `packing` mode; its loss metrics and gradient norm."""
+    trainer.packing = packing
+    metrics = trainer.accumulate_gradients(groups)
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    metrics["grad_norm"] = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
     trainer.model.zero_grad(set_to_none=True)
+    return metrics
 
 
-def micro_shapes(trainer: Trainer, groups: list[Group]) -> list[MicroShape]:
-    seqs = [s for s in build_sequences(groups, trainer.config.loss) if s.response_ids]
-    plan = plan_micro_batches([s.length for s in seqs], trainer.micro_batch_tokens)
+def micro_shapes(trainer: Trainer, groups: list[Group], packing: Packing) -> list[MicroShape]:
+    seqs = build_sequences(groups, trainer.config.loss)
+    batches = micro_batches(
+        seqs, trainer.micro_batch_tokens, packing, trainer.pad_id, "cpu", trainer.model.config
+    )
     return [
         MicroShape(
-            rows=len(indices),
-            width=max(seqs[i].length for i in indices),
-            response_tokens=sum(len(seqs[i].response_ids) for i in indices),
+            rows=b.input_ids.shape[0],
+            width=b.input_ids.shape[1],
+            response_tokens=int(b.mask.sum()),
         )
-        for indices in plan
+        for b in batches
     ]
 
 
@@ -170,29 +192,54 @@ def run(
 ) -> dict[str, Any]:
     groups = make_groups(work, model.config.vocab_size)
     trainer = Trainer(model, config)
-    shapes = micro_shapes(trainer, groups)
+    default = trainer.packing
+    if default != "shared_prompt":
+        raise UserInputError(
+            f"{type(model).__name__} cannot train on packed rows (see the warning above); "
+            "this bench compares packed with padded"
+        )
+    shapes = {mode: micro_shapes(trainer, groups, mode) for mode in ("shared_prompt", "padded")}
     report = _header(model, config, work, groups, shapes, trainer.micro_batch_tokens)
-    console.log("warm-up (one sample each)")
-    warm = [Group(0, 0, 0, groups[0].samples[:1])]
-    trainer_forward_backward(trainer, warm)
+    console.log("warm-up (two samples each)")
+    warm = [Group(0, 0, 0, groups[0].samples[:2])]
+    trainer_forward_backward(trainer, warm, "shared_prompt")
+    trainer_forward_backward(trainer, warm, "padded")
     hf_forward_backward(model, trainer, warm)
-    console.log(f"trainer and hf, taking turns, x{work.repeats}")
+    console.log(f"trainer (packed, padded) and hf, taking turns, x{work.repeats}")
+    step_metrics: dict[str, dict[str, float]] = {}
+
+    def trainer_contender(mode: Packing) -> Callable[[], None]:
+        return lambda: step_metrics.update({mode: trainer_forward_backward(trainer, groups, mode)})
+
     timings = _measure(
         {
-            "trainer": lambda: trainer_forward_backward(trainer, groups),
+            "trainer": trainer_contender("shared_prompt"),
+            "trainer_padded": trainer_contender("padded"),
             "hf": lambda: hf_forward_backward(model, trainer, groups),
         },
         work.repeats,
     )
-    console.log("floor: the step's matrix multiplications")
-    floor = floor_ms(model.config, shapes)
+    console.log("floor: the packed step's matrix multiplications")
+    floor = floor_ms(model.config, shapes["shared_prompt"])
     console.log("one full train_step (optimizer included) for its peak memory")
+    trainer.packing = default
     _release_freed_memory()
     step = trainer.train_step(groups)
     report.update(_results(report["workload"]["tokens"], timings, floor, step))
+    report["agreement"] = _agreement(step_metrics["shared_prompt"], step_metrics["padded"])
     report["bars"] = compute_bars(report)
     report["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return report
+
+
+def _agreement(packed: dict[str, float], padded: dict[str, float]) -> dict[str, float]:
+    """Relative differences of the packed step's numbers from the padded step's."""
+    keys = ("loss", "pg_loss", "grad_norm", "entropy", "kl_behavior", "ratio_mean")
+    return {
+        key: abs(packed[key] - padded[key]) / max(abs(padded[key]), 1e-12)
+        for key in keys
+        if key in packed
+    }
 
 
 def _header(
@@ -200,7 +247,7 @@ def _header(
     config: TrainerConfig,
     work: Workload,
     groups: list[Group],
-    shapes: list[MicroShape],
+    shapes: dict[str, list[MicroShape]],
     trainer_tokens: int,
 ) -> dict[str, Any]:
     samples = [s for g in groups for s in g.samples]
@@ -209,6 +256,7 @@ def _header(
         "trainer_config": {
             "micro_batch_tokens": config.micro_batch_tokens,
             "micro_batch_tokens_used": trainer_tokens,
+            "packing": config.packing,
             "logits_chunk_tokens": config.logits_chunk_tokens,
         },
         "threads": torch.get_num_threads(),
@@ -224,8 +272,10 @@ def _header(
             "samples": len(samples),
             "tokens": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples),
             "response_tokens": sum(len(s.response_ids) for s in samples),
-            "padded_tokens": sum(m.rows * m.width for m in shapes),
-            "micro_batches": [asdict(m) for m in shapes],
+            "positions": {
+                mode: sum(m.rows * m.width for m in micro) for mode, micro in shapes.items()
+            },
+            "micro_batches": {mode: [asdict(m) for m in micro] for mode, micro in shapes.items()},
             "response_len_mean": statistics.fmean(len(s.response_ids) for s in samples),
         },
     }
@@ -257,6 +307,10 @@ def compute_bars(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     tps, cps = report["tokens_per_s"], report["tokens_per_cpu_s"]
     values = {
         "trainer_vs_hf": (tps["trainer"] / tps["hf"], cps["trainer"] / cps["hf"]),
+        "packed_vs_padded": (
+            tps["trainer"] / tps["trainer_padded"],
+            cps["trainer"] / cps["trainer_padded"],
+        ),
         "peak_memory_gb": (report["train_step"]["peak_memory_gb"], None),
     }
     bars = {}
@@ -274,18 +328,26 @@ def compute_bars(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return bars
 
 
+# Which micro-batch plan each contender computes.
+CONTENDER_PLAN = {"trainer": "shared_prompt", "trainer_padded": "padded", "hf": "padded"}
+CONTENDER_PLAN["floor"] = "shared_prompt"
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     model, work = report["model"], report["workload"]
     table = Table(
         title=f"trainer bench ({model['parameters'] / 1e6:.1f}M params, {work['samples']} "
         f"samples, {work['tokens']} tokens, {report['threads']} threads)"
     )
-    for col in ("contender", "ms/step", "tokens/s", "vs hf", "cpu ms", "cpu vs hf", "peak GB"):
+    columns = ("contender", "positions", "ms/step", "tokens/s", "vs hf", "cpu ms", "cpu vs hf")
+    for col in (*columns, "peak GB"):
         table.add_column(col, justify="left" if col == "contender" else "right")
     ms, cpu_ms, tps = report["ms_per_step"], report["cpu_ms_per_step"], report["tokens_per_s"]
     for name in ms:
+        plan = CONTENDER_PLAN[name]
         table.add_row(
             name,
+            f"{work['positions'][plan]:,} in {len(work['micro_batches'][plan])}",
             f"{ms[name]:,.0f}",
             f"{tps[name]:,.1f}",
             f"{tps[name] / tps['hf']:.2f}x",
@@ -293,19 +355,31 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             f"{cpu_ms['hf'] / cpu_ms[name]:.2f}x" if name in cpu_ms else "-",
             f"{report['peak_memory_gb'][name]:.2f}" if name in report["peak_memory_gb"] else "-",
         )
+    table.caption = (
+        f"positions: tokens computed (rows x width, padding included) in N micro-batches, for "
+        f"{work['tokens']:,} sample tokens; tokens/s counts the sample tokens for all"
+    )
     console.print(table)
+    _print_footer(report, console)
+    _print_bars(report["bars"], console)
+
+
+def _print_footer(report: dict[str, Any], console: Console) -> None:
     floor, step = report["floor_ms"], report["train_step"]
+    worst = max(report["agreement"].items(), key=lambda kv: kv[1])
     console.print(
         f"floor {floor['total']:,.0f} ms = linear {floor['linear']:,.0f} + attention "
-        f"{floor['attention']:,.0f} + output layer {floor['output_layer']:,.0f}; padded tokens "
-        f"{work['padded_tokens']} for {work['tokens']} ({len(work['micro_batches'])} micro-batches)"
+        f"{floor['attention']:,.0f} + output layer {floor['output_layer']:,.0f} (packed shapes)"
+    )
+    console.print(
+        f"packed vs padded trainer: largest relative difference {worst[1]:.1e} ({worst[0]}) "
+        f"over {', '.join(report['agreement'])}"
     )
     console.print(
         f"full train_step (AdamW included): {step['ms']:,.0f} ms, peak memory "
         f"{step['peak_memory_gb']:.2f} GB; load average {report['load_average_start']} -> "
         f"{report['load_average']}"
     )
-    _print_bars(report["bars"], console)
 
 
 def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
@@ -336,6 +410,12 @@ def main(argv: list[str]) -> int:
         "--shape", default="smollm2-135m", help=f"random-weight shape: {', '.join(SHAPES)}"
     )
     parser.add_argument("--quick", action="store_true", help="1 group of 8, one repeat")
+    parser.add_argument(
+        "--arith",
+        action="store_true",
+        help="4 groups of 8 shaped like the arith task on SmolLM2's chat template "
+        "(45-token prompts, responses of 10-48 tokens)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument(
         "--micro-batch-tokens", type=int, default=None, help="trainer.micro_batch_tokens"
@@ -347,7 +427,8 @@ def main(argv: list[str]) -> int:
     if args.micro_batch_tokens:
         config.micro_batch_tokens = args.micro_batch_tokens
     model = build_model(args.shape, args.model)
-    report = run(model, config, QUICK if args.quick else FULL, Console(stderr=True))
+    work = QUICK if args.quick else ARITH if args.arith else FULL
+    report = run(model, config, work, Console(stderr=True))
     report["quick"] = args.quick
     report["source"] = args.model or f"random {args.shape}"
     args.out.mkdir(parents=True, exist_ok=True)

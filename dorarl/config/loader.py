@@ -153,6 +153,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+class _OverrideMapping(dict):
+    """An override whose value YAML reads as a mapping, kept with the text typed: for a
+    string key (a format template such as `{question}`) the text is what was meant."""
+
+    def __init__(self, parsed: dict, text: str) -> None:
+        super().__init__(parsed)
+        self.text = text
+
+
 def _parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} is not of the form key=value")
@@ -161,6 +170,8 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(text) if text else ""
     except yaml.YAMLError:
         value = text
+    if isinstance(value, dict):
+        value = _OverrideMapping(value, text)
     return key.strip(), value
 
 
@@ -280,6 +291,8 @@ def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
                 pass
         raise _type_error(key, ftype, value, source)
     if ftype is str:
+        if isinstance(value, _OverrideMapping):
+            return value.text
         if isinstance(value, str | int | float) and not isinstance(value, bool):
             return str(value)
         raise _type_error(key, ftype, value, source)

@@ -1,9 +1,10 @@
-"""The decoder forward pass (Llama / Qwen2 family) over a step's flattened tokens.
+"""The decoder forward pass (Llama / Qwen2 / Qwen3 families) over a step's flattened tokens.
 
 Tokens of all sequences in a step form one `[tokens, hidden]` matrix, so every matmul is
 batched across requests; attention is delegated to a backend (the paged pool in the
 engine, a dense cache in the benchmark floor). Numerics follow Hugging Face's modules:
-RMSNorm in float32, rotate-half RoPE from precomputed tables, SiLU-gated MLP.
+RMSNorm in float32, rotate-half RoPE from precomputed tables, SiLU-gated MLP; Qwen3's
+per-head q/k RMSNorm before RoPE where the weights carry it (`norm_qk_heads`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class Transformer:
     ) -> torch.Tensor:
         s = self.spec
         qkv = F.linear(h, layer.qkv_w, layer.qkv_b).view(h.shape[0], -1, s.head_dim)
+        if layer.q_norm is not None:
+            qkv = norm_qk_heads(qkv, layer, s)
         qk = rotate(qkv[:, : s.num_heads + s.num_kv_heads], cos, sin)
         q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
         v = qkv[:, s.num_heads + s.num_kv_heads :]
@@ -84,3 +87,13 @@ class Transformer:
     def _mlp(layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+
+
+def norm_qk_heads(qkv: torch.Tensor, layer: LayerWeights, spec: ModelSpec) -> torch.Tensor:
+    """`[tokens, q|k|v heads, dim]` with each q head and each k head RMS-normalised over its
+    dim (its own weights for q and for k); v is left as it is."""
+    q_end = spec.num_heads
+    k_end = q_end + spec.num_kv_heads
+    q = rms_norm(qkv[:, :q_end], layer.q_norm, spec.rms_norm_eps)
+    k = rms_norm(qkv[:, q_end:k_end], layer.k_norm, spec.rms_norm_eps)
+    return torch.cat((q, k, qkv[:, k_end:]), dim=1)

@@ -1,8 +1,10 @@
-"""What the engine needs from a Hugging Face config (Qwen2 or Llama), checked up front.
+"""What the engine needs from a Hugging Face config (Llama, Qwen2, Qwen3), checked up front.
 
 `ModelSpec` is the single source of tensor names and shapes: weight loading, weight
-updates and `state_dict()` all agree on it. Unsupported settings raise `UserInputError`
-naming the setting (and the file, when the config came from one).
+updates and `state_dict()` all agree on it. How the families differ is data (`FAMILIES`:
+which projections carry biases, whether q and k are normalised per head), not code paths.
+Unsupported settings raise `UserInputError` naming the setting (and the file, when the
+config came from one).
 """
 
 from __future__ import annotations
@@ -18,7 +20,27 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from dorarl.errors import UserInputError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+@dataclass(frozen=True)
+class Family:
+    """A model type's layer layout. A bias is a fixed answer or the config key that gives it."""
+
+    qkv_bias: bool | str
+    o_bias: bool | str
+    mlp_bias: bool | str
+    qk_norm: bool  # RMSNorm over each q and k head (head_dim weights) before RoPE
+
+
+FAMILIES = {
+    "llama": Family(
+        qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias", qk_norm=False
+    ),
+    "qwen2": Family(qkv_bias=True, o_bias=False, mlp_bias=False, qk_norm=False),
+    "qwen3": Family(
+        qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias=False, qk_norm=True
+    ),
+}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # RoPE types whose frequencies depend on the sequence length are not a fixed table.
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
@@ -40,6 +62,7 @@ class ModelSpec:
     mlp_bias: bool
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    qk_norm: bool = False
 
     @property
     def q_size(self) -> int:
@@ -83,6 +106,9 @@ class ModelSpec:
             shapes[f"{attn}v_proj.bias"] = (self.kv_size,)
         if self.o_bias:
             shapes[f"{attn}o_proj.bias"] = (h,)
+        if self.qk_norm:
+            shapes[f"{attn}q_norm.weight"] = (self.head_dim,)
+            shapes[f"{attn}k_norm.weight"] = (self.head_dim,)
         if self.mlp_bias:
             for name, size in (("gate_proj", inter), ("up_proj", inter), ("down_proj", h)):
                 shapes[f"{mlp}{name}.bias"] = (size,)
@@ -123,7 +149,7 @@ def spec_from_hf(config: PretrainedConfig, where: str = "hf_config") -> ModelSpe
     check_model_type(getattr(config, "model_type", None), where)
     _check_supported(config, where)
     heads = config.num_attention_heads
-    is_qwen2 = config.model_type == "qwen2"
+    family = FAMILIES[config.model_type]
     eos = config.eos_token_id
     return ModelSpec(
         model_type=config.model_type,
@@ -136,14 +162,19 @@ def spec_from_hf(config: PretrainedConfig, where: str = "hf_config") -> ModelSpe
         head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
         rms_norm_eps=config.rms_norm_eps,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        qkv_bias=True if is_qwen2 else bool(getattr(config, "attention_bias", False)),
-        o_bias=False if is_qwen2 else bool(getattr(config, "attention_bias", False)),
-        mlp_bias=False if is_qwen2 else bool(getattr(config, "mlp_bias", False)),
+        qkv_bias=_flag(config, family.qkv_bias),
+        o_bias=_flag(config, family.o_bias),
+        mlp_bias=_flag(config, family.mlp_bias),
         max_position_embeddings=config.max_position_embeddings,
         eos_token_ids=tuple(eos)
         if isinstance(eos, list | tuple)
         else (() if eos is None else (eos,)),
+        qk_norm=family.qk_norm,
     )
+
+
+def _flag(config: PretrainedConfig, rule: bool | str) -> bool:
+    return rule if isinstance(rule, bool) else bool(getattr(config, rule, False))
 
 
 def _check_supported(config: PretrainedConfig, where: str) -> None:

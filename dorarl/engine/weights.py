@@ -33,6 +33,8 @@ class LayerWeights:
     gate_up_b: torch.Tensor | None
     down_w: torch.Tensor
     down_b: torch.Tensor | None
+    q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (qk_norm families)
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -102,6 +104,8 @@ def _pack_layer(spec: ModelSpec, p: str, get, cat) -> LayerWeights:
         gate_up_b=cat(f"{m}gate_proj.bias", f"{m}up_proj.bias") if spec.mlp_bias else None,
         down_w=get(f"{m}down_proj.weight"),
         down_b=get(f"{m}down_proj.bias") if spec.mlp_bias else None,
+        q_norm=get(f"{a}q_norm.weight") if spec.qk_norm else None,
+        k_norm=get(f"{a}k_norm.weight") if spec.qk_norm else None,
     )
 
 
@@ -135,6 +139,8 @@ def _unpack_layer(spec: ModelSpec, p: str, w: LayerWeights) -> dict[str, torch.T
     if w.gate_up_b is not None and w.down_b is not None:
         named |= _split([f"{m}gate_proj.bias", f"{m}up_proj.bias"], w.gate_up_b, gate_up)
         named[f"{m}down_proj.bias"] = w.down_b
+    if w.q_norm is not None and w.k_norm is not None:
+        named[f"{a}q_norm.weight"], named[f"{a}k_norm.weight"] = w.q_norm, w.k_norm
     return named
 
 

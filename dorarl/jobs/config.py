@@ -21,12 +21,32 @@ from dorarl.trainer import LossConfig, TrainerConfig
 @dataclass(kw_only=True)
 class TaskSection:
     name: str = field(default="running_sum", metadata={"help": "running_sum | jsonl | arith"})
-    path: str | None = field(default=None, metadata={"help": "jsonl: data file"})
+    path: str | None = field(
+        default=None, metadata={"help": "jsonl: data file (.jsonl, or .parquet with .[data])"}
+    )
     eval_path: str | None = field(
         default=None, metadata={"help": "jsonl: held-out file (None: split off the data)"}
     )
-    reward: str = field(
-        default="exact", metadata={"help": "jsonl: exact | math (arith: always the final answer)"}
+    format: Literal["prompt_answer", "gsm8k", "math"] = field(
+        default="prompt_answer",
+        metadata={
+            "help": "jsonl rows: prompt_answer {prompt, answer}; gsm8k {question, answer "
+            "ending in '#### N'}; math {problem, solution with the answer in \\boxed{}}"
+        },
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={
+            "help": "jsonl: the prompt as a Python format string over the row's fields, e.g. "
+            "'{question} Put the final answer in \\boxed{{}}.' (None: the question field)"
+        },
+    )
+    reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "jsonl: exact | math (None: math for gsm8k and math rows, exact for "
+            "prompt_answer; arith: always the final answer)"
+        },
     )
     chat_template: bool = field(
         default=False, metadata={"help": "jsonl: render prompts through the chat template"}
@@ -34,8 +54,17 @@ class TaskSection:
     min_value: int = field(default=1, metadata={"help": "arith: smallest operand"})
     max_value: int = field(default=99, metadata={"help": "arith: largest operand"})
     system_prompt: str | None = field(
-        default=None, metadata={"help": "arith: system message (None: the template's own)"}
+        default=None,
+        metadata={
+            "help": "arith, and jsonl with chat_template: system message (None: the template's own)"
+        },
     )
+
+    def resolved_reward(self) -> str:
+        """The reward the jsonl task scores with: the key, else what the rows' format calls for."""
+        if self.reward is not None:
+            return self.reward
+        return "exact" if self.format == "prompt_answer" else "math"
 
 
 @dataclass(kw_only=True)
@@ -83,6 +112,13 @@ class ForcedLengthsSection:
 class EvalSection:
     every: int = field(default=10, metadata={"help": "evaluate every N versions (0: first/last)"})
     max_prompts: int = field(default=200, metadata={"help": "held-out prompts per evaluation"})
+    samples: int = field(
+        default=0,
+        metadata={
+            "help": "k responses per held-out prompt sampled at the run's sampling settings, "
+            "for mean@k and pass@k beside greedy accuracy (0: greedy only)"
+        },
+    )
 
 
 @dataclass(kw_only=True)
@@ -197,10 +233,16 @@ class TrainConfig:
 
     # The trainer divides logits by the temperature the engines sampled at, or its ratios
     # would not be 1 on fresh data: one setting, sampling.temperature, gives both.
-    DERIVED_KEYS: ClassVar[dict[str, str]] = {"trainer.temperature": "sampling.temperature"}
+    # The cap that soft overlong punishment ends at is the engines' cap, by the same rule.
+    DERIVED_KEYS: ClassVar[dict[str, str]] = {
+        "trainer.temperature": "sampling.temperature",
+        "trainer.loss.response_cap": "sampling.max_new_tokens",
+        "trainer.loss.mask_truncated": "trainer.loss.overlong",  # its old name, for old runs
+    }
 
     def __post_init__(self) -> None:
         self.trainer.temperature = self.sampling.temperature
+        self.trainer.loss.response_cap = self.sampling.max_new_tokens
         self._resume_read: tuple[str, ResumePoint] | None = None  # not a setting: a cache
 
     def validate(self) -> None:
@@ -220,11 +262,30 @@ class TrainConfig:
             raise ConfigError("engine.max_num_seqs: must be >= 1")
         if self.eval.every < 0 or self.eval.max_prompts < 1:
             raise ConfigError("eval: every must be >= 0 and max_prompts >= 1")
+        if self.eval.samples < 0:
+            raise ConfigError(
+                f"eval.samples: must be >= 0 (0: greedy only), got {self.eval.samples}"
+            )
+        self._check_overlong()
         if self.forced_lengths.enabled and self.forced_lengths.max_len >= self.engine.max_model_len:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "
                 f"prompt under engine.max_model_len={self.engine.max_model_len}"
             )
+
+    def _check_overlong(self) -> None:
+        loss = self.trainer.loss
+        if loss.overlong != "soft":
+            return
+        if self.sampling.max_new_tokens is None:
+            raise ConfigError(
+                "trainer.loss.overlong: soft needs sampling.max_new_tokens, the cap its "
+                "penalty ends at"
+            )
+        try:
+            loss.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"trainer.loss.{exc}") from None
 
     def controller_config(self) -> ControllerConfig:
         """The controller's view: its knobs carry the names they have here (K, steps, instances,

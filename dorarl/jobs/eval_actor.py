@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.workload import eval_sampling
 from dorarl.runtime.actors import actor_options
 from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.placement import PlacedActors
@@ -30,6 +31,7 @@ def start_evaluator(
         config.eval.max_prompts,
         threads.evaluator,
         threads.evaluator_nice,
+        eval_sampling(config),
     )
 
 

@@ -23,7 +23,7 @@ from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
-from dorarl.jobs.evaluation import eval_versions, finish_outputs
+from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
 from dorarl.jobs.learning_signal import LearningSignal
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
@@ -169,7 +169,7 @@ def _run(
     title = f"{config.mode} (K={runtime.controller.config.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         if "eval_accuracy" in row:
-            scalars.log({"step": row["step"], "eval_accuracy": row["eval_accuracy"]})
+            scalars.log({"step": row["step"], **eval_fields(row)})
     scalars.close()
     if runtime.stopped and stop is not None:
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
@@ -267,6 +267,7 @@ def _final_summary(
     if ordered:  # a stopped run may have none finished
         summary["eval_accuracy_first"] = ordered[0]["accuracy"]
         summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    summary.update(sampled_eval_summary(ordered))
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,29 +1,49 @@
-"""What a training run samples: its task, its sampling settings, the text of its trajectories."""
+"""What a training run trains on and samples, checked before anything starts: the model
+folder, the task, the sampling settings of rollout and evaluation, trajectory texts.
+
+`build_task` first reads the model folder's config as the engine will (an unsupported
+model_type, RoPE or attention layout stops the run in one line, exit 2, before Ray starts),
+then builds the task from the `task.*` keys with the run's limits (context, response cap).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from dorarl.data import Sample
+from dorarl.engine.model_spec import read_hf_config, spec_from_hf
 from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
+from dorarl.tasks.evaluate import EvalSampling
+
+
+def check_model_folder(model_folder: str) -> None:
+    """Raise UserInputError unless the engine supports the folder's model (the trainer,
+    transformers' own class for it, loads anything the engine does)."""
+    where = str(Path(model_folder) / "config.json")
+    spec_from_hf(read_hf_config(model_folder), where)
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
     """The task `config.task` names, tokenized with `model_folder`'s tokenizer."""
+    check_model_folder(model_folder)
     section = config.task
     if section.name == "jsonl":
         return make_task(
             "jsonl",
             path=section.path,
             eval_path=section.eval_path,
-            reward=section.reward,
+            format=section.format,
+            prompt_template=section.prompt_template,
+            reward=section.resolved_reward(),
             tokenizer=model_folder,
             seed=config.seed,
             max_new_tokens=config.sampling.max_new_tokens or config.engine.max_model_len // 2,
             max_model_len=config.engine.max_model_len,
             chat_template=section.chat_template,
+            system_prompt=section.system_prompt,
         )
     if section.name == "arith":
         cap = config.sampling.max_new_tokens
@@ -67,3 +87,15 @@ def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, str]]:
         return {"prompt": prompt.text, "answer": prompt.answer, "response": response}
 
     return texts
+
+
+def eval_sampling(config: TrainConfig) -> EvalSampling:
+    """`eval.samples` responses per held-out prompt, at the run's own sampling settings."""
+    s = config.sampling
+    return EvalSampling(
+        samples=config.eval.samples,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        seed=config.seed,
+    )

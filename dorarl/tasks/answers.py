@@ -1,9 +1,10 @@
 """Final-answer extraction: the one string of a response that a math reward may judge.
 
 Order, as peers' verifiers do: the last `\\boxed{}`; else what follows the last "answer is"
-(or "answer:"); else the last "=" statement; else the last math span or the last number. Invariant: an
-unevaluated arithmetic expression (`91 + 67`, say, copied from the question) is never an
-answer, so restating the question earns nothing.
+(or "answer:", or GSM8K's "####", where its references are read); else the last "="
+statement; else the last math span or the last number. Invariant: an unevaluated
+arithmetic expression (`91 + 67`, say, copied from the question) is never an answer, so
+restating the question earns nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_IS = re.compile(r"answer(?:\s+is\b|\s*:)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer(?:\s+is\b|\s*:)|####", re.IGNORECASE)
 # "=" but not "<=", ">=", "!=" or "=>"; a run of "=" counts as one.
 _EQUALS = re.compile(r"(?<![<>!=])=+(?!>)")
 # Where a statement ends: a line break, "?", "!", ";", or a period that is no decimal point.

@@ -1,39 +1,97 @@
-"""Held-out accuracy: greedy decoding through a rollout engine, scored by the task.
+"""Held-out evaluation through a rollout engine, scored by the task: greedy accuracy and,
+with `EvalSampling.samples = k`, mean@k and pass@k over k sampled responses per prompt.
 
-Invariant: evaluation needs an idle engine (it drains every request it sees), so it runs
-between training steps; the engine's weights and version are left as they were.
+Invariants: evaluation needs an idle engine (it drains every request it sees), so it runs
+between training steps; the engine's weights and version are left as they were. Sample j
+of prompt p is drawn with a seed fixed by (seed, p, j), so every version is judged on the
+same random numbers and the differences between versions are not sampling noise. pass@j
+is the unbiased estimator 1 - C(k - c, j) / C(k, j) of k samples with c correct.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from dorarl.tasks.base import Prompt, Task, cut_at_stop
 from dorarl.tasks.scoring import score
 
 
-def evaluate(
-    engine: Any, task: Task, prompts: list[Prompt] | None = None, max_prompts: int | None = None
-) -> dict[str, float]:
-    """{"accuracy", "n", "mean_len", "reward_errors"} over `prompts` (default: the eval set)."""
-    from dorarl.engine import SamplingParams  # the engine package is heavy; import on use
+@dataclass(frozen=True)
+class EvalSampling:
+    """The sampled part of an evaluation: k responses per prompt at the run's settings."""
 
+    samples: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+
+def evaluate(
+    engine: Any,
+    task: Task,
+    prompts: list[Prompt] | None = None,
+    max_prompts: int | None = None,
+    sampling: EvalSampling | None = None,
+) -> dict[str, float]:
+    """{"accuracy", "n", "mean_len", "reward_errors"} over `prompts` (default: the eval set),
+    plus "mean@k" and "pass@j" (j = 2, 4, .. below k, and k) when `sampling.samples` = k > 0."""
     if engine.has_unfinished():
         raise ValueError("evaluate needs an idle engine (it would swallow other requests)")
     prompts = list(task.eval_prompts() if prompts is None else prompts)[:max_prompts]
-    params = SamplingParams(
-        temperature=0.0,
-        max_new_tokens=task.max_new_tokens,
-        stop_token_ids=list(task.stop_token_ids),
-    )
-    by_id = {f"eval-{p.prompt_id}": p for p in prompts}
-    for request_id, prompt in by_id.items():
+    sampling = sampling or EvalSampling()
+    requests = _requests(task, prompts, sampling)
+    for request_id, (prompt, params) in requests.items():
         engine.add_request(request_id, prompt.prompt_ids, params)
-    outputs = {}
+    outputs: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for out in engine.step():
             outputs[out.request_id] = out.output_ids
-    return _summarise(task, [(by_id[rid], ids) for rid, ids in outputs.items()])
+    greedy = [(p, outputs[_greedy_id(p)]) for p in prompts]
+    result = _summarise(task, greedy)
+    if sampling.samples:
+        sampled = [[outputs[_sample_id(p, j)] for j in range(sampling.samples)] for p in prompts]
+        result.update(_sampled_scores(task, prompts, sampled, result))
+    return result
+
+
+def _requests(task: Task, prompts: list[Prompt], sampling: EvalSampling) -> dict[str, tuple]:
+    from dorarl.engine import SamplingParams  # the engine package is heavy; import on use
+
+    stops = list(task.stop_token_ids)
+    greedy = SamplingParams(
+        temperature=0.0, max_new_tokens=task.max_new_tokens, stop_token_ids=stops
+    )
+    requests: dict[str, tuple] = {_greedy_id(p): (p, greedy) for p in prompts}
+    for p in prompts:
+        for j in range(sampling.samples):
+            params = SamplingParams(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_new_tokens=task.max_new_tokens,
+                stop_token_ids=stops,
+                seed=sample_seed(sampling.seed, p.prompt_id, j),
+            )
+            requests[_sample_id(p, j)] = (p, params)
+    return requests
+
+
+def _greedy_id(prompt: Prompt) -> str:
+    return f"eval-{prompt.prompt_id}"
+
+
+def _sample_id(prompt: Prompt, index: int) -> str:
+    return f"eval-{prompt.prompt_id}-s{index}"
+
+
+def sample_seed(seed: int, prompt_id: int, index: int) -> int:
+    """A 63-bit seed fixed by (run seed, prompt, sample index), the same at every version."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_id}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def _summarise(task: Task, results: list[tuple[Prompt, list[int]]]) -> dict[str, float]:
@@ -46,3 +104,37 @@ def _summarise(task: Task, results: list[tuple[Prompt, list[int]]]) -> dict[str,
         "mean_len": sum(lengths) / n if n else 0.0,
         "reward_errors": float(sum(e is not None for _, e in scored)),
     }
+
+
+def _sampled_scores(
+    task: Task, prompts: list[Prompt], sampled: list[list[list[int]]], greedy: dict[str, float]
+) -> dict[str, float]:
+    """mean@k (the mean reward of all samples) and pass@j (a sample with reward > 0)."""
+    k = len(sampled[0]) if sampled else 0
+    rewards, errors = [], 0
+    for prompt, responses in zip(prompts, sampled, strict=True):
+        scored = [score(task, prompt, ids) for ids in responses]
+        rewards.append([r for r, _ in scored])
+        errors += sum(e is not None for _, e in scored)
+    n = len(prompts)
+    out = {f"mean@{k}": sum(map(sum, rewards)) / (n * k) if n else 0.0}
+    for j in pass_levels(k):
+        hits = [pass_at_k(k, sum(r > 0 for r in rs), j) for rs in rewards]
+        out[f"pass@{j}"] = sum(hits) / n if n else 0.0
+    out["reward_errors"] = greedy["reward_errors"] + errors
+    return out
+
+
+def pass_levels(k: int) -> list[int]:
+    """The pass@j reported for k samples: 2, 4, 8, .. below k, and k itself."""
+    levels = [2**i for i in range(1, k.bit_length()) if 2**i < k]
+    return [*levels, k]
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which `correct` are right (Chen et al., 2021)."""
+    if not 0 <= correct <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n and 0 <= correct <= n (n={n}, c={correct})")
+    if n - correct < k:
+        return 1.0
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)

@@ -1,22 +1,26 @@
-"""A task from JSON-lines files: one `{"prompt": str, "answer": str}` object per line.
+"""A task from data files: rows of JSON lines or Parquet in one of the row formats.
 
+Formats (`dorarl.tasks.formats`): `prompt_answer` {"prompt", "answer"}, `gsm8k`
+{"question", "answer" ending in `#### N`}, `math` {"problem", "solution" with a
+`\\boxed{}` answer}; `prompt_template` builds the prompt from the row's fields, and
+`chat_template` renders it as a user message (after `system_prompt`, if given).
 Invariants: loading either returns well-formed prompts that fit the context or raises a
-`UserInputError` naming `file:line` (empty prompts and answers included); blank lines
-are skipped and extra fields ignored.
-The held-out set is `eval_path` if given, else a seeded `eval_fraction` of the rows.
+`UserInputError` naming the file and its line (or Parquet row); blank lines are skipped
+and extra fields ignored. The held-out set is `eval_path` if given, else a seeded
+`eval_fraction` of the rows.
 """
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
-from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt, Task
+from dorarl.tasks.data_files import read_rows
+from dorarl.tasks.formats import check_template, get_format, prompt_text
 from dorarl.tasks.model_files import context_limit, load_tokenizer, stop_ids
 from dorarl.tasks.rewards import get_reward
 
@@ -35,19 +39,25 @@ class JsonlTask(Task):
         max_new_tokens: int = 256,
         max_model_len: int | None = None,
         chat_template: bool = False,
+        format: str = "prompt_answer",
+        prompt_template: str | None = None,
+        system_prompt: str | None = None,
     ):
         try:
             self.reward_fn = get_reward(reward)
         except ValueError as exc:
             raise UserInputError(f"task reward: {exc}") from None
+        self.format = get_format(format)
+        if prompt_template is not None:
+            check_template(prompt_template)
+        self.prompt_template, self.system_prompt = prompt_template, system_prompt
         self.tokenizer, model_dir = load_tokenizer(tokenizer)
         self.stop_token_ids = stop_ids(self.tokenizer, model_dir)
         self.max_new_tokens = max_new_tokens
         self.max_model_len = max_model_len or context_limit(model_dir, self.tokenizer)
-        if chat_template and not getattr(self.tokenizer, "chat_template", None):
-            model = model_dir if model_dir is not None else "the given tokenizer"
-            raise UserInputError(f"task.chat_template=true: {model} has no chat template")
-        self.chat_template = chat_template
+        self.chat_template = _checked_chat_template(
+            chat_template, system_prompt, self.tokenizer, model_dir
+        )
         rows = self._load(Path(path), first_id=0)
         if eval_path is not None:
             self._train, self._eval = rows, self._load(Path(eval_path), first_id=len(rows))
@@ -64,15 +74,10 @@ class JsonlTask(Task):
         return self.reward_fn(self.response_text(response_ids), prompt.answer)
 
     def _load(self, path: Path, first_id: int) -> list[Prompt]:
-        if not path.is_file():
-            raise UserInputError(f"{path}: no such data file")
         prompts: list[Prompt] = []
-        with path.open(encoding="utf-8") as handle:
-            for lineno, line in enumerate(handle, start=1):
-                if line.strip():
-                    where = f"{path}:{lineno}"
-                    text, answer = _parse_row(line, where)
-                    prompts.append(self._prompt(first_id + len(prompts), text, answer, where))
+        for where, row in read_rows(path):
+            text, answer = prompt_text(self.format, self.prompt_template, row, where)
+            prompts.append(self._prompt(first_id + len(prompts), text, answer, where))
         if not prompts:
             raise UserInputError(f"{path}: no rows")
         return prompts
@@ -87,37 +92,33 @@ class JsonlTask(Task):
         return Prompt(prompt_id, text, ids, answer)
 
     def _encode(self, text: str) -> list[int]:
-        if self.chat_template:
-            messages = [{"role": "user", "content": text}]
-            return list(
-                self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
+        if not self.chat_template:
+            return list(self.tokenizer(text)["input_ids"])
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return list(
+            self.tokenizer.apply_chat_template(
+                [*system, {"role": "user", "content": text}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
             )
-        return list(self.tokenizer(text)["input_ids"])
+        )
 
 
-def _parse_row(line: str, where: str) -> tuple[str, str]:
-    try:
-        row: Any = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise UserInputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(row, dict):
-        raise UserInputError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    for key in ("prompt", "answer"):
-        if key not in row:
-            raise UserInputError(f"{where}: missing field {key!r}")
-    if not isinstance(row["prompt"], str):
-        raise UserInputError(f"{where}: field 'prompt' must be a string")
-    answer = row["answer"]
-    # Numeric answers are common in math data; bools and containers are mistakes.
-    if isinstance(answer, bool) or not isinstance(answer, str | int | float):
-        raise UserInputError(f"{where}: field 'answer' must be a string or a number")
-    # an empty answer would reward an empty response; an empty prompt asks nothing
-    for key, value in (("prompt", row["prompt"]), ("answer", str(answer))):
-        if not value.strip():
-            raise UserInputError(f"{where}: field {key!r} is empty")
-    return row["prompt"], str(answer)
+def _checked_chat_template(
+    wanted: bool,
+    system_prompt: str | None,
+    tokenizer: PreTrainedTokenizerBase,
+    model_dir: Path | None,
+) -> bool:
+    if wanted and not getattr(tokenizer, "chat_template", None):
+        model = model_dir if model_dir is not None else "the given tokenizer"
+        raise UserInputError(f"task.chat_template=true: {model} has no chat template")
+    if system_prompt is not None and not wanted:
+        raise UserInputError(
+            "task.system_prompt: a system message needs task.chat_template=true for jsonl data"
+        )
+    return wanted
 
 
 def _split(rows: list[Prompt], fraction: float, seed: int) -> tuple[list[Prompt], list[Prompt]]:

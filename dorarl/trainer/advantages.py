@@ -1,7 +1,9 @@
-"""Group-relative advantages (GRPO): each response's reward against its group's rewards.
+"""Group-relative advantages (GRPO): each response's reward against its group's rewards,
+after DAPO's soft overlong punishment when it is on.
 
 Invariants: advantages of a group sum to zero; a group whose rewards are all equal (or a
-group of one) has advantage 0 everywhere, so it adds no policy gradient.
+group of one) has advantage 0 everywhere, so it adds no policy gradient. The overlong
+penalty is 0 up to `cap - buffer` response tokens and falls linearly to -1 at the cap.
 """
 
 from __future__ import annotations
@@ -31,3 +33,11 @@ def group_advantages(
         return centered
     std = math.sqrt(sum(c * c for c in centered) / (n - 1))
     return [c / (std + eps) for c in centered]
+
+
+def overlong_penalty(length: int, cap: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment of a response of `length` tokens under a `cap`: 0 up
+    to cap - buffer, then -1/buffer per token, -1 at the cap (and beyond)."""
+    if buffer < 1 or buffer >= cap:
+        raise ValueError(f"overlong buffer {buffer} must be in [1, cap {cap})")
+    return max(-1.0, min(0.0, (cap - buffer - length) / buffer))

@@ -2,7 +2,9 @@
 
 Invariants: each response token appears in exactly one micro-batch, with its own behavior
 logprob, its group's advantage and a weight normalised over the WHOLE batch, so the sum
-of micro-batch losses is the full-batch loss. Samples must carry one behavior logprob per
+of micro-batch losses is the full-batch loss. Overlong handling (`LossConfig.overlong`)
+acts here: `soft` shapes the rewards before the group advantages, `mask` empties the
+truncated responses after them (they still count in their group's statistics). Samples must carry one behavior logprob per
 response token (mixed-version samples included); anything else is a bug upstream.
 """
 
@@ -12,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dorarl.data import Group
-from dorarl.trainer.advantages import group_advantages
+from dorarl.data import Group, Sample
+from dorarl.trainer.advantages import group_advantages, overlong_penalty
 from dorarl.trainer.config import LossConfig
 from dorarl.trainer.loss import token_weights
 
@@ -47,7 +49,8 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
     """One TrainSequence per sample, with its group advantage and its global token weight."""
     seqs: list[TrainSequence] = []
     for group in groups:
-        advs = group_advantages(group.rewards, cfg.normalize_std, cfg.adv_eps)
+        rewards = [_shaped_reward(s, cfg) for s in group.samples]
+        advs = group_advantages(rewards, cfg.normalize_std, cfg.adv_eps)
         for sample, adv in zip(group.samples, advs, strict=True):
             if not sample.prompt_ids:
                 raise ValueError(f"group {group.group_id}: a sample has an empty prompt")
@@ -58,7 +61,7 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                 )
             ids = (
                 []
-                if cfg.mask_truncated and sample.finish_reason == "length"
+                if cfg.overlong == "mask" and sample.finish_reason == "length"
                 else sample.response_ids
             )
             seqs.append(
@@ -68,6 +71,15 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
             )
     _assign_weights(seqs, cfg.aggregation)
     return seqs
+
+
+def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
+    if cfg.overlong != "soft":
+        return sample.reward
+    if cfg.response_cap is None:
+        raise ValueError("overlong=soft needs the response cap (LossConfig.response_cap)")
+    length = len(sample.response_ids)
+    return sample.reward + overlong_penalty(length, cfg.response_cap, cfg.overlong_buffer)
 
 
 def _assign_weights(seqs: list[TrainSequence], aggregation: str) -> None:

@@ -50,9 +50,28 @@ class LossConfig:
         },
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
-    mask_truncated: bool = field(
-        default=False, metadata={"help": "drop responses cut at the length limit from the loss"}
+    overlong: Literal["none", "mask", "soft"] = field(
+        default="none",
+        metadata={
+            "help": "responses that run into the length cap (DAPO): none: trained as they "
+            "are; mask: truncated ones (finish reason length) are left out of the loss; "
+            "soft: a reward penalty growing linearly from 0 to -1 over the last "
+            "overlong_buffer tokens before the cap (sampling.max_new_tokens)"
+        },
     )
+    overlong_buffer: int = field(
+        default=64,
+        metadata={"help": "overlong=soft: tokens before the cap over which the penalty grows"},
+    )
+    # Derived in `dorarl train` (TrainConfig.DERIVED_KEYS), not settings there: the
+    # engines' response cap, and (read-only) the old name of overlong=mask.
+    response_cap: int | None = field(
+        default=None, metadata={"help": "the engines' response cap (overlong=soft ends at it)"}
+    )
+    mask_truncated: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.mask_truncated = self.overlong == "mask"
 
     def validate(self) -> None:
         if not 0.0 <= self.eps_low < 1.0:
@@ -72,6 +91,18 @@ class LossConfig:
             raise ConfigError("tis_cap: must be > 0")
         if self.dual_clip is not None and self.dual_clip <= 1.0:
             raise ConfigError("dual_clip: must be > 1")
+        self._check_overlong()
+
+    def _check_overlong(self) -> None:
+        if self.overlong_buffer < 1:
+            raise ConfigError(f"overlong_buffer: must be >= 1, got {self.overlong_buffer}")
+        if self.overlong != "soft" or self.response_cap is None:
+            return  # the cap is checked when it is known (TrainConfig, or the first batch)
+        if self.overlong_buffer >= self.response_cap:
+            raise ConfigError(
+                f"overlong_buffer: {self.overlong_buffer} tokens must be fewer than the "
+                f"response cap sampling.max_new_tokens={self.response_cap}"
+            )
 
 
 @dataclass(kw_only=True)
@@ -88,8 +119,18 @@ class TrainerConfig:
     micro_batch_tokens: int = field(
         default=0,
         metadata={
-            "help": "padded tokens per forward/backward micro-batch (0: as many as keep the "
-            "activations saved for backward near 2 GiB, from the model's shape)"
+            "help": "tokens per forward/backward micro-batch, rows x longest row, padding "
+            "included (0: as many as keep the activations saved for backward near 2 GiB, "
+            "from the model's shape)"
+        },
+    )
+    packing: Literal["shared_prompt", "padded"] = field(
+        default="shared_prompt",
+        metadata={
+            "help": "shared_prompt: a row holds a prompt once, then its group's responses "
+            "(block-causal mask, position ids restart per response), several groups per row; "
+            "padded: one right-padded row per response, the prompt in each. A model whose "
+            "attention cannot take a 4D mask falls back to padded with a warning"
         },
     )
     logits_chunk_tokens: int = field(

@@ -11,6 +11,7 @@ import torch
 
 from dorarl.trainer.batch import MicroBatch
 from dorarl.trainer.loss import PolicyTerms, k3_kl
+from dorarl.trainer.packing import PackedBatch
 
 
 @dataclass
@@ -30,7 +31,7 @@ class StepTotals:
 
     def add(
         self,
-        batch: MicroBatch,
+        batch: MicroBatch | PackedBatch,
         loss: torch.Tensor,
         terms: PolicyTerms,
         logp: torch.Tensor,

@@ -22,12 +22,13 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from dorarl.data import Group
 from dorarl.errors import UserInputError
 from dorarl.trainer import checkpoint as ckpt
-from dorarl.trainer.batch import MicroBatch, build_sequences, collate, plan_micro_batches
+from dorarl.trainer.batch import MicroBatch, build_sequences
 from dorarl.trainer.config import TrainerConfig
-from dorarl.trainer.forward import micro_batch_logprobs, split_head
+from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_head
 from dorarl.trainer.loss import k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
+from dorarl.trainer.packing import PackedBatch, micro_batches
 from dorarl.trainer.sizing import auto_micro_batch_tokens
 from dorarl.trainer.totals import StepTotals
 
@@ -72,9 +73,13 @@ class Trainer:
         self.reference = self._load_reference() if config.loss.kl_coef > 0 else None
         self.split = split_head(self.model)
         self.reference_split = split_head(self.reference) if self.reference is not None else None
+        models = [self.model] + ([self.reference] if self.reference is not None else [])
+        self.packing = resolve_packing(models, config.packing)
         self.peak_memory = PeakMemory(self.device)
         self.micro_batch_tokens = config.micro_batch_tokens or auto_micro_batch_tokens(
-            model.config, next(model.parameters()).element_size()
+            model.config,
+            next(model.parameters()).element_size(),
+            packed=self.packing == "shared_prompt",
         )
         self.pad_id = int(model.config.pad_token_id or 0)
         self.optimizer = torch.optim.AdamW(
@@ -165,15 +170,16 @@ class Trainer:
     def accumulate_gradients(self, groups: list[Group]) -> dict[str, float]:
         """Forward/backward over token-budget micro-batches; leaves the full-batch gradient
         in `.grad` (no optimizer step) and returns the loss metrics."""
-        seqs = [s for s in build_sequences(groups, self.config.loss) if s.response_ids]
+        seqs = build_sequences(groups, self.config.loss)
         totals = StepTotals()
-        plan = plan_micro_batches([s.length for s in seqs], self.micro_batch_tokens)
-        for indices in plan:
-            batch = collate([seqs[i] for i in indices], self.pad_id, self.device)
+        batches = micro_batches(
+            seqs, self.micro_batch_tokens, self.packing, self.pad_id, self.device, self.model.config
+        )
+        for batch in batches:
             self._micro_step(batch, totals)
-        return {**totals.summary(), "micro_batches": float(len(plan))}
+        return {**totals.summary(), "micro_batches": float(len(batches))}
 
-    def _micro_step(self, batch: MicroBatch, totals: StepTotals) -> None:
+    def _micro_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
         cfg = self.config.loss
         logp, entropy = micro_batch_logprobs(
             self.model,
@@ -198,7 +204,7 @@ class Trainer:
         totals.add(batch, loss.detach(), terms, logp.detach(), entropy.detach(), kl_ref)
 
     @torch.no_grad()
-    def _reference_logprobs(self, batch: MicroBatch) -> torch.Tensor:
+    def _reference_logprobs(self, batch: MicroBatch | PackedBatch) -> torch.Tensor:
         logp, _ = micro_batch_logprobs(
             self.reference,
             self.reference_split,

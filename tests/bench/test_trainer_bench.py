@@ -15,14 +15,20 @@ def test_quick_bench_on_a_tiny_shape_writes_its_report(tmp_path, capsys):
     assert bench.main(["--shape", "tiny", "--quick", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "trainer.json").read_text())
     work = report["workload"]
-    assert work["samples"] == 8 and work["padded_tokens"] >= work["tokens"]
-    for name in ("trainer", "hf", "floor"):
+    positions = work["positions"]
+    assert work["samples"] == 8 and positions["padded"] >= work["tokens"]
+    # One group: its prompt once, then its responses, in fewer positions than the samples.
+    prompt = bench.QUICK.prompt_len
+    assert positions["shared_prompt"] == work["response_tokens"] + prompt < work["tokens"]
+    for name in ("trainer", "trainer_padded", "hf", "floor"):
         assert report["tokens_per_s"][name] > 0 and report["ms_per_step"][name] > 0
     assert report["ms_per_step"]["floor"] == pytest.approx(report["floor_ms"]["total"])
     assert report["floor_ms"]["output_layer"] > 0 and report["floor_ms"]["attention"] > 0
     assert 0 < report["train_step"]["peak_memory_gb"] < 64
-    assert set(report["peak_memory_gb"]) == {"trainer", "hf"}
-    assert set(report["bars"]) == {"trainer_vs_hf", "peak_memory_gb"}
+    assert set(report["peak_memory_gb"]) == {"trainer", "trainer_padded", "hf"}
+    assert set(report["bars"]) == {"trainer_vs_hf", "packed_vs_padded", "peak_memory_gb"}
+    assert set(report["agreement"]) >= {"loss", "grad_norm", "entropy"}
+    assert max(report["agreement"].values()) < 1e-4
     assert "trainer bench" in capsys.readouterr().out
 
 

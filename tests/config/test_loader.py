@@ -29,6 +29,17 @@ def test_defaults_and_dotted_overrides():
     assert (cfg.mode, cfg.K, cfg.inner.lr, cfg.inner.betas) == ("sync", 3, 0.5, [0.1, 0.2])
 
 
+def test_a_string_key_keeps_the_braces_typed_on_the_command_line():
+    # YAML reads `{question}` as a mapping; a format template is what a string key meant
+    assert load_config(Root, overrides=["name={question}"]).name == "{question}"
+    assert load_config(Root, overrides=["name={question} Answer: {{}}"]).name == (
+        "{question} Answer: {{}}"
+    )
+    assert load_config(Root, overrides=["inner={lr: 0.5}"]).inner.lr == 0.5  # sections still
+    with pytest.raises(ConfigError, match="^K: expected int"):
+        load_config(Root, overrides=["K={a: 1}"])
+
+
 def test_float_written_without_a_dot():
     assert load_config(Root, overrides=["inner.lr=3e-4"]).inner.lr == 3e-4
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import functools
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from dorarl.engine import Engine, EngineConfig, RequestOutput, SamplingParams
 
@@ -22,10 +29,18 @@ TINY = dict(
 )
 
 
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+}
+# Qwen3's own default head_dim is 128; 32 here keeps q_size (128) != hidden (64).
+FAMILY_DEFAULTS = {"qwen3": dict(head_dim=32)}
+
+
 def tiny_config(arch: str, **overrides):
-    if arch == "qwen2":
-        return Qwen2Config(**{**TINY, **overrides})
-    return LlamaConfig(**{**TINY, **overrides})
+    config_cls, _ = FAMILIES[arch]
+    return config_cls(**{**TINY, **FAMILY_DEFAULTS.get(arch, {}), **overrides})
 
 
 VARIANTS = {
@@ -47,6 +62,9 @@ VARIANTS = {
     "qwen2-linear-rope-headdim": dict(
         head_dim=32, rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}
     ),
+    "qwen2-tied": dict(tie_word_embeddings=True),
+    "qwen3": {},
+    "qwen3-tied-bias-headdim16": dict(tie_word_embeddings=True, attention_bias=True, head_dim=16),
 }
 
 
@@ -56,13 +74,15 @@ def tiny_model(variant: str, seed: int = 0):
     arch = variant.split("-")[0]
     torch.manual_seed(seed)
     config = tiny_config(arch, **VARIANTS[variant])
-    cls = Qwen2ForCausalLM if arch == "qwen2" else LlamaForCausalLM
-    model = cls(config).eval()
-    # HF inits biases to zero; random ones make the Qwen2 bias path count in the parity test.
+    model = FAMILIES[arch][1](config).eval()
+    # HF inits biases to zero and Qwen3's q/k norms to one; random ones make those paths
+    # count in the parity tests.
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0.0, 0.1)
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
     return model
 
 

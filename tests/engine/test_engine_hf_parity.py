@@ -1,12 +1,25 @@
-"""Our forward pass, paged attention and logprobs against Hugging Face's own models."""
+"""Our forward pass, paged attention and logprobs against Hugging Face's own models.
+
+Every family (Llama, Qwen2, Qwen3), tied and untied embeddings, biases on and off, and the
+RoPE variants (Llama 3 scaling at positions where its scaled frequencies matter)."""
 
 import pytest
 import torch
-from engine_testlib import VARIANTS, greedy, make_engine, prompts, run_all, tiny_model
+from engine_testlib import (
+    FAMILIES,
+    VARIANTS,
+    greedy,
+    make_engine,
+    prompts,
+    run_all,
+    tiny_config,
+    tiny_model,
+)
 
 from dorarl.engine import SamplingParams
 
-ARCHS = ["qwen2", "llama"]
+ARCHS = list(FAMILIES)
+LLAMA3_ROPE = VARIANTS["llama-tied-bias-llama3rope"]["rope_parameters"]
 
 
 def _hf_logprobs(
@@ -79,11 +92,39 @@ def test_sampled_logprobs_are_under_the_tempered_distribution(arch):
         torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-4, rtol=0)
 
 
-def test_state_dict_round_trips_hf_names():
-    model = tiny_model("qwen2", seed=1)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_state_dict_round_trips_hf_names(variant):
+    model = tiny_model(variant, seed=1)
     engine = make_engine(model)
     ours = engine.state_dict()
-    theirs = model.state_dict()
+    theirs = dict(model.state_dict())
+    if model.config.tie_word_embeddings:  # HF lists the tied output layer; it is the embedding
+        assert torch.equal(theirs.pop("lm_head.weight"), theirs["model.embed_tokens.weight"])
     assert set(ours) == set(theirs)
     for name, tensor in theirs.items():
         assert torch.equal(ours[name], tensor), name
+
+
+def _teacher_forced(model, prompt: list[int], output: list[int]) -> torch.Tensor:
+    ref = _hf_logprobs(model, prompt, output)
+    return ref.gather(1, torch.tensor(output)[:, None]).squeeze(1)
+
+
+def test_llama3_rope_scaling_matches_hf_at_long_positions():
+    """Positions up to 210, far past original_max_position_embeddings (64) / factor (8): the
+    scaled low frequencies turn by whole radians there, so a plain-RoPE engine would fail.
+    The same weights under plain RoPE (the twin) show that this test can tell."""
+    torch.manual_seed(3)
+    scaled = FAMILIES["llama"][1](tiny_config("llama", rope_parameters=LLAMA3_ROPE)).eval()
+    plain_rope = {"rope_type": "default", "rope_theta": LLAMA3_ROPE["rope_theta"]}
+    twin = FAMILIES["llama"][1](tiny_config("llama", rope_parameters=plain_rope)).eval()
+    twin.load_state_dict(scaled.state_dict())
+    engine = make_engine(scaled)
+    prompt = prompts([150], seed=5)[0]
+    engine.add_request("long", prompt, greedy(60))
+    out = run_all(engine)["long"]
+    want = _teacher_forced(scaled, prompt, out.output_ids)
+    assert out.output_ids == _hf_logprobs(scaled, prompt, out.output_ids).argmax(-1).tolist()
+    torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-4, rtol=0)
+    unscaled = _teacher_forced(twin, prompt, out.output_ids)
+    assert (want - unscaled).abs().max() > 1e-3  # 10x the tolerance above

@@ -10,7 +10,10 @@ from dorarl.engine import Engine, EngineConfig
 from dorarl.errors import UserInputError
 
 
-@pytest.mark.parametrize("variant", ["qwen2", "llama-tied-bias-llama3rope"])
+@pytest.mark.parametrize(
+    "variant",
+    ["qwen2", "qwen2-tied", "llama-tied-bias-llama3rope", "qwen3", "qwen3-tied-bias-headdim16"],
+)
 def test_from_pretrained_folder_matches_the_in_memory_model(tmp_path, variant):
     model = tiny_model(variant, seed=1)
     model.save_pretrained(tmp_path)
@@ -23,8 +26,9 @@ def test_from_pretrained_folder_matches_the_in_memory_model(tmp_path, variant):
     assert run_all(engine)["x"].output_ids == run_alone(model, prompt, greedy(15)).output_ids
 
 
-def test_load_weights_swaps_version_and_model():
-    old, new = tiny_model("qwen2", seed=1), tiny_model("qwen2", seed=2)
+@pytest.mark.parametrize("variant", ["qwen2", "llama", "qwen3", "qwen3-tied-bias-headdim16"])
+def test_load_weights_swaps_version_and_model(variant):
+    old, new = tiny_model(variant, seed=1), tiny_model(variant, seed=2)
     engine = make_engine(old, version=0)
     engine.load_weights(new.state_dict(), version=1)
     assert engine.version == 1
@@ -33,8 +37,10 @@ def test_load_weights_swaps_version_and_model():
     out = run_all(engine)["x"]
     want = run_alone(new, prompt, greedy(12))
     assert out.output_ids == want.output_ids and out.versions == [1] * 12
+    ours = engine.state_dict()
     for name, tensor in new.state_dict().items():
-        assert torch.equal(engine.state_dict()[name], tensor)
+        tied_alias = name == "lm_head.weight" and new.config.tie_word_embeddings
+        assert torch.equal(ours["model.embed_tokens.weight" if tied_alias else name], tensor)
 
 
 def test_tokens_after_a_swap_carry_the_new_version():

@@ -8,7 +8,7 @@ from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.evaluation import eval_versions
-from dorarl.jobs.workload import build_task
+from dorarl.jobs.workload import build_task, eval_sampling
 
 
 def _err(capsys, *args):
@@ -134,3 +134,75 @@ def test_bench_help_lists_the_benchmarks(capsys):
         assert f"bench {name}" in text
     assert cli_main(["bench", "nope"]) == 2
     assert "unknown command 'bench nope'" in capsys.readouterr().err
+
+
+def test_an_unsupported_model_is_refused_in_one_line_before_anything_starts(
+    tmp_path, capsys, tiny_model_dir
+):
+    model = tmp_path / "mistral"
+    model.mkdir()
+    for item in tiny_model_dir.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "mistral"}))
+    rc, err = _err(capsys, f"model={model}", "--out", str(tmp_path / "run"))
+    assert rc == 2 and len(err) == 1, err
+    assert f"{model}/config.json: model_type 'mistral' is not supported" in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_format_keys_reach_the_jsonl_task(tmp_path, tiny_chat_model_dir):
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "1 + 1 = 2\n#### 2"}) + "\n")
+    overrides = ["task.name=jsonl", f"task.path={data}", f"task.eval_path={data}",
+                 "task.format=gsm8k", "task.prompt_template=Q: {question}",
+                 "task.chat_template=true", "task.system_prompt=Be brief."]  # fmt: skip
+    task = build_task(load_config(TrainConfig, overrides=overrides), str(tiny_chat_model_dir))
+    (prompt,) = task.train_prompts()
+    assert (prompt.text, prompt.answer) == ("Q: 1+1?", "2")
+    text = task.tokenizer.decode(prompt.prompt_ids)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert task.reward_fn.__name__ == "math_equivalent"  # the default for gsm8k rows
+    exact = build_task(
+        load_config(TrainConfig, overrides=[*overrides, "task.reward=exact"]),
+        str(tiny_chat_model_dir),
+    )
+    assert exact.reward_fn.__name__ == "exact_match"
+
+
+def test_eval_samples_sample_at_the_runs_settings():
+    config = load_config(
+        TrainConfig,
+        overrides=["eval.samples=8", "sampling.temperature=0.7", "sampling.top_p=0.9", "seed=5"],
+    )
+    sampling = eval_sampling(config)
+    assert (sampling.samples, sampling.temperature, sampling.top_p, sampling.seed) == (
+        8, 0.7, 0.9, 5,
+    )  # fmt: skip
+    assert eval_sampling(load_config(TrainConfig)).samples == 0
+    with pytest.raises(ConfigError, match="^eval.samples: must be >= 0"):
+        load_config(TrainConfig, overrides=["eval.samples=-1"])
+
+
+def test_sampled_scores_reach_the_metrics_rows_and_the_summary():
+    from dorarl.jobs.evaluation import _attach_eval, eval_fields, sampled_eval_summary
+
+    evals = {0: {"version": 0, "accuracy": 0.25, "mean@4": 0.3, "pass@2": 0.4, "pass@4": 0.5}}
+    row = {"step": 0, "version": 0, "new_version": 1}
+    _attach_eval(row, evals, first_step=0)
+    assert row["eval_accuracy"] == 0.25 and row["eval_pass@4"] == 0.5 and row["eval_mean@4"] == 0.3
+    assert eval_fields(row) == {
+        "eval_accuracy": 0.25, "eval_mean@4": 0.3, "eval_pass@2": 0.4, "eval_pass@4": 0.5,
+    }  # fmt: skip
+    summary = sampled_eval_summary(list(evals.values()))
+    assert summary == {"eval_sampled": {"0": {"mean@4": 0.3, "pass@2": 0.4, "pass@4": 0.5}}}
+    assert sampled_eval_summary([{"version": 0, "accuracy": 0.1}]) == {}
+
+
+def test_help_lists_the_workload_keys(capsys):
+    assert cli_main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    for key in ("task.format", "task.prompt_template", "task.system_prompt", "eval.samples",
+                "trainer.loss.overlong", "trainer.loss.overlong_buffer"):  # fmt: skip
+        assert f"\n  {key} " in text
+    assert "response_cap" not in text and "mask_truncated" not in text

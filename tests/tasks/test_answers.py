@@ -29,6 +29,8 @@ from dorarl.tasks.answers import extract_final_answer, is_unevaluated_arithmetic
         ("The result is $2\\sqrt{2}$, done", "2\\sqrt{2}"),
         ("-5", "-5"),
         ("The answer is 3.5.", "3.5"),
+        ("48 / 2 = 24 in May, 24 + 48 = 70 in all.\n#### 72", "72"),  # GSM8K's mark
+        ("She has 5 left.\n#### 1,000 dollars", "1,000"),
     ],
 )
 def test_extracts_the_final_answer(response, expected):

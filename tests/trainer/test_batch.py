@@ -50,6 +50,6 @@ def test_collate_aligns_response_tokens_with_the_logits_that_predict_them():
 
 def test_sequence_mean_weights_and_masked_truncations():
     group = _group([1.0, 0.0, 0.0], [[7, 8, 9, 10], [9], [4, 4]], ["stop", "stop", "length"])
-    seqs = build_sequences([group], LossConfig(aggregation="seq_mean", mask_truncated=True))
+    seqs = build_sequences([group], LossConfig(aggregation="seq_mean", overlong="mask"))
     assert [len(s.response_ids) for s in seqs] == [4, 1, 0]
     assert [s.weight for s in seqs] == [1 / (4 * 2), 1 / (1 * 2), 0.0]

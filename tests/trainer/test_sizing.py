@@ -29,3 +29,17 @@ def test_tiny_and_huge_models_are_clamped():
     huge = LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80)
     assert auto_micro_batch_tokens(tiny, 4) == MAX_TOKENS
     assert auto_micro_batch_tokens(huge, 2) == MIN_TOKENS
+
+
+def test_packed_rows_count_the_keys_and_values_repeated_for_the_mask():
+    gqa = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
+    extra = 30 * 2 * (9 - 3) * 64 * 4
+    padded = activation_bytes_per_token(gqa, 4)
+    assert activation_bytes_per_token(gqa, 4, packed=True) == padded + extra
+    budget = padded * 1280  # padded rows: 1280 tokens fit exactly; packed ones: fewer
+    assert auto_micro_batch_tokens(gqa, 4, budget) == 1280
+    assert auto_micro_batch_tokens(gqa, 4, budget, packed=True) == 1024
+    mha = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=9)  # fmt: skip
+    assert activation_bytes_per_token(mha, 4, packed=True) == activation_bytes_per_token(mha, 4)

@@ -201,7 +201,10 @@ def test_no_full_vocabulary_logits_are_kept_for_backward(make_groups):
     assert trainer.split is not None
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
     assert _largest_saved_tensor(trainer, groups) <= 3000 * 32  # the output layer's weight
-    trainer.split = None  # the full-logits path keeps (rows x width x vocabulary) logits
+    trainer.split = None  # the full-logits path keeps (response tokens x vocabulary) logits
+    response_tokens = sum(g.response_tokens for g in groups)
+    assert _largest_saved_tensor(trainer, groups) >= response_tokens * 3000
+    trainer.packing = "padded"  # and, padded, (rows x width x vocabulary)
     assert _largest_saved_tensor(trainer, groups) >= tokens * 3000
 
 

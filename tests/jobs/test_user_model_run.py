@@ -1,0 +1,43 @@
+"""A user's workload end to end: a Qwen2-shaped Hugging Face folder (random weights from
+`save_pretrained`, a byte-level BPE tokenizer trained here with a chat template) on a
+GSM8K-style file, through `dorarl train` on local Ray, with sampled evaluation and soft
+overlong punishment on; the checkpoint it writes loads back into the engine."""
+
+import json
+
+import pytest
+from tiny_model import gsm8k_rows, save_family_model
+
+from dorarl.cli import main as cli_main
+from dorarl.engine import Engine, EngineConfig
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["instances=2", "tbs=4", "rbs=8", "group_size=4", "engine.max_num_seqs=16",
+         "sampling.max_new_tokens=32", "eval.max_prompts=6", "eval.every=0", "progress=false"]  # fmt: skip
+
+
+def test_qwen2_folder_trains_on_gsm8k_rows_through_the_chat_template(tmp_path):
+    rows = gsm8k_rows(40)
+    model = save_family_model(
+        tmp_path / "qwen2", "qwen2", [r["question"] + r["answer"] for r in rows]
+    )
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    bar = [f"model={model}", "task.name=jsonl", f"task.path={data}", "task.format=gsm8k",
+           "task.reward=math", "task.chat_template=true", "steps=3"]  # fmt: skip
+    extras = ["eval.samples=2", "trainer.loss.overlong=soft", "trainer.loss.overlong_buffer=8"]
+    assert cli_main(["train", *bar, *SMALL, *extras, "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert summary["steps"] == 3 and summary["dropped_total"] == 0 and len(metrics) == 3
+    assert summary["reward_errors"] == 0
+    assert set(summary["eval_sampled"]) == {"0", "3"}
+    for row in (metrics[0], metrics[-1]):
+        assert {"eval_accuracy", "eval_mean@2", "eval_pass@2"} <= set(row)
+    assert all(m["response_len_max"] <= 32 for m in metrics)
+    checkpoint = out / "checkpoints" / "version_00003"
+    assert json.loads((checkpoint / "config.json").read_text())["model_type"] == "qwen2"
+    engine = Engine.from_pretrained(checkpoint, EngineConfig(max_num_seqs=2, max_model_len=128))
+    assert engine.spec.tie_word_embeddings and engine.version == 0
