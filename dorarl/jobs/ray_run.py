@@ -233,15 +233,17 @@ def _gather(
 
 
 # ---- checkpoints -------------------------------------------------------------------------
-def _periodic_checkpoint(config: TrainConfig, runtime: RayRuntime, out_dir: Path, version: int):
+def _periodic_checkpoint(
+    config: TrainConfig, runtime: RayRuntime, out_dir: Path, version: int
+) -> None:
     """Every `checkpoint_every` versions, before the controller hears of `version` (its data
-    position is the checkpoint's); the last version is saved at the end."""
-    if (
-        config.checkpoint_every
-        and version % config.checkpoint_every == 0
-        and version < config.steps
-    ):
-        _checkpoint(runtime, out_dir, runtime.controller.resume_state(), config.checkpoint_keep)
+    position is the checkpoint's). The last version is saved at the end, and so is the one
+    a stop ends at: once, not rewritten (a rewrite gains nothing, and a trainer restored
+    from a checkpoint pruned since copies its tokenizer files from there: none)."""
+    every = config.checkpoint_every
+    if runtime.should_stop() or not every or version % every or version >= config.steps:
+        return
+    _checkpoint(runtime, out_dir, runtime.controller.resume_state(), config.checkpoint_keep)
 
 
 def _checkpoint(

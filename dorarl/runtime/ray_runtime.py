@@ -74,11 +74,7 @@ class RayRuntime:
         max_trainer_restarts: int = 0,
         checkpoints: Path | None = None,
     ) -> None:
-        if tuple(recorder.overhead_kinds) != self.OVERHEAD_KINDS:
-            raise ValueError(
-                f"RayRuntime measures the overheads {self.OVERHEAD_KINDS}; its Recorder "
-                f"reports {recorder.overhead_kinds} (pass overhead_kinds=RayRuntime.OVERHEAD_KINDS)"
-            )
+        _check_overheads(recorder)
         self.t0 = time.monotonic()
         self.started = False
         self.calls = CallTable()
@@ -116,19 +112,18 @@ class RayRuntime:
             if respawn and max_restarts
             else None
         )
-        self.trainer_recovery = (
-            TrainerRecovery(
-                self.trainer_client,
-                self.calls,
-                recorder,
-                respawn_trainer,
-                checkpoints,
-                max_trainer_restarts,
-            )
-            if respawn_trainer and max_trainer_restarts
-            else None
+        self.trainer_recovery = self._trainer_recovery(
+            respawn_trainer, max_trainer_restarts, checkpoints
         )
         self._answers = self._answer_table()
+
+    def _trainer_recovery(
+        self, respawn: Callable[[str | None], Any] | None, restarts: int, folder: Path | None
+    ) -> TrainerRecovery | None:
+        if not (respawn and restarts):
+            return None
+        client, recorder = self.trainer_client, self.driver.recorder
+        return TrainerRecovery(client, self.calls, recorder, respawn, folder, restarts)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -300,6 +295,14 @@ class _RayExecutor:
 
     def set_timer(self, at: float) -> None:
         heapq.heappush(self.timers, at)
+
+
+def _check_overheads(recorder: Recorder) -> None:
+    if tuple(recorder.overhead_kinds) != RayRuntime.OVERHEAD_KINDS:
+        raise ValueError(
+            f"RayRuntime measures the overheads {RayRuntime.OVERHEAD_KINDS}; its Recorder "
+            f"reports {recorder.overhead_kinds} (pass overhead_kinds=RayRuntime.OVERHEAD_KINDS)"
+        )
 
 
 def _ignore(result: Any, call: Call) -> None:
