@@ -1,4 +1,4 @@
-"""Plain data that crosses part boundaries: one sampled response and one group.
+"""Samples and groups: one sampled response, and a prompt with its G responses.
 
 Torch-free on purpose: the controller, the simulator and the Ray runtime pass these
 around, and they must pickle cheaply. Invariant: a `Sample` carries one behavior
