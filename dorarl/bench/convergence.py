@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dorarl.bench.bars import makespan_steps
 from dorarl.bench.calibrate import (
     PaceRule,
     calibrate,
@@ -33,13 +34,14 @@ from dorarl.bench.calibrate import (
     sample_lengths,
 )
 from dorarl.bench.cli_args import parse_bench_args
-from dorarl.bench.convergence_plot import plot_convergence
-from dorarl.bench.figures import length_stats, makespan_steps
 from dorarl.config import ConfigError, load_config
+from dorarl.data.lengths import length_stats
 from dorarl.engine import SamplingParams
 from dorarl.jobs.config import EvalSection, TrainConfig
-from dorarl.jobs.ray_run import build_task, run_ray
-from dorarl.runtime.pacing import DeviceModel
+from dorarl.jobs.ray_run import run_ray
+from dorarl.jobs.workload import build_task
+from dorarl.record.pacing import DeviceModel
+from dorarl.report.convergence_plot import plot_convergence
 from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
 

@@ -37,6 +37,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 from dorarl.bench.engine_real import RealSpec, load_model, print_real, run_real
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import SHAPES
+from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.dense_attention import DenseAttention
 from dorarl.engine.sampler import SampleRow, sample
@@ -117,19 +118,6 @@ def make_workload(spec: BenchSpec) -> Workload:
     rng.shuffle(lengths)
     prompts = [[rng.randrange(spec.vocab) for _ in range(spec.prompt_len)] for _ in range(n)]
     return Workload(prompts, lengths)
-
-
-def length_stats(lengths: list[int]) -> dict[str, float]:
-    ordered = sorted(lengths)
-    median = statistics.median(ordered)
-    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
-    return {
-        "median": median,
-        "p99": p99,
-        "max": ordered[-1],
-        "mean": statistics.fmean(ordered),
-        "p99_over_median": p99 / median,
-    }
 
 
 def build_model(spec: BenchSpec) -> Qwen2ForCausalLM:

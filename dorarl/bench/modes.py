@@ -7,7 +7,7 @@ Every mode runs on the Ray runtime with real engines and the real trainer, on th
 long-tailed forced-length workload, the same instances, prompts and seeds, on one set of
 actors reset to a fresh engine and trainer before each mode. Before the modes run, the real
 compute of a full-batch decode step, of prefill and of a training step is calibrated once;
-every engine step and training step then lasts its device time (dorarl.runtime.pacing), so
+every engine step and training step then lasts its device time (dorarl.record.pacing), so
 N instances sharing the CPU cores behave like N dedicated accelerators, and every paced
 figure is shown beside the real compute it covered. Writes DIR/modes.json, DIR/<mode>/ (the recorder's files,
 trace.json included), DIR/timeline_<mode>.png and DIR/throughput.png; prints the tables.
@@ -26,6 +26,7 @@ from typing import Any
 
 import ray
 
+from dorarl.bench.bars import check_bars, makespan_steps
 from dorarl.bench.calibrate import (
     Calibration,
     PaceRule,
@@ -34,23 +35,18 @@ from dorarl.bench.calibrate import (
     quiet_model_loading,
 )
 from dorarl.bench.cli_args import parse_bench_args
-from dorarl.bench.figures import (
-    check_bars,
-    length_stats,
-    makespan_steps,
-    mode_figures,
-    paced_reliably,
-)
 from dorarl.bench.report import print_modes
-from dorarl.bench.timeline import plot_throughput, plot_timeline
 from dorarl.config import ConfigError, load_config
 from dorarl.controller import ControllerConfig, OrchestratorConfig
+from dorarl.data.lengths import LengthDist, length_stats
 from dorarl.engine import EngineConfig
+from dorarl.record.pacing import DeviceModel
+from dorarl.record.recorder import Recorder
+from dorarl.report.figures import mode_figures, paced_reliably
+from dorarl.report.timeline import plot_throughput, plot_timeline
+from dorarl.runtime.actors import EngineSpec, TrainerSpec, start_workers
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings, start_workers
-from dorarl.runtime.recorder import Recorder
-from dorarl.sim.lengths import LengthDist
+from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.assets import shipped_base_model
 from dorarl.trainer import TrainerConfig
@@ -260,8 +256,11 @@ def _run_all(
     summaries: dict[str, dict] = {}
     try:
         t0 = time.perf_counter()
-        trainer_args = (model_folder, cfg.trainer(), 1)
-        actors = start_workers(cfg.instances, model_folder, cfg.engine(), trainer_args, 1, device)
+        engine, trainer = (
+            EngineSpec(model_folder, cfg.engine()),
+            TrainerSpec(model_folder, cfg.trainer()),
+        )
+        actors = start_workers(cfg.instances, engine, trainer, device)
         say(f"started {cfg.instances} engine actors and the trainer in "
             f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
         for name, mode, k in cfg.modes():

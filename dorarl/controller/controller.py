@@ -45,13 +45,15 @@ from dorarl.controller.events import (
     TrainDone,
     WeightsLoaded,
 )
+from dorarl.controller.invariants import violations
 from dorarl.controller.lockstep import LockstepOrchestrator
 from dorarl.controller.orchestrator import Orchestrator
 from dorarl.controller.partial import PartialRolloutOrchestrator
 from dorarl.controller.partition import kv_fit
 from dorarl.controller.rollout import RolloutManager
 from dorarl.controller.staleness import batch_ready, select_batch
-from dorarl.controller.state import Ledger
+from dorarl.controller.state import InstanceState, Ledger
+from dorarl.controller.views import InstanceView
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +97,33 @@ class Controller:
         """Newest published version."""
         return self.ledger.newest
 
+    @property
+    def training(self) -> bool:
+        """A training step is in flight (its TrainDone not delivered yet)."""
+        return self.ledger.training
+
     def instance_versions(self) -> dict[int, int]:
         """Instance id -> assigned version (hosted, or being loaded)."""
         return {i.instance_id: i.version for i in self.ledger.instances}
+
+    def instance(self, instance_id: int) -> InstanceView:
+        """What instance `instance_id` hosts or loads, and the requests placed on it."""
+        return _view(self.ledger.instances[instance_id])
+
+    def hosts(self, version: int) -> list[int]:
+        """Instances that host `version` now (ready), lowest id first."""
+        ledger = self.ledger
+        return sorted(i for i in ledger.hosts.get(version, ()) if ledger.instances[i].ready)
+
+    def requests_in_flight(self) -> dict[str, int]:
+        """Every dispatched, unfinished request -> the instance it is placed on (or migrating
+        to, or was interrupted on)."""
+        return {rid: req.instance_id for rid, req in self.ledger.requests.items()}
+
+    def violations(self) -> list[str]:
+        """Breaches of the protocol invariants (`dorarl.controller.invariants`); empty when
+        all hold. For tests and debugging: it recounts the whole ledger."""
+        return violations(self.ledger)
 
     def counts(self) -> dict[str, int]:
         ledger = self.ledger
@@ -193,6 +219,10 @@ class Controller:
         ledger.consume(group_ids)
         version = ledger.start_training()
         return [Train(tuple(group_ids), version)] + self.orchestrator.on_train_started()
+
+
+def _view(inst: InstanceState) -> InstanceView:
+    return InstanceView(inst.instance_id, inst.version, inst.ready, tuple(inst.requests))
 
 
 def _make_orchestrator(

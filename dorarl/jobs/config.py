@@ -11,10 +11,10 @@ from typing import ClassVar, Literal
 
 from dorarl.config import ConfigError
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig
+from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint, read_resume_point
 from dorarl.runtime.placement import PlacementPlan, plan_placement
-from dorarl.sim.lengths import LengthDist
 from dorarl.trainer import LossConfig, TrainerConfig
 
 
@@ -243,6 +243,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.trainer.temperature = self.sampling.temperature
         self.trainer.loss.response_cap = self.sampling.max_new_tokens
+        self._resume_read: tuple[str, ResumePoint] | None = None  # not a setting: a cache
 
     def validate(self) -> None:
         for key, device in (
@@ -316,7 +317,13 @@ class TrainConfig:
         )
 
     def resume_point(self) -> ResumePoint | None:
-        return read_resume_point(self.resume) if self.resume else None
+        """The checkpoint `resume` names, read once (at validation) for the value it has."""
+        if not self.resume:
+            return None
+        read = self._resume_read
+        if read is None or read[0] != self.resume:
+            read = self._resume_read = (self.resume, read_resume_point(self.resume))
+        return read[1]
 
 
 def _check_device(key: str, device: str) -> None:

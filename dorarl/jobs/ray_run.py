@@ -1,57 +1,45 @@
 """`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
 
-Evaluation runs in its own actor on the versions it is asked for (the base, every
-`eval.every` versions, the last), so it never stalls rollout or training; with
-`defer_eval` it runs after training, so it takes no CPU from a timed run either. `pace`
-turns on device emulation (dorarl.runtime.pacing) for the engines and the trainer.
+A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
+again), its runtime (`RayRuntime`), what happens at each new version (a periodic
+checkpoint before the controller hears of it; after it, the evaluation, scalars and
+progress of the step), and its end (the final checkpoint, evaluations merged into
+metrics.jsonl, the summary). Evaluation runs in its own actor on the versions it is asked
+for, so it never stalls rollout or training; with `defer_eval` it runs after training, so
+it takes no CPU from a timed run either. `pace` turns on device emulation
+(dorarl.record.pacing) for the engines and the trainer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from dorarl.config import ConfigError
-from dorarl.data import Sample
-from dorarl.engine import EngineConfig
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.eval_actor import Evaluations, start_evaluator
+from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
 from dorarl.jobs.learning_signal import LearningSignal
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.stopping import StopRequest
-from dorarl.jobs.train import eval_fields, finish_outputs, sampled_eval_summary
-from dorarl.jobs.workload import build_task, eval_sampling
+from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
+from dorarl.record import Recorder
+from dorarl.record.pacing import DeviceModel
 from dorarl.report.tensorboard import ScalarLogger
-from dorarl.runtime.eval_worker import EvalWorker
+from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
-from dorarl.runtime.pacing import DeviceModel
 from dorarl.runtime.placement import PlacedActors
-from dorarl.runtime.ray_runtime import (
-    RayRuntime,
-    RolloutSettings,
-    actor_options,
-    spawn_engine,
-    spawn_trainer,
-    start_workers,
-)
-from dorarl.runtime.recorder import Recorder
-from dorarl.runtime.threads import ThreadPlan, share_threads
+from dorarl.runtime.ray_runtime import RayRuntime
+from dorarl.runtime.threads import share_threads
 from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
-
-
-def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
-    """The starting version, every `eval.every`-th after it (the first row already shows the
-    start), the last."""
-    every = config.eval.every
-    periodic = {v for v in range(start + 2, config.steps + 1) if every and v % every == 0}
-    return {start, config.steps} | periodic
 
 
 def run_ray(
@@ -75,17 +63,8 @@ def run_ray(
     try:
         placed = place_actors(config)  # a cluster that cannot hold them: refused, no files
         open_run_folder(out_dir, config, resume_version=point.version if point else None)
-        return _run(
-            config,
-            out_dir,
-            model_folder,
-            task,
-            point,
-            placed,
-            pace=pace,
-            defer_eval=defer_eval,
-            stop=stop,
-        )
+        actors = RayActors.start(config, model_folder, task, point, placed, pace)
+        return _run(config, out_dir, task, actors, defer_eval=defer_eval, stop=stop)
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
@@ -122,121 +101,73 @@ def _init_ray(config: TrainConfig) -> None:
     start_local_ray(host=config.ray.host)
 
 
+# ---- the run's actors --------------------------------------------------------------------
+@dataclass
+class RayActors:
+    """The engines, the trainer and the evaluator, and how to make an engine or the trainer
+    again in the same bundle (recovery)."""
+
+    workers: list[Any]
+    trainer: Any
+    evaluator: Any
+    engine: EngineSpec
+    trainer_spec: TrainerSpec
+    pace: DeviceModel | None
+    placed: PlacedActors
+
+    @classmethod
+    def start(
+        cls,
+        config: TrainConfig,
+        model_folder: str,
+        task: Task,
+        point: ResumePoint | None,
+        placed: PlacedActors,
+        pace: DeviceModel | None,
+    ) -> RayActors:
+        threads = share_threads(config.ray.threads_per_actor, config.instances)
+        start = point.version if point else 0
+        engine = EngineSpec(model_folder, config.engine, threads.engine, start, threads.engine_nice)
+        resume_from = str(point.folder) if point else None
+        trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
+        workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
+        trainer_actor = spawn_trainer(trainer, pace, placed)
+        evaluator = start_evaluator(config, model_folder, task, threads, placed)
+        return cls(workers, trainer_actor, evaluator, engine, trainer, pace, placed)
+
+    def respawn_engine(self, instance_id: int) -> Any:
+        return spawn_engine(instance_id, self.engine, self.pace, self.placed)
+
+    def respawn_trainer(self, checkpoint: str | None) -> Any:
+        """A new trainer from `checkpoint`, or from where this run started (None)."""
+        return spawn_trainer(self.trainer_spec.restored(checkpoint), self.pace, self.placed)
+
+
+# ---- the run -----------------------------------------------------------------------------
 def _run(
     config: TrainConfig,
     out_dir: Path,
-    model_folder: str,
     task: Task,
-    point: ResumePoint | None,
-    placed: PlacedActors,
+    actors: RayActors,
     *,
-    pace: DeviceModel | None = None,
-    defer_eval: bool = False,
-    stop: StopRequest | None = None,
+    defer_eval: bool,
+    stop: StopRequest | None,
 ) -> dict[str, Any]:
-    controller_config = config.controller_config()
-    start = controller_config.initial_version
-    threads = share_threads(config.ray.threads_per_actor, config.instances)
-    resume_from = str(point.folder) if point else None
-    trainer_args = (model_folder, config.trainer, threads.trainer, resume_from)
-    workers, trainer = start_workers(
-        config.instances,
-        model_folder,
-        config.engine,
-        trainer_args,
-        threads.engine,
-        pace,
-        start,
-        placed,
-        nice=threads.engine_nice,
-    )
-    evaluator = _start_evaluator(config, model_folder, task, threads, placed)
-    recorder = Recorder(
-        out_dir,
-        mode=config.mode,
-        k=controller_config.effective_K,
-        num_instances=config.instances,
-        slots_per_instance=config.engine.max_num_seqs,
-        first_version=start,
-        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
-        texts=_texts(task) if config.record.text else None,
-    )
-    signal = LearningSignal()
-    wanted = eval_versions(config, start)
-    evals: dict[int, ray.ObjectRef] = {}
-    deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights, for later
-    if not defer_eval:
-        evals[start] = evaluator.evaluate.remote(None, start)
+    runtime = _runtime(config, out_dir, task, actors)
+    start = runtime.controller.config.initial_version
+    evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
-
-    def respawn(instance_id: int) -> Any:
-        return spawn_engine(
-            instance_id,
-            model_folder,
-            config.engine,
-            threads.engine,
-            pace,
-            start,
-            placed,
-            nice=threads.engine_nice,
-        )
-
-    def respawn_trainer(checkpoint: str | None) -> Any:
-        """A new trainer from `checkpoint`, or from where this run started (None)."""
-        return spawn_trainer((*trainer_args[:3], checkpoint or resume_from), pace, placed)
-
-    runtime = RayRuntime(
-        controller_config,
-        task,
-        _rollout(config, task),
-        workers,
-        trainer,
-        recorder,
-        respawn=respawn,
-        max_restarts=config.ray.max_engine_restarts,
-        respawn_trainer=respawn_trainer,
-        # A group (trainer.world_size > 1) is not restarted: a dead rank stops the run.
-        max_trainer_restarts=config.ray.max_trainer_restarts
-        if config.trainer.world_size == 1
-        else 0,
-        checkpoints=out_dir / "checkpoints",
-    )
-
-    def on_publish(version: int) -> None:
-        periodic = config.checkpoint_every and version % config.checkpoint_every == 0
-        if periodic and version < config.steps:  # the last version is saved at the end
-            position = runtime.controller.resume_state()
-            _checkpoint(runtime, out_dir, version, position, config.checkpoint_keep)
-
-    runtime.on_publish = on_publish
+    runtime.on_publish = lambda version: _periodic_checkpoint(config, runtime, out_dir, version)
     if stop is not None:
         runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-
-        def on_step(row: dict[str, Any], groups: list) -> None:
-            version = row["new_version"]
-            if version in wanted and defer_eval:
-                deferred[version] = runtime.weights_ref[version]
-            elif version in wanted and version not in evals:
-                evals[version] = evaluator.evaluate.remote(runtime.weights_ref[version], version)
-            scalars.log(row)
-            signal.observe(row)
-            progress.update(row, _ready_accuracy(evals))
-
-        runtime.on_step = on_step
+        runtime.on_step = _step_hook(runtime, evals, scalars, progress)
         summary = runtime.run()
-        if runtime.stopped:  # evaluations still running are not waited for
-            progress.note(f"stopped: writing the checkpoint of version {runtime.published}")
-            results = _ready_results(evals)
-        else:
-            progress.note("final evaluation and checkpoint")
-            if defer_eval:
-                evals = {v: evaluator.evaluate.remote(w, v) for v, w in deferred.items()}
-            results = {v: ray.get(ref) for v, ref in evals.items()}
+        results = _gather(runtime, evals, progress)
     final = runtime.controller.resume_state()  # no step in flight once the run finished
-    _checkpoint(runtime, out_dir, runtime.published, final, config.checkpoint_keep, wait=True)
-    rows = finish_outputs(out_dir, results, f"{config.mode} (K={controller_config.effective_K})")
-    for row in rows:
+    _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
+    title = f"{config.mode} (K={runtime.controller.config.effective_K})"
+    for row in finish_outputs(out_dir, results, title):
         if "eval_accuracy" in row:
             scalars.log({"step": row["step"], **eval_fields(row)})
     scalars.close()
@@ -246,83 +177,89 @@ def _run(
     return _final_summary(out_dir, summary, results, runtime)
 
 
-def _texts(task: Task) -> Callable[[Sample], dict[str, str]]:
-    """A sample's prompt, reference answer and response (up to its stop token) as text."""
-    prompts = {p.prompt_id: p for p in task.train_prompts()}
-
-    def texts(sample: Sample) -> dict[str, str]:
-        prompt = prompts[sample.prompt_id]
-        response = task.response_text(sample.response_ids)
-        return {"prompt": prompt.text, "answer": prompt.answer, "response": response}
-
-    return texts
-
-
-def _start_evaluator(
-    config: TrainConfig, model_folder: str, task: Task, threads: ThreadPlan, placed: PlacedActors
-) -> Any:
-    engine = EngineConfig(
-        max_num_seqs=config.engine.max_num_seqs,
-        max_model_len=config.engine.max_model_len,
-        block_size=config.engine.block_size,
-        device=config.engine.device,
-        dtype=config.engine.dtype,
+def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) -> RayRuntime:
+    controller = config.controller_config()
+    recorder = Recorder(
+        out_dir,
+        mode=config.mode,
+        k=controller.effective_K,
+        num_instances=config.instances,
+        slots_per_instance=config.engine.max_num_seqs,
+        first_version=controller.initial_version,
+        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
+        texts=trajectory_texts(task) if config.record.text else None,
     )
-    actor = ray.remote(**actor_options("evaluator", engine.device, placed))(EvalWorker)
-    return actor.remote(
-        model_folder,
-        engine,
+    return RayRuntime(
+        controller,
         task,
-        config.eval.max_prompts,
-        threads.evaluator,
-        threads.evaluator_nice,
-        eval_sampling(config),
+        rollout_settings(config, task),
+        actors.workers,
+        actors.trainer,
+        recorder,
+        respawn=actors.respawn_engine,
+        max_restarts=config.ray.max_engine_restarts,
+        respawn_trainer=actors.respawn_trainer,
+        # A group (trainer.world_size > 1) is not restarted: a dead rank stops the run.
+        max_trainer_restarts=config.ray.max_trainer_restarts
+        if config.trainer.world_size == 1
+        else 0,
+        checkpoints=out_dir / "checkpoints",
     )
 
 
-def _rollout(config: TrainConfig, task: Task) -> RolloutSettings:
-    s = config.sampling
-    return RolloutSettings(
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        max_new_tokens=s.max_new_tokens or task.max_new_tokens,
-        stop_token_ids=list(task.stop_token_ids),
-        seed=config.seed,
-        forced_lengths=config.forced_lengths.dist() if config.forced_lengths.enabled else None,
-    )
+def _step_hook(
+    runtime: RayRuntime, evals: Evaluations, scalars: ScalarLogger, progress: TrainProgress
+):  # noqa: ANN202 (the runtime's StepHook)
+    """After each step: evaluate its version if wanted, log its scalars, show progress,
+    warn when it cannot learn."""
+    signal = LearningSignal()
+
+    def on_step(row: dict[str, Any], groups: list) -> None:
+        version = row["new_version"]
+        evals.offer(version, runtime.weights_of(version))
+        scalars.log(row)
+        signal.observe(row)
+        progress.update(row, evals.accuracy_so_far())
+
+    return on_step
+
+
+def _gather(
+    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress
+) -> dict[int, dict[str, Any]]:
+    """The evaluations: all of them, or a stopped run's finished ones (none waited for)."""
+    if runtime.stopped:
+        progress.note(f"stopped: writing the checkpoint of version {runtime.published}")
+        return evals.finished()
+    progress.note("final evaluation and checkpoint")
+    return evals.all()
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+def _periodic_checkpoint(
+    config: TrainConfig, runtime: RayRuntime, out_dir: Path, version: int
+) -> None:
+    """Every `checkpoint_every` versions, before the controller hears of `version` (its data
+    position is the checkpoint's). The last version is saved at the end, and so is the one
+    a stop ends at: once, not rewritten (a rewrite gains nothing, and a trainer restored
+    from a checkpoint pruned since copies its tokenizer files from there: none)."""
+    every = config.checkpoint_every
+    if runtime.should_stop() or not every or version % every or version >= config.steps:
+        return
+    _checkpoint(runtime, out_dir, runtime.controller.resume_state(), config.checkpoint_keep)
 
 
 def _checkpoint(
-    runtime: RayRuntime,
-    out_dir: Path,
-    version: int,
-    position: dict[str, Any],
-    keep: int,
-    wait: bool = False,
+    runtime: RayRuntime, out_dir: Path, position: dict[str, Any], keep: int, wait: bool = False
 ) -> None:
-    """Queue a checkpoint of `version` on the trainer, with the data position to resume at
+    """Queue a checkpoint of the published version, with the data position to resume at
     (through the runtime, which replays it on a new trainer if this one dies first)."""
+    version = runtime.published
     assert position["version"] == version, f"data position of v{position['version']} for v{version}"
     folder = out_dir / "checkpoints" / f"version_{version:05d}"
     ref = runtime.save_checkpoint(folder, position, keep)
     if wait:
         ray.get(ref)
-
-
-def _ready_results(evals: dict[int, ray.ObjectRef]) -> dict[int, dict[str, Any]]:
-    ready, _ = (
-        ray.wait(list(evals.values()), num_returns=len(evals), timeout=0) if evals else ([], [])
-    )
-    return {v: ray.get(ref) for v, ref in evals.items() if ref in ready}
-
-
-def _ready_accuracy(evals: dict[int, ray.ObjectRef]) -> dict[int, float]:
-    if not evals:
-        return {}
-    ready, _ = ray.wait(list(evals.values()), num_returns=len(evals), timeout=0)
-    done = {ref: v for v, ref in evals.items() if ref in ready}
-    return {done[ref]: ray.get(ref)["accuracy"] for ref in ready}
 
 
 def _final_summary(
@@ -336,7 +273,7 @@ def _final_summary(
         summary["eval_accuracy_first"] = ordered[0]["accuracy"]
         summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
     summary.update(sampled_eval_summary(ordered))
-    if runtime.pace_total["engine"].steps or runtime.pace_total["train"].steps:
-        summary["pace"] = {kind: stats.to_dict() for kind, stats in runtime.pace_total.items()}
+    if runtime.pace.paced:
+        summary["pace"] = runtime.pace.totals()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -8,7 +8,6 @@ tensorboard/ and checkpoints/. Ctrl-C stops a run cleanly; `resume=RUN_DIR` cont
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -177,48 +176,3 @@ def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
     console = Console()
     console.print(table)
     console.print(f"run folder: {out_dir}")
-
-
-def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) -> list[dict]:
-    """Merge evaluations into metrics.jsonl, then draw the curve and fill TensorBoard."""
-    path = out_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    if not rows:  # stopped before its first step
-        return rows
-    for row in rows:
-        _attach_eval(row, evals, first_step=rows[0]["step"])
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    from dorarl.report.plots import plot_training_curve  # matplotlib: only once a run ends
-
-    plot_training_curve(rows, out_dir / "reward_curve.png", title=title)
-    return rows
-
-
-def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_step: int) -> None:
-    """The first row carries the evaluation of the version it started from (the base model,
-    or a resumed checkpoint); other rows that of the version they made."""
-    start = row["step"] == first_step and row.get("version") in evals
-    version = row["version"] if start else row.get("new_version")
-    result = evals.get(version)
-    if result is not None:
-        row["eval_accuracy"] = result["accuracy"]
-        row.update({f"eval_{key}": value for key, value in _sampled_scores(result).items()})
-        row["eval_version"] = version
-
-
-def _sampled_scores(result: dict[str, Any]) -> dict[str, float]:
-    """An evaluation's mean@k and pass@j (present with eval.samples = k > 0)."""
-    return {k: v for k, v in result.items() if k.startswith(("mean@", "pass@"))}
-
-
-def eval_fields(row: dict[str, Any]) -> dict[str, float]:
-    """A metrics row's evaluation scalars: greedy accuracy, mean@k and pass@j."""
-    keys = ("eval_accuracy", "eval_mean@", "eval_pass@")
-    return {k: v for k, v in row.items() if k.startswith(keys)}
-
-
-def sampled_eval_summary(ordered: list[dict[str, Any]]) -> dict[str, Any]:
-    """summary.json's sampled scores, {"eval_sampled": {version: {"mean@k": .., ..}}}, when
-    the evaluations sampled (eval.samples > 0); nothing otherwise."""
-    sampled = {str(r["version"]): _sampled_scores(r) for r in ordered if _sampled_scores(r)}
-    return {"eval_sampled": sampled} if sampled else {}

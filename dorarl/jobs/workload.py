@@ -1,4 +1,5 @@
-"""What a run trains on, checked before anything starts: the model folder and the task.
+"""What a training run trains on and samples, checked before anything starts: the model
+folder, the task, the sampling settings of rollout and evaluation, trajectory texts.
 
 `build_task` first reads the model folder's config as the engine will (an unsupported
 model_type, RoPE or attention layout stops the run in one line, exit 2, before Ray starts),
@@ -7,10 +8,13 @@ then builds the task from the `task.*` keys with the run's limits (context, resp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+from dorarl.data import Sample
 from dorarl.engine.model_spec import read_hf_config, spec_from_hf
 from dorarl.jobs.config import TrainConfig
+from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.evaluate import EvalSampling
 
@@ -23,6 +27,7 @@ def check_model_folder(model_folder: str) -> None:
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
+    """The task `config.task` names, tokenized with `model_folder`'s tokenizer."""
     check_model_folder(model_folder)
     section = config.task
     if section.name == "jsonl":
@@ -56,6 +61,32 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
 
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
+
+
+def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:
+    """The sampling knobs of `config` with the task's response cap and stop tokens."""
+    s = config.sampling
+    return RolloutSettings(
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_new_tokens=s.max_new_tokens or task.max_new_tokens,
+        stop_token_ids=list(task.stop_token_ids),
+        seed=config.seed,
+        forced_lengths=config.forced_lengths.dist() if config.forced_lengths.enabled else None,
+    )
+
+
+def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, str]]:
+    """A sample's prompt, reference answer and response (up to its stop token) as text."""
+    prompts = {p.prompt_id: p for p in task.train_prompts()}
+
+    def texts(sample: Sample) -> dict[str, str]:
+        prompt = prompts[sample.prompt_id]
+        response = task.response_text(sample.response_ids)
+        return {"prompt": prompt.text, "answer": prompt.answer, "response": response}
+
+    return texts
 
 
 def eval_sampling(config: TrainConfig) -> EvalSampling:

@@ -1,9 +1,6 @@
-"""Runtimes execute the controller's commands; this package holds what they share.
+"""The Ray runtime: engine, trainer and evaluator actors executing the driver's commands.
 
-`Recorder` turns a run's event/command stream into metrics.jsonl, trajectories.jsonl,
-summary.json and trace.json, the same files for the simulator and the Ray runtime.
+`ray_runtime.RayRuntime` runs one training job on local Ray or a cluster; `recovery` and
+`trainer_recovery` replace dead actors mid-run; `local_ray`, `placement` and `threads`
+start Ray, place the actors and share this machine's cores.
 """
-
-from dorarl.runtime.recorder import OVERHEAD_KINDS, Recorder
-
-__all__ = ["OVERHEAD_KINDS", "Recorder"]

@@ -2,7 +2,7 @@
 
 Every method returns plain picklable data. Calls on one worker run in submission order
 (a Ray actor with one thread), which is what the controller's command ordering needs.
-With a `DeviceModel`, every engine step lasts its device time (dorarl.runtime.pacing).
+With a `DeviceModel`, every engine step lasts its device time (dorarl.record.pacing).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dorarl.engine import (
     RequestSnapshot,
     SamplingParams,
 )
-from dorarl.runtime.pacing import DeviceModel, Pacer, PaceStats
+from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
 from dorarl.runtime.threads import apply_threads
 
 
@@ -120,10 +120,13 @@ class EngineWorker:
         self.pacer.finish(started, self.pace.engine_step_s(prefill, resident))
         return outputs
 
-    def export(self, request_ids: list[str]) -> list[RequestSnapshot]:
-        """Full state with KV of the requests still here (finished ones were reported already)."""
+    def export(self, request_ids: list[str]) -> tuple[list[str], list[RequestSnapshot]]:
+        """Full state with KV of the requests still here (finished ones were reported
+        already), and their ids apart: the runtime asks for two results, so it can learn
+        which requests moved without fetching the KV."""
         present = set(self.engine.request_ids())
-        return [self.engine.export_request(rid) for rid in request_ids if rid in present]
+        snapshots = [self.engine.export_request(rid) for rid in request_ids if rid in present]
+        return [snap.request_id for snap in snapshots], snapshots
 
     def import_(self, snapshots: list[RequestSnapshot]) -> list[str]:
         for snap in snapshots:

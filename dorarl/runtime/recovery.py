@@ -1,134 +1,125 @@
 """Replacing a dead engine instance mid-run, so a lost actor costs time, not the run.
 
-The runtime hands a failed engine call here when the call's actor is gone (this module
-uses the runtime's private helpers). The controller never notices: the instance keeps its
-version and its requests. A fresh actor takes the dead one's place, loads that version (the
-trainer's copy, which the runtime keeps for every window version, or a peer's) and starts
-the requests that were on it again from their prompts. Each request's sampling seed is its
-own, so under the same version they follow the same distribution as before; the group
-still has one version. A migration that touched the dead actor restarts its requests on
-the destination. The trainer dying, an engine raising (a bug, not a lost process), partial
-rollout (its parked requests' snapshots may be gone), or more restarts than allowed stop
-the run instead.
+The runtime hands here every engine call that failed because an actor is gone, and every
+answer that came from an actor replaced since (`EngineFleet.stale`). The controller never
+notices: the instance keeps its version and its requests. A fresh actor takes the dead
+one's place (a new incarnation), takes back the version the controller has it host (the
+trainer's copy, kept for every window version, or a live peer's), and starts the
+requests the driver has placed on it again from their prompts. Each request's sampling
+seed is its own, so under the same version they follow the same distribution as before;
+the group still has one version. Then the failed call's effect is redone:
+
+- a stepping burst (`run`): nothing to redo; its finished requests, if any, were started
+  again with the others, and a stale report is dropped whole, so none is reported twice;
+- a weight load: loaded again on the destination's current actor, from a live copy;
+- a migration: its snapshots outlive a dead destination (the driver owns them), so they
+  land on the replacement with their KV; if the source died before exporting, its
+  requests start again on the destination from their prompts. Requests that finished on
+  the source first stay reported from there (`EngineFleet.on_migrated`).
+
+The trainer dying (dorarl.runtime.trainer_recovery), an engine raising (a bug, not a lost
+process), partial rollout (its parked requests' snapshots may be gone), or more restarts
+than allowed stop the run instead. Uses the fleet's, the driver's and the controller's
+public views only.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
-from dorarl.controller import MigrationDone
-
-if TYPE_CHECKING:
-    from dorarl.runtime.ray_runtime import RayRuntime, _Pending
+from dorarl.controller import TRAINER
+from dorarl.driver import Driver
+from dorarl.runtime.calls import DEATHS, ENGINE_KINDS, Call
+from dorarl.runtime.engines import EngineFleet
 
 log = logging.getLogger(__name__)
-
-DEATHS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 
 
 class InstanceRecovery:
     def __init__(
-        self, runtime: RayRuntime, respawn: Callable[[int], Any], max_restarts: int
+        self,
+        fleet: EngineFleet,
+        driver: Driver,
+        respawn: Callable[[int], Any],
+        max_restarts: int,
     ) -> None:
-        self.runtime = runtime
+        self.fleet, self.driver = fleet, driver
         self.respawn = respawn
         self.max_restarts = max_restarts
         self.restarts = 0
-        self.epoch = [0] * runtime.config.instances
 
-    def recoverable(self, job: _Pending, exc: Exception) -> bool:
+    def recoverable(self, call: Call, exc: Exception) -> bool:
         return (
-            job.kind in ("run", "load", "migrate")
+            call.kind in ENGINE_KINDS
             and isinstance(exc, DEATHS)
-            and self.runtime.config.mode != "partial_rollout"
+            and self.driver.config.mode != "partial_rollout"
         )
 
-    def on_failure(self, job: _Pending) -> bool:
+    def on_failure(self, call: Call) -> bool:
         """Replace the dead engines the failed call involved and redo its effect; False when
         the restart budget is spent (the caller stops the run)."""
-        for iid in self._engines_of(job):
-            if job.epoch[iid] == self.epoch[iid] and not self._alive(iid):
+        for iid in _engines_of(call):
+            if call.generations[iid] == self.fleet.generations[iid] and not self.fleet.alive(iid):
                 if self.restarts >= self.max_restarts:
                     return False
                 self._restart(iid)
-        if job.kind == "load":
-            self._redo_load(job)
-        elif job.kind == "migrate":
-            self._redo_migration(job)
-        return True  # a failed "run" is re-queued by the restart
+        self.redo(call)
+        return True
+
+    def redo(self, call: Call) -> None:
+        """Redo the effect of `call`, which failed or was answered by a replaced actor."""
+        if call.kind == "run":
+            self.fleet.run_ended(call)
+        elif call.kind == "load":
+            iid, version, _ = call.args
+            self.fleet.load(iid, version, self._source(version, avoid=iid))
+        elif self._exported(call):
+            self.fleet.reimport(call)
+        else:
+            self.fleet.on_migrated([], call, source_lost=True)
 
     # ---- steps ---------------------------------------------------------------------------
-    def _engines_of(self, job: _Pending) -> list[int]:
-        if job.kind == "run":
-            return [job.args[0]]
-        if job.kind == "load":
-            iid, _, source = job.args
-            return [iid] if source is None or source < 0 else [iid, source]
-        return [job.args[0], job.args[1]]  # migrate: src, dst
+    def _restart(self, iid: int) -> None:
+        self.restarts += 1
+        log.warning("engine instance %d died; starting a replacement (%d)", iid, self.restarts)
+        self.fleet.replace(iid, self.respawn(iid))
+        instance = self.driver.controller.instance(iid)
+        if instance.ready:  # it hosted a version: put it back before its requests
+            source = self._source(instance.version, avoid=iid)
+            self.fleet.restore(iid, instance.version, source)
+        # requests caught in a migration are the migration's to redo (`redo`)
+        requests = self.driver.requests.on(iid)
+        self.fleet.start(iid, requests)
+        self.driver.recorder.restarted(iid, len(requests), self.driver.now())
 
-    def _alive(self, iid: int) -> bool:
+    def _exported(self, call: Call) -> bool:
+        """Whether the migration's export ran (its snapshots exist): blocks until the
+        source has run it, or raises for a source that died first."""
+        ids = call.args[3]
         try:
-            ray.get(self.runtime.workers[iid].stats.remote(), timeout=30)
-        except DEATHS:
+            ray.get(ids)
+        except ray.exceptions.RayError:
             return False
         return True
 
-    def _restart(self, iid: int) -> None:
-        rt = self.runtime
-        self.restarts += 1
-        self.epoch[iid] += 1
-        log.warning("engine instance %d died; starting a replacement (%d)", iid, self.restarts)
-        rt.workers[iid] = self.respawn(iid)
-        rt.running_call.pop(iid, None)
-        inst = rt.controller.ledger.instances[iid]
-        if inst.ready:  # it hosted a version: put it back before its requests
-            rt.workers[iid].load_weights.remote(
-                self._weights(inst.version, avoid=iid), inst.version
-            )
-        # requests caught in a migration restart on its destination (`_redo_migration`)
-        requests = [
-            rt.specs[rid]
-            for rid, where in rt.where.items()
-            if where == iid and rid not in rt.moving
-        ]
-        if requests:
-            rt.workers[iid].add.remote(requests)
-        rt.recorder.restarted(iid, len(requests), rt.now())
-        rt._keep_running(iid)
-
-    def _redo_load(self, job: _Pending) -> None:
-        """The load's destination or its source died: load again from a live copy."""
-        iid, version, _ = job.args
-        rt = self.runtime
-        weights = self._weights(version, avoid=iid)
-        rt._submit(
-            rt.workers[iid].load_weights.remote(weights, version), "load", iid, version, None
-        )
-
-    def _redo_migration(self, job: _Pending) -> None:
-        """Requests caught in a move with a dead end start again on the destination."""
-        rt = self.runtime
-        src, dst, rids = job.args
-        rt.moving.difference_update(rids)
-        moved = [rid for rid in rids if rid in rt.specs]  # finished ones reported already
-        if moved:
-            rt.workers[dst].add.remote([rt.specs[rid] for rid in moved])
-        for rid in moved:
-            rt._place(rid, dst)
-        rt._keep_running(dst)
-        rt._deliver(MigrationDone(tuple(moved), src, dst, rt.now()))
-
-    def _weights(self, version: int, avoid: int) -> Any:
-        """The trainer's copy of `version` if the runtime still holds it, else a live peer's."""
-        rt = self.runtime
-        if version in rt.weights_ref:
-            return rt.weights_ref[version]
-        ledger = rt.controller.ledger
-        for peer in ledger.hosts.get(version, {}):
-            if peer != avoid and ledger.instances[peer].ready and self._alive(peer):
-                return rt.workers[peer].weights.remote()
+    def _source(self, version: int, avoid: int) -> int:
+        """The trainer if it still serves `version`, else a live peer that hosts it."""
+        if self.fleet.weights.has(version):
+            return TRAINER
+        for peer in self.driver.controller.hosts(version):
+            if peer != avoid and self.fleet.alive(peer):
+                return peer
         raise RuntimeError(f"no live copy of version {version} to restore instance {avoid}")
+
+
+def _engines_of(call: Call) -> list[int]:
+    if call.kind == "run":
+        return [call.args[0]]
+    if call.kind == "load":
+        iid, _, source = call.args
+        return [iid] if source < 0 else [iid, source]
+    return [call.args[0], call.args[1]]  # migrate: src, dst

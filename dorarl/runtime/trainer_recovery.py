@@ -3,11 +3,12 @@
 Design (checkpoint + replay log). The runtime logs every call that changes the trainer's
 state, in submission order: each training step with its batch (`TrainCall`) and each
 checkpoint write with its data position (`SaveCall`). The log is cut each time a checkpoint
-write is known complete (`TrainerLog.durable`), so it holds exactly the calls since the
+write is known complete (`TrainerLog.durable`, dorarl.runtime.trainer_log), so it holds exactly the calls since the
 newest durable checkpoint. When the trainer's process dies, a new trainer starts from the
 newest complete checkpoint under the run's `checkpoints/` (or from the run's start point:
 the base model, or the checkpoint the run resumed from, when none is written yet) and the
-runtime re-submits the logged calls after it, in order, before anything else reaches it.
+logged calls are re-submitted after it, in order, before anything else reaches it. This
+module talks to the trainer side of the runtime only (`TrainerClient`, the call table).
 
 What this gives, and what a test checks:
 - The controller is told nothing, as for a dead engine (dorarl.runtime.recovery): from its
@@ -36,77 +37,23 @@ What this gives, and what a test checks:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
-from dorarl.data import Group
-from dorarl.runtime.recovery import DEATHS
+from dorarl.record import Recorder
+from dorarl.runtime.calls import DEATHS, TRAINER_KINDS, Call, CallTable
+from dorarl.runtime.trainer_client import TrainerClient
+from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.trainer.checkpoint import checkpoint_version, version_folders
-
-if TYPE_CHECKING:
-    from dorarl.runtime.ray_runtime import RayRuntime, _Pending
 
 log = logging.getLogger(__name__)
 
-TRAINER_KINDS = ("train", "replay", "save")
-"""Pending-call kinds that run on the trainer actor."""
-
 REPLAY_CHECKED = ("loss", "grad_norm")
 """Step metrics a replayed step must reproduce exactly (deterministic training)."""
-
-
-@dataclass(frozen=True)
-class TrainCall:
-    """The step that trains `version` into `version + 1` on `groups`."""
-
-    version: int
-    groups: list[Group]
-
-
-@dataclass(frozen=True)
-class SaveCall:
-    """A checkpoint of `version` written to `folder` with the data position `position`."""
-
-    version: int
-    folder: str
-    position: dict[str, Any] = field(default_factory=dict)
-    keep: int = 0
-
-
-TrainerCall = TrainCall | SaveCall
-
-
-class TrainerLog:
-    """The trainer's state-changing calls since the newest durable checkpoint (`base`)."""
-
-    def __init__(self, base: int) -> None:
-        self.base = base
-        self.calls: list[TrainerCall] = []
-
-    def record(self, call: TrainerCall) -> None:
-        self.calls.append(call)
-
-    def durable(self, version: int) -> None:
-        """A checkpoint of `version` is complete: calls it already contains are dropped."""
-        if version <= self.base:
-            return
-        self.base = version
-        self.calls = [c for c in self.calls if not _contained_in(c, version)]
-
-    def since(self, version: int) -> list[TrainerCall]:
-        """The calls that bring a trainer restored at `version` back to the lost one's state."""
-        if version < self.base:
-            raise RuntimeError(f"trainer log starts at v{self.base}, cannot replay from v{version}")
-        return [c for c in self.calls if not _contained_in(c, version)]
-
-
-def _contained_in(call: TrainerCall, version: int) -> bool:
-    """Whether a checkpoint of `version` already reflects `call`."""
-    return call.version < version if isinstance(call, TrainCall) else call.version <= version
 
 
 def newest_checkpoint(folder: Path | None, lowest: int, highest: int) -> tuple[int, Path] | None:
@@ -121,37 +68,54 @@ def newest_checkpoint(folder: Path | None, lowest: int, highest: int) -> tuple[i
     return found[-1] if found else None
 
 
+def _kill(actor: Any, timeout_s: float = 60.0) -> None:
+    """Kill `actor` and wait until it answers no more: `ray.kill` returns at once, and the
+    checkpoints folder is read only once no checkpoint write of it can still finish."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.version.remote(), timeout=timeout_s)
+        except (*DEATHS, ray.exceptions.RayActorError):
+            return
+        except ray.exceptions.GetTimeoutError:
+            break
+        time.sleep(0.05)
+    log.warning("the dead trainer still answered after %.0fs; going on", timeout_s)
+
+
 class TrainerRecovery:
     """Starts a new trainer when the trainer's process dies and replays its lost calls."""
 
     def __init__(
         self,
-        runtime: RayRuntime,
+        trainer: TrainerClient,
+        calls: CallTable,
+        recorder: Recorder,
         respawn: Callable[[str | None], Any],
         checkpoints: Path | None,
         max_restarts: int,
     ) -> None:
-        self.runtime = runtime
+        self.trainer, self.calls, self.recorder = trainer, calls, recorder
         self.respawn = respawn  # folder to restore (None: the run's start point) -> actor
         self.checkpoints = checkpoints
         self.max_restarts = max_restarts
-        self.start = runtime.config.initial_version
-        self.log = TrainerLog(self.start)
+        self.start = trainer.published
+        self.log = trainer.log = TrainerLog(self.start)
         self.restarts = 0
 
-    def recoverable(self, job: _Pending, exc: Exception) -> bool:
-        return job.kind in TRAINER_KINDS and isinstance(exc, DEATHS)
+    def recoverable(self, call: Call, exc: Exception) -> bool:
+        return call.kind in TRAINER_KINDS and isinstance(exc, DEATHS)
 
-    def on_failure(self, job: _Pending) -> bool:
+    def on_failure(self, call: Call) -> bool:
         """Replace the dead trainer and replay its calls; False when the budget is spent."""
         if self.restarts >= self.max_restarts:
             return False
         self.restarts += 1
-        rt = self.runtime
-        ray.kill(rt.trainer, no_restart=True)  # a process half-alive must not write on
-        for ref in [ref for ref, p in rt.pending.items() if p.kind in TRAINER_KINDS]:
-            del rt.pending[ref]  # answers of the dead actor: all replayed below
-        found = newest_checkpoint(self.checkpoints, max(self.start, self.log.base), rt.published)
+        _kill(self.trainer.actor)  # a process half-alive must not write on
+        self.calls.drop(TRAINER_KINDS)  # answers of the dead actor: all replayed below
+        lowest = max(self.start, self.log.base)
+        found = newest_checkpoint(self.checkpoints, lowest, self.trainer.published)
         version, folder = found if found else (self.log.base, None)
         if folder is None and version != self.start:
             log.error("the trainer died and its checkpoint of v%d is gone", version)
@@ -163,32 +127,40 @@ class TrainerRecovery:
             sum(isinstance(c, TrainCall) for c in self.log.since(version)),
             self.restarts,
         )
-        rt.trainer = self.respawn(str(folder) if folder else None)
+        self.trainer.actor = self.respawn(str(folder) if folder else None)
         self._replay(version)
         return True
 
     def _replay(self, version: int) -> None:
-        rt = self.runtime
         replayed = 0
         for call in self.log.since(version):
             if isinstance(call, SaveCall):
-                rt.submit_save(call)
-            elif call.version < rt.published:  # its TrainDone was delivered already
-                rt.submit_train(call.version, call.groups, "replay")
+                self.trainer.submit_save(call)
+            elif call.version < self.trainer.published:  # its TrainDone was delivered already
+                self.trainer.submit_train(call.version, call.groups, "replay")
                 replayed += 1
             else:  # the step in flight when the trainer died
-                rt.submit_train(call.version, call.groups, "train")
-        rt.recorder.trainer_restarted(version, replayed, rt.now())
+                self.trainer.submit_train(call.version, call.groups, "train")
+        self.recorder.trainer_restarted(version, replayed, self.trainer.now())
+
+    # ---- answers of the replacement ------------------------------------------------------
+    def on_replayed(self, metrics: dict[str, Any], call: Call) -> None:
+        """A step of a dead trainer made again: its version's weights are the new trainer's."""
+        version, _, weights = call.args
+        self.trainer.weights.replace(version + 1, weights)
+        self.check_replay(version, metrics)
+
+    def on_saved(self, path: str, call: Call) -> None:
+        self.log.durable(call.args[0].version)
 
     def check_replay(self, version: int, metrics: dict[str, Any]) -> None:
         """Compare a replayed step with the original (the recorder's row of `version`)."""
-        rt = self.runtime
-        original = next((row for row in rt.recorder.steps if row.get("version") == version), None)
+        original = next((row for row in self.recorder.steps if row.get("version") == version), None)
         if original is None:
             return
         differs = [k for k in REPLAY_CHECKED if k in original and original[k] != metrics.get(k)]
         if differs:
-            rt.recorder.replay_mismatch()
+            self.recorder.replay_mismatch()
             log.warning(
                 "replayed step v%d -> v%d differs from the original in %s: engines hosting "
                 "v%d sampled with weights the new trainer does not have",

@@ -2,7 +2,7 @@
 
 A plain class; the Ray runtime wraps it in an actor. Weights leave as a dict of HF names
 to CPU tensors, put once in the object store per version so every loader shares them.
-With a `DeviceModel`, a training step lasts its device time (dorarl.runtime.pacing).
+With a `DeviceModel`, a training step lasts its device time (dorarl.record.pacing).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from dorarl.data import Group
-from dorarl.runtime.pacing import DeviceModel, Pacer
+from dorarl.record.pacing import DeviceModel, Pacer
 from dorarl.runtime.threads import apply_threads
 from dorarl.trainer import Trainer, TrainerConfig
 from dorarl.trainer import checkpoint as ckpt

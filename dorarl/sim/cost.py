@@ -5,7 +5,7 @@ every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. 
 field defaults (`local()` here) are a generic 7B-class model in bf16 on one 80 GB accelerator per
 instance, trainer on 4 at ~35% MFU, used by tests; the `dorarl simulate --preset` scenarios
 (paper-64, paper-128, moe-500b, and `local` = this machine as the bench paces it) are
-derived from public specs in `dorarl.sim.presets`.
+derived from public specs in `dorarl.simulate.presets`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class SimRequest:
     segments: list[tuple[int, int]] = field(default_factory=list)  # (version, first token)
     migrations: int = 0
     offloads: int = 0
+    prompt_index: int = 0  # the dataset prompt its group samples
 
     @property
     def context(self) -> float:

@@ -12,9 +12,9 @@ from dorarl.bench.convergence import (
     read_curve,
     time_to_reach,
 )
-from dorarl.bench.convergence_plot import plot_convergence
 from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
+from dorarl.report.convergence_plot import plot_convergence
 
 
 def _curve(points: list[tuple[int, float, float]], wall: float) -> dict:

@@ -6,13 +6,7 @@ import json
 import pytest
 from rich.console import Console
 
-from dorarl.bench.figures import (
-    check_bars,
-    length_stats,
-    makespan_steps,
-    mode_figures,
-    staleness_ceiling,
-)
+from dorarl.bench.bars import check_bars, makespan_steps, staleness_ceiling
 from dorarl.bench.modes import ModesConfig, main, sync_rollout_steps
 from dorarl.bench.report import (
     bars_table,
@@ -21,11 +15,12 @@ from dorarl.bench.report import (
     pace_warnings,
     workload_table,
 )
-from dorarl.bench.timeline import plot_throughput, plot_timeline, read_trace
 from dorarl.cli import main as cli_main
 from dorarl.controller import ControllerConfig, OrchestratorConfig
+from dorarl.data.lengths import LengthDist, length_stats
+from dorarl.report.figures import mode_figures
+from dorarl.report.timeline import plot_throughput, plot_timeline, read_trace
 from dorarl.sim.cost import CostModel
-from dorarl.sim.lengths import LengthDist
 from dorarl.sim.runtime import SimRuntime
 
 MODE_KEYS = {

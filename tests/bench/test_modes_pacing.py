@@ -9,8 +9,8 @@ from dorarl.bench.calibrate import Calibration, PaceRule, choose_pace
 from dorarl.config import ConfigError
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
-from dorarl.runtime.pacing import DeviceModel, Pacer, PaceStats
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig
 

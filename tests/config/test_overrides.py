@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from dorarl.config import ConfigError, describe, flatten, load_config, to_dict, to_yaml
 from dorarl.jobs.config import TrainConfig
-from dorarl.sim.presets import SimulateConfig
+from dorarl.simulate.config import SimulateConfig
 
 CONFIGS = [TrainConfig, SimulateConfig]
 

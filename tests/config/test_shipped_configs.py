@@ -8,8 +8,10 @@ import pytest
 
 from dorarl.config import load_config
 from dorarl.jobs.config import TrainConfig
-from dorarl.sim.cli import build_config, run_modes
-from dorarl.sim.presets import PRESETS, SimulateConfig
+from dorarl.simulate.cli import build_config
+from dorarl.simulate.config import SimulateConfig
+from dorarl.simulate.presets import PRESETS
+from dorarl.simulate.runs import run_modes
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRAIN = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("simulate-"))

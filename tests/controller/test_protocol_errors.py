@@ -61,8 +61,10 @@ def test_checks_survive_python_dash_O():
     assert done.stdout.strip() == "refused", done.stderr
 
 
-@pytest.mark.parametrize("module", ["dorarl.controller", "dorarl.sim"])
-def test_the_core_and_the_simulator_load_neither_torch_nor_ray(module):
+@pytest.mark.parametrize(
+    "module", ["dorarl.controller", "dorarl.driver", "dorarl.record", "dorarl.sim"]
+)
+def test_the_core_the_driver_and_the_simulator_load_neither_torch_nor_ray(module):
     done = run_python(
         f"""
         import sys

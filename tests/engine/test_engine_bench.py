@@ -9,6 +9,7 @@ from rich.console import Console
 
 from dorarl.bench import engine as bench
 from dorarl.bench.shapes import SHAPES
+from dorarl.data.lengths import length_stats
 
 MICRO = replace(
     bench.QUICK,
@@ -41,7 +42,7 @@ TINY_LLAMA = dict(
 @pytest.mark.parametrize("spec", [bench.FULL, bench.QUICK], ids=["full", "quick"])
 def test_workload_is_long_tailed_and_reproducible(spec):
     work = bench.make_workload(spec)
-    stats = bench.length_stats(work.lengths)
+    stats = length_stats(work.lengths)
     assert len(work.lengths) == spec.num_requests
     assert stats["p99_over_median"] >= 10
     assert stats["median"] == spec.median_len

@@ -5,8 +5,8 @@ import json
 
 from dorarl.data import Group, Sample
 from dorarl.jobs.learning_signal import LearningSignal
-from dorarl.jobs.ray_run import _texts
-from dorarl.runtime.recorder import Recorder
+from dorarl.jobs.workload import trajectory_texts
+from dorarl.record.recorder import Recorder
 from dorarl.tasks.jsonl import JsonlTask
 
 
@@ -43,7 +43,7 @@ def test_record_text_writes_prompt_answer_and_response(tmp_path, tiny_model_dir)
     sample = Sample(0, 0, prompt_id=prompt.prompt_id, prompt_ids=prompt.prompt_ids,
                     response_ids=[*response, *task.stop_token_ids[:1], 9], versions=[0] * 3)  # fmt: skip
     rec = Recorder(tmp_path / "run", mode="dora", k=1, num_instances=1, slots_per_instance=1,
-                   texts=_texts(task))  # fmt: skip
+                   texts=trajectory_texts(task))  # fmt: skip
     rec.consumed([Group(0, prompt.prompt_id, 0, [sample])], 0)
     rec.close(1.0)
     (row,) = [json.loads(x) for x in (tmp_path / "run" / "trajectories.jsonl").open()]

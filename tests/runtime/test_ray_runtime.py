@@ -9,12 +9,14 @@ import ray
 from dorarl.config import load_config
 from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.ray_run import _rollout, build_task, run_ray
+from dorarl.jobs.ray_run import run_ray
 from dorarl.jobs.train import main as train_main
+from dorarl.jobs.workload import build_task, rollout_settings
+from dorarl.record.pacing import DeviceModel
+from dorarl.record.recorder import Recorder
+from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, start_workers
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import RayRuntime, _describe, spawn_engine, start_workers
-from dorarl.runtime.recorder import Recorder
+from dorarl.runtime.ray_runtime import RayRuntime, _describe
 
 pytestmark = pytest.mark.slow
 
@@ -131,21 +133,25 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
     assert all(row["prompt"].endswith("=") and isinstance(row["response"], str) for row in rows)
 
 
-def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0) -> RayRuntime:
-    """dora K=1 for 8 steps on 3 engines, driven directly so a test can reach in mid-run
-    (local Ray must be up); with `max_restarts`, dead engines are replaced."""
+def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0, *extra) -> RayRuntime:
+    """dora K=1 for 8 steps on 3 engines (`extra` overrides change that), driven directly so
+    a test can reach in mid-run (local Ray must be up); with `max_restarts`, dead engines
+    are replaced."""
     folder = str(model_dir)
-    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8"]
+    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8", *extra]
     config = load_config(TrainConfig, overrides=overrides)
     task = build_task(config, folder)
-    workers, trainer = start_workers(3, folder, config.engine, (folder, config.trainer, 1), 1, pace)
+    engine = EngineSpec(folder, config.engine)
+    workers, trainer = start_workers(
+        config.instances, engine, TrainerSpec(folder, config.trainer), pace
+    )
     recorder = Recorder(
-        out, mode="dora", k=1, num_instances=3, slots_per_instance=8,
+        out, mode="dora", k=1, num_instances=config.instances, slots_per_instance=8,
         overhead_kinds=RayRuntime.OVERHEAD_KINDS,
     )  # fmt: skip
     return RayRuntime(
-        config.controller_config(), task, _rollout(config, task), workers, trainer, recorder,
-        respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace),
+        config.controller_config(), task, rollout_settings(config, task), workers, trainer,
+        recorder, respawn=lambda i: spawn_engine(i, engine, pace),
         max_restarts=max_restarts,
     )  # fmt: skip
 

@@ -11,8 +11,8 @@ import ray
 import torch
 from test_ray_runtime import _check_invariants, _run
 
+from dorarl.runtime.actors import TrainerSpec, spawn_trainer
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.ray_runtime import spawn_trainer
 from dorarl.trainer import Trainer, TrainerConfig
 
 _spec = importlib.util.spec_from_file_location(
@@ -34,7 +34,7 @@ def local_ray():
 
 def test_a_group_of_two_ranks_behind_one_actor(local_ray, tiny_model_dir, tmp_path):
     config = TrainerConfig(lr=1e-3, micro_batch_tokens=24, world_size=2)
-    group = spawn_trainer((str(tiny_model_dir), config, 2, None))
+    group = spawn_trainer(TrainerSpec(str(tiny_model_dir), config, 2))
     single = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(lr=1e-3, micro_batch_tokens=24))
     for step in range(2):
         groups = _make_groups(seed=20 + step)

@@ -13,12 +13,20 @@ from dorarl.config import load_config
 from dorarl.data import Group
 from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.ray_run import _rollout, build_task
+from dorarl.jobs.workload import build_task, rollout_settings
+from dorarl.record.pacing import DeviceModel
+from dorarl.record.recorder import Recorder
+from dorarl.runtime.actors import (
+    EngineSpec,
+    TrainerSpec,
+    spawn_engine,
+    spawn_trainer,
+    start_workers,
+)
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import RayRuntime, spawn_engine, spawn_trainer, start_workers
-from dorarl.runtime.recorder import Recorder
-from dorarl.runtime.trainer_recovery import SaveCall, TrainCall, TrainerLog, newest_checkpoint
+from dorarl.runtime.ray_runtime import RayRuntime
+from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
+from dorarl.runtime.trainer_recovery import newest_checkpoint
 
 
 def _batch(version):
@@ -84,41 +92,63 @@ def test_the_newest_complete_checkpoint_in_range_is_chosen(tmp_path):
 
 
 def _runtime(
-    model_dir, out, pace, *, trainer_restarts, every=2, steps=8, doomed_replacements=0
+    model_dir,
+    out,
+    pace,
+    *,
+    trainer_restarts,
+    every=2,
+    steps=8,
+    doomed_replacements=0,
+    killed=None,
+    kill_at=None,
 ) -> RayRuntime:
     """dora K=1 on 3 engines, driven directly so a test can kill actors mid-run; checkpoints
     every `every` versions under out/checkpoints, as `dorarl train` writes them. The first
-    `doomed_replacements` replacement trainers die as soon as they are made (mid-replay)."""
+    `doomed_replacements` replacement trainers die as soon as they are made (mid-replay).
+    With `kill_at`, the trainer dies when it publishes that version, before its checkpoint
+    is queued (so the checkpoint is certainly unwritten); the dead actor joins `killed`."""  # fmt: skip
     folder = str(model_dir)
     overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", f"steps={steps}"]
     config = load_config(TrainConfig, overrides=overrides)
     task = build_task(config, folder)
-    trainer_args = (folder, config.trainer, 1)
-    workers, trainer = start_workers(3, folder, config.engine, trainer_args, 1, pace)
+    engine, trainer_spec = EngineSpec(folder, config.engine), TrainerSpec(folder, config.trainer)
+    workers, trainer = start_workers(3, engine, trainer_spec, pace)
     recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8,
                         overhead_kinds=RayRuntime.OVERHEAD_KINDS)  # fmt: skip
     replacements = []
 
     def respawn_trainer(ckpt):
-        replacements.append(spawn_trainer((*trainer_args, ckpt), pace))
+        replacements.append(spawn_trainer(trainer_spec.restored(ckpt), pace))
         if len(replacements) <= doomed_replacements:
             ray.kill(replacements[-1])
         return replacements[-1]
 
     runtime = RayRuntime(
-        config.controller_config(), task, _rollout(config, task), workers, trainer, recorder,
-        respawn=lambda i: spawn_engine(i, folder, config.engine, 1, pace), max_restarts=2,
+        config.controller_config(), task, rollout_settings(config, task), workers, trainer,
+        recorder, respawn=lambda i: spawn_engine(i, engine, pace), max_restarts=2,
         respawn_trainer=respawn_trainer,
         max_trainer_restarts=trainer_restarts, checkpoints=out / "checkpoints",
     )  # fmt: skip
 
     def on_publish(version):
+        if version == kill_at and not killed:
+            killed.append(runtime.trainer)
+            _kill_and_wait(runtime.trainer)
         if version % every == 0 and version < steps:
             position = runtime.controller.resume_state()
             runtime.save_checkpoint(out / "checkpoints" / f"version_{version:05d}", position, 0)
 
     runtime.on_publish = on_publish
     return runtime
+
+
+def _kill_and_wait(actor):
+    """ray.kill returns at once; wait until the actor answers no more (its process is gone)."""
+    ray.kill(actor)
+    with pytest.raises(ray.exceptions.RayActorError):
+        for _ in range(100):
+            ray.get(actor.version.remote(), timeout=30)
 
 
 @pytest.mark.slow
@@ -129,18 +159,12 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
     start_local_ray(num_cpus=2)
     try:
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
-        # the first replacement dies too, before its replay is done: replayed again
-        runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=2, doomed_replacements=1)
+        # killed as v4 is published, so v4's checkpoint is never written by it: the new
+        # trainer starts from v2 and makes v3 and v4 again; the first replacement dies too,
+        # before its replay is done: replayed again
         killed = []
-
-        def kill_after_step_3(row, groups):
-            # v4's checkpoint was just queued: the kill catches it unwritten, so the new
-            # trainer starts from v2 and makes v3 and v4 again
-            if row["new_version"] == 4 and not killed:
-                killed.append(runtime.trainer)
-                ray.kill(runtime.trainer)
-
-        runtime.on_step = kill_after_step_3
+        runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=2, doomed_replacements=1,
+                           killed=killed, kill_at=4)  # fmt: skip
         summary = runtime.run()
         ray.get(runtime.save_checkpoint(out / "checkpoints" / "version_00008",
                                         runtime.controller.resume_state(), 0))  # fmt: skip

@@ -6,9 +6,9 @@ import torch
 
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.actors import actor_options
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
-from dorarl.runtime.pacing import DeviceModel
-from dorarl.runtime.ray_runtime import actor_options
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig
 
@@ -54,7 +54,8 @@ def test_a_version_change_finds_both_kv_pools_empty(tiny_model_dir):
     assert stats.kv_blocks_used > 0 and stats.host_blocks_used > 0
     with pytest.raises(RuntimeError, match="in flight"):
         worker.load_weights(worker.weights(), version=1)
-    assert len(worker.export(["r0", "r1"])) == 2 and len(worker.abort(["r2"])) == 1
+    ids, snapshots = worker.export(["r0", "r1"])
+    assert ids == ["r0", "r1"] and len(snapshots) == 2 and len(worker.abort(["r2"])) == 1
     stats = worker.stats()
     assert stats.kv_blocks_used == 0 and stats.host_blocks_used == 0
     report = worker.load_weights(worker.weights(), version=1)

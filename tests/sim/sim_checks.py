@@ -9,7 +9,6 @@ from collections import defaultdict
 from pathlib import Path
 
 from dorarl.controller import Controller, ControllerConfig
-from dorarl.controller.invariants import violations
 from dorarl.sim import RunResult
 
 
@@ -24,7 +23,7 @@ class InvariantWatch:
         self.events += 1
         if controller.finished or len(self.problems) > 5:
             return
-        found = violations(controller.ledger)
+        found = controller.violations()
         if found:
             self.problems.append(f"after {event}: {found}")
 

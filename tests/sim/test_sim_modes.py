@@ -5,7 +5,8 @@ import json
 import pytest
 
 from dorarl.controller import ControllerConfig, OrchestratorConfig
-from dorarl.sim import CostModel, LengthDist, SimRuntime
+from dorarl.data.lengths import LengthDist
+from dorarl.sim import CostModel, SimRuntime
 
 LONG_TAIL = LengthDist(median=256, p99_ratio=15, group_corr=0.5, max_len=8192, prompt_len=128)
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from sim_checks import InvariantWatch, check_run
 
 from dorarl.controller import MODES, ControllerConfig, OrchestratorConfig
-from dorarl.sim import CostModel, LengthDist, SimRuntime
+from dorarl.data.lengths import LengthDist
+from dorarl.sim import CostModel, SimRuntime
 
 
 @st.composite

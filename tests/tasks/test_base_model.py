@@ -8,13 +8,13 @@ import json
 
 import pytest
 import torch
+from hf_sampling import accuracy_and_pass_at_k, hf_generate
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dorarl.tasks import make_task
 from dorarl.tasks.assets import BASE_MODEL_DIR, shipped_base_model
 from dorarl.tasks.chartok import build_char_tokenizer
 from dorarl.tasks.evaluate import evaluate
-from dorarl.tasks.hf_sampling import accuracy_and_pass_at_k, hf_generate
 
 SUBSET = 200
 

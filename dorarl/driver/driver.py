@@ -1,0 +1,219 @@
+"""The driver: one run's controller, recorder, request table and group assembly, for every runtime.
+
+Events in, commands out, as in the controller, one level up: `deliver(event)` hands the
+event to the controller, shows event and commands to the recorder (and any observer),
+then routes each command to the runtime's `Executor` after updating its own books. A
+runtime adds only its executor and its event source: the loop `run(poll)` calls `poll()`
+until the controller says Finish (or the run is asked to stop), and `poll` feeds what the
+runtime observed back through `sample_done`, `migration_done`, `train_done` or `deliver`.
+
+Invariants kept here for every runtime: a request completes at most once (a second report
+of it is refused, so a sample is never counted twice); a Train gets complete groups only
+(`GroupAssembly` raises otherwise); nothing is dispatched once a stop was asked for (a
+stopped run's undispatched groups are the controller's resume position).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dorarl.controller import (
+    Command,
+    Controller,
+    ControllerConfig,
+    Dispatch,
+    Event,
+    Finish,
+    Interrupt,
+    LoadWeights,
+    Migrate,
+    MigrationDone,
+    Offload,
+    Resume,
+    SampleDone,
+    SetTimer,
+    Start,
+    Train,
+    TrainDone,
+    request_id,
+)
+from dorarl.data import Sample
+from dorarl.data.lengths import LengthDist
+from dorarl.driver.executor import Executor
+from dorarl.driver.groups import GroupAssembly
+from dorarl.driver.requests import RequestSpec, RequestTable
+from dorarl.record import Recorder
+
+log = logging.getLogger(__name__)
+
+Observer = Callable[[Controller, Event, list[Command]], None]
+
+
+class Driver:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        recorder: Recorder,
+        executor: Executor,
+        clock: Callable[[], float],
+        *,
+        lengths: LengthDist | None = None,
+        seed: int = 0,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.config = config
+        self.controller = Controller(config)
+        self.recorder = recorder
+        self.executor = executor
+        self.now = clock  # seconds since the run started, the runtime's clock
+        self.lengths, self.seed = lengths, seed  # forced response lengths, if any
+        self.requests = RequestTable(config.instances)
+        self.groups = GroupAssembly(config.group_size)
+        self.observers = list(observers)
+        # polled by the loop: once true, nothing new is dispatched, the training step in
+        # flight (if any) finishes and the run ends there (`stopped`)
+        self.should_stop: Callable[[], bool] = lambda: False
+        self.finished = self.stopped = False
+        self._execute = self._command_table()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def run(self, poll: Callable[[], None]) -> None:
+        """Start, then `poll()` the runtime's event source until the run finishes or stops."""
+        self.start()
+        self.loop(poll)
+
+    def start(self) -> None:
+        self.deliver(Start(self.now()))
+
+    def loop(self, poll: Callable[[], None]) -> None:
+        """`poll()` the runtime's event source until the run finishes or stops."""
+        while not self.finished:
+            if self.should_stop() and not self.controller.training:
+                self.stop("asked to stop")
+                break
+            poll()
+
+    def deliver(self, event: Event) -> None:
+        commands = self.controller.handle(event)
+        self.recorder.observe(event, commands)
+        for observer in self.observers:
+            observer(self.controller, event, commands)
+        for command in commands:
+            self.execute(command)
+
+    def execute(self, command: Command) -> None:
+        """Update the books for `command`, then have the executor carry it out."""
+        self._execute[type(command)](command)
+
+    def stop(self, reason: str) -> None:
+        """End the run early; the controller's data position is valid now (no step in
+        flight, or the one in flight done and its TrainDone not delivered)."""
+        log.info("run stopped at %.1fs: %s", self.now(), reason)
+        self.finished = self.stopped = True
+
+    # ---- what the runtime observed -------------------------------------------------------
+    def sample_done(self, instance_id: int, sample: Sample) -> bool:
+        """A request finished on `instance_id`; False (and nothing recorded) when the driver
+        already has its completion (a replaced instance's late report, say)."""
+        rid = request_id(sample.group_id, sample.sample_index)
+        if self.requests.finish(rid) is None:
+            log.warning("instance %d reported %s, which is done already: ignored", instance_id, rid)
+            return False
+        self.groups.add(sample)
+        tokens = len(sample.response_ids)
+        self.deliver(
+            SampleDone(sample.group_id, sample.sample_index, instance_id, tokens, self.now())
+        )
+        return True
+
+    def migration_done(
+        self, src: int, dst: int, request_ids: Sequence[str], landed: Sequence[str]
+    ) -> None:
+        """The migration of `request_ids` from `src` ended; `landed` run on `dst` now (the
+        others finished on `src` first and are reported from there)."""
+        for rid in request_ids:
+            if self.requests.live(rid):
+                self.requests.moving(rid, False)
+        for rid in landed:
+            self.requests.place(rid, dst)
+        self.deliver(MigrationDone(tuple(landed), src, dst, self.now()))
+
+    def train_done(self, event: TrainDone) -> None:
+        """The step in flight ended. Asked to stop meanwhile: record it and end the run,
+        so no next step is queued (the data position stays that of `event.new_version`)."""
+        if self.should_stop():
+            self.recorder.observe(event, [])
+            self.stop("asked to stop after this step")
+        else:
+            self.deliver(event)
+
+    # ---- commands ------------------------------------------------------------------------
+    def _command_table(self) -> dict[type, Callable[[Any], None]]:
+        ex = self.executor
+        return {
+            Dispatch: self._dispatch,
+            LoadWeights: ex.load_weights,
+            Migrate: self._migrate,
+            Interrupt: self._interrupt,
+            Resume: self._resume,
+            Offload: ex.offload,
+            Train: self._train,
+            SetTimer: lambda c: ex.set_timer(c.at),
+            Finish: self._finish,
+        }
+
+    def _dispatch(self, c: Dispatch) -> None:
+        if self.should_stop():  # stopping: the group stays untrained, so a resume samples it
+            return
+        group = self.groups.open(c.group_id, c.prompt_index, c.version, self._targets(c.group_id))
+        specs = [self._spec(c, s, group.target_lengths[s]) for s in c.sample_indices]
+        for spec in specs:
+            self.requests.start(spec, c.instance_id)
+        self.executor.dispatch(c, specs)
+
+    def _targets(self, group_id: int) -> list[int | None]:
+        if self.groups.is_open(group_id):
+            return []  # the group's own, made at its first Dispatch
+        size = self.config.group_size
+        if self.lengths is None:
+            return [None] * size
+        return list(self.lengths.group_lengths(self.seed, group_id, size))
+
+    def _spec(self, c: Dispatch, sample_index: int, target: int | None) -> RequestSpec:
+        rid = request_id(c.group_id, sample_index)
+        seed = request_seed(self.seed, c.group_id, sample_index)
+        return RequestSpec(rid, c.group_id, sample_index, c.prompt_index, c.version, seed, target)
+
+    def _migrate(self, c: Migrate) -> None:
+        for rid in c.request_ids:
+            if self.requests.live(rid):
+                self.requests.moving(rid)
+        self.executor.migrate(c)
+
+    def _interrupt(self, c: Interrupt) -> None:
+        for rid in c.request_ids:
+            if self.requests.live(rid):
+                self.requests.park(rid)
+        self.executor.interrupt(c)
+
+    def _resume(self, c: Resume) -> None:
+        for rid in c.request_ids:
+            if self.requests.live(rid):
+                self.requests.place(rid, c.instance_id)
+        self.executor.resume(c)
+
+    def _train(self, c: Train) -> None:
+        groups = [self.groups.take(gid) for gid in c.group_ids]
+        self.recorder.consumed(groups, c.version)
+        self.executor.train(c.version, groups)
+
+    def _finish(self, c: Finish) -> None:
+        log.info("run finished at %.1fs: %s", self.now(), c.reason)
+        self.finished = True
+
+
+def request_seed(seed: int, group_id: int, sample_index: int) -> int:
+    """A request's own seed: its tokens do not depend on where or beside whom it runs."""
+    return (seed * 1_000_003 + group_id) * 1_009 + sample_index

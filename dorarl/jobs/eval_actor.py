@@ -1,0 +1,76 @@
+"""The evaluator beside a Ray run: one actor evaluating the versions it is asked for.
+
+It never stalls rollout or training: versions are handed to it as they are published
+(`offer`), or, with `defer`, kept until the run ends so it takes no CPU from a timed run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.workload import eval_sampling
+from dorarl.runtime.actors import actor_options
+from dorarl.runtime.eval_worker import EvalWorker
+from dorarl.runtime.placement import PlacedActors
+from dorarl.runtime.threads import ThreadPlan
+from dorarl.tasks import Task
+
+
+def start_evaluator(
+    config: TrainConfig, model_folder: str, task: Task, threads: ThreadPlan, placed: PlacedActors
+) -> Any:
+    """The evaluator actor: an engine like the rollout engines (greedy decoding)."""
+    actor = ray.remote(**actor_options("evaluator", config.engine.device, placed))(EvalWorker)
+    return actor.remote(
+        model_folder,
+        config.engine,
+        task,
+        config.eval.max_prompts,
+        threads.evaluator,
+        threads.evaluator_nice,
+        eval_sampling(config),
+    )
+
+
+class Evaluations:
+    """The run's evaluations by version: asked for as versions appear, gathered at the end."""
+
+    def __init__(self, evaluator: Any, wanted: set[int], start: int, defer: bool) -> None:
+        self.evaluator, self.wanted, self.defer = evaluator, wanted, defer
+        self.running: dict[int, ray.ObjectRef] = {}
+        self.deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights
+        if not defer:
+            self.running[start] = evaluator.evaluate.remote(None, start)
+
+    def offer(self, version: int, weights: ray.ObjectRef) -> None:
+        """`version` was published with `weights`: evaluate it if it is wanted."""
+        if version not in self.wanted:
+            return
+        if self.defer:
+            self.deferred[version] = weights
+        elif version not in self.running:
+            self.running[version] = self.evaluator.evaluate.remote(weights, version)
+
+    def accuracy_so_far(self) -> dict[int, float]:
+        """Accuracy of every evaluation finished by now."""
+        return {v: result["accuracy"] for v, result in self.finished().items()}
+
+    def finished(self) -> dict[int, dict[str, Any]]:
+        """The evaluations finished by now (a stopped run waits for no others)."""
+        if not self.running:
+            return {}
+        refs = list(self.running.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = set(ready)
+        return {v: ray.get(ref) for v, ref in self.running.items() if ref in done}
+
+    def all(self) -> dict[int, dict[str, Any]]:
+        """Every wanted evaluation, waiting for them (the deferred ones run now)."""
+        if self.defer:
+            self.running = {
+                v: self.evaluator.evaluate.remote(w, v) for v, w in self.deferred.items()
+            }
+        return {v: ray.get(ref) for v, ref in self.running.items()}

@@ -1,0 +1,45 @@
+"""A run's output files: metrics.jsonl and trajectories.jsonl as they grow, summary.json
+and trace.json at the end. A resumed run (`append`) adds to its run's files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dorarl.record.trace import TraceBuilder
+
+
+class RunFiles:
+    def __init__(self, out_dir: str | Path | None, *, trajectories: bool, append: bool) -> None:
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._metrics = self._trajectories = None
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            how = "a" if append else "w"
+            self._metrics = open(self.out_dir / "metrics.jsonl", how)  # noqa: SIM115
+            if trajectories:
+                self._trajectories = open(self.out_dir / "trajectories.jsonl", how)  # noqa: SIM115
+
+    @property
+    def writes_trajectories(self) -> bool:
+        return self._trajectories is not None
+
+    def metrics_row(self, row: dict[str, Any]) -> None:
+        if self._metrics is not None:
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+
+    def trajectory_row(self, row: dict[str, Any]) -> None:
+        if self._trajectories is not None:
+            self._trajectories.write(json.dumps(row) + "\n")
+
+    def close(self, summary: dict[str, Any], trace: TraceBuilder | None) -> None:
+        for f in (self._metrics, self._trajectories):
+            if f is not None:
+                f.close()
+        if self.out_dir is None:
+            return
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if trace is not None:
+            trace.write(self.out_dir / "trace.json")

@@ -1,0 +1,364 @@
+"""Run recorder for every runtime: metrics.jsonl, trajectories.jsonl, summary.json, trace.json.
+
+It reads the controller's event/command stream (`observe`) and takes from the runtime only
+what the stream lacks: consumed groups, trainer metrics, measured overheads, re-prefill
+work, requests the runtime lost. Times are seconds since run start, given by the runtime.
+Its group and slot accounting is its own (not the controller's), so tests can check one
+against the other. Every dispatched group ends consumed once, complete, or in flight;
+anything else is reported under `dropped` with a reason. The pieces: `GroupAccount`
+(groups.py), `SlotUsage` (slots.py), `VersionLanes` (versions.py), `RunFiles` (files.py)
+and the trace (trace.py); this module turns them into step rows and the summary.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dorarl.controller import commands as cmd
+from dorarl.controller import events as ev
+from dorarl.data import Group, Sample
+from dorarl.record.files import RunFiles
+from dorarl.record.groups import GroupAccount
+from dorarl.record.slots import SlotUsage
+from dorarl.record.trace import MIGRATION_TID, TRAINER_PID, TraceBuilder, instance_pid
+from dorarl.record.versions import VersionLanes
+
+# Every overhead kind a runtime may report. A runtime reports only those it measures (it
+# builds its Recorder with `overhead_kinds`): the Ray runtime has no free_cache step (see
+# RayRuntime.OVERHEAD_KINDS), the simulator models all three.
+OVERHEAD_KINDS = ("load_balance", "request_transfer", "free_cache")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the recorded run is: its mode and bound, its instances and slots, the
+    version it starts at (a resumed run continues its steps), the overheads it measures."""
+
+    mode: str
+    k: int
+    num_instances: int
+    slots: int
+    first_version: int
+    overhead_kinds: tuple[str, ...]
+
+
+@dataclass
+class _Step:
+    """Accumulators of the training step in progress (from the previous TrainDone)."""
+
+    start: float
+    area0: list[float]
+    train_start: float | None = None
+    version: int | None = None
+    groups: int = 0
+    tokens: int = 0
+    rewards: list[float] = field(default_factory=list)
+    staleness: Counter = field(default_factory=Counter)
+    overhead: dict[str, float] = field(default_factory=dict)
+    reprefill: int = 0
+    migrations: int = 0
+    offloads: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Recorder:
+    def __init__(
+        self,
+        out_dir: str | Path | None,
+        *,
+        mode: str,
+        k: int,
+        num_instances: int,
+        slots_per_instance: int,
+        trajectories: bool = True,
+        trace: bool = True,
+        first_version: int = 0,
+        overhead_kinds: Sequence[str] = OVERHEAD_KINDS,
+        texts: Callable[[Sample], dict[str, str]] | None = None,
+    ) -> None:
+        unknown = set(overhead_kinds) - set(OVERHEAD_KINDS)
+        if unknown:
+            raise ValueError(f"unknown overhead kinds {sorted(unknown)}; known: {OVERHEAD_KINDS}")
+        self.run = RunInfo(
+            mode, k, num_instances, slots_per_instance, first_version, tuple(overhead_kinds)
+        )
+        self.texts = texts  # sample -> text fields of its trajectory row (record.text)
+        self.files = RunFiles(out_dir, trajectories=trajectories, append=bool(first_version))
+        self.trace = TraceBuilder(num_instances) if trace and out_dir is not None else None
+        self.steps: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] | None = None
+        self.groups = GroupAccount()
+        self.usage = SlotUsage(num_instances, self._busy_counter if self.trace else None)
+        self.lanes = VersionLanes(num_instances, first_version, self.trace)
+        self.faults: Counter = Counter()  # restarts, replayed steps, replay mismatches
+        self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
+        self._totals: Counter = Counter()
+        self._step = self._new_step(0.0, [0.0] * num_instances)
+        self._events = self._event_handlers()
+        self._commands = self._command_handlers()
+
+    @property
+    def overhead_kinds(self) -> tuple[str, ...]:
+        """The overheads this run measures, nothing else."""
+        return self.run.overhead_kinds
+
+    @property
+    def out_dir(self) -> Path | None:
+        return self.files.out_dir
+
+    # ---- inputs --------------------------------------------------------------------------
+    def observe(self, event: ev.Event, commands: Sequence[cmd.Command]) -> None:
+        """Record one controller step: the event it handled and the commands it returned."""
+        handler = self._events.get(type(event))
+        if handler is not None:
+            handler(event)
+        for command in commands:
+            self._commands[type(command)](command, event.now)
+
+    def consumed(self, groups: Iterable[Group], version: int) -> None:
+        """The runtime hands the groups of the `Train` it is executing (rewards filled in)."""
+        for group in groups:
+            self._consume_group(group, version)
+
+    def step_metrics(self, metrics: Mapping[str, Any]) -> None:
+        """Extra metrics of the step in progress (trainer metrics, `eval_accuracy`, ...)."""
+        self._step.extra.update(metrics)
+
+    def overhead(self, kind: str, seconds: float) -> None:
+        """Instance-seconds spent on `kind` (one of this run's overhead kinds) during this step."""
+        if kind not in OVERHEAD_KINDS:
+            raise ValueError(f"unknown overhead kind {kind!r}; expected one of {OVERHEAD_KINDS}")
+        if kind not in self.overhead_kinds:
+            raise ValueError(
+                f"overhead kind {kind!r} is not measured by this run ({self.overhead_kinds})"
+            )
+        self._step.overhead[kind] += seconds
+
+    def reprefill(self, tokens: int) -> None:
+        self._step.reprefill += tokens
+
+    def restarted(self, instance_id: int, requests: int, now: float) -> None:
+        """A dead instance was replaced; its `requests` start again from their prompts."""
+        self.faults["engine_restarts"] += 1
+        self.faults["restarted_requests"] += requests
+        if self.trace is not None:
+            name = f"instance restarted ({requests} requests start again)"
+            self.trace.instant(instance_pid(instance_id), name, now)
+
+    def trainer_restarted(self, from_version: int, replayed_steps: int, now: float) -> None:
+        """A dead trainer was replaced from `from_version`; `replayed_steps` are made again."""
+        self.faults["trainer_restarts"] += 1
+        self.faults["replayed_steps"] += replayed_steps
+        if self.trace is not None:
+            name = f"trainer restarted from v{from_version} ({replayed_steps} steps replayed)"
+            self.trace.instant(TRAINER_PID, name, now)
+
+    def replay_mismatch(self) -> None:
+        """A replayed training step did not reproduce the original's loss exactly."""
+        self.faults["replay_mismatches"] += 1
+
+    def lost(self, group_id: int, reason: str) -> None:
+        """A runtime could not keep a group (e.g. an engine failed): reported as dropped."""
+        self.groups.lost(group_id, reason)
+
+    # ---- event handlers ------------------------------------------------------------------
+    def _event_handlers(self) -> dict[type, Any]:
+        return {
+            ev.SampleDone: self._on_sample_done,
+            ev.WeightsLoaded: self.lanes.loaded,
+            ev.MigrationDone: self._on_migrated,
+            ev.TrainDone: self._on_train_done,
+        }
+
+    def _on_sample_done(self, e: ev.SampleDone) -> None:
+        self.usage.finished(cmd.request_id(e.group_id, e.sample_index), e.now)
+        self.groups.sample_done(e.group_id)
+
+    def _on_migrated(self, e: ev.MigrationDone) -> None:
+        pending = self._migrating[(e.src, e.dst)]
+        start, count = pending.popleft() if pending else (e.now, len(e.request_ids))
+        if self.trace is not None:
+            name = f"migrate {count} -> instance {e.dst}"
+            self.trace.slice(instance_pid(e.src), MIGRATION_TID, name, start, e.now)
+
+    def _on_train_done(self, e: ev.TrainDone) -> None:
+        line = self._step_line(e.now, e.new_version)
+        self.steps.append(line)
+        self.files.metrics_row(line)
+        if self.trace is not None:
+            step = self._step
+            name = f"train step {line['step']} (v{step.version} -> v{e.new_version})"
+            start = e.now if step.train_start is None else step.train_start
+            self.trace.slice(TRAINER_PID, 0, name, start, e.now, groups=step.groups)
+        self._totals.update(
+            step_time_s=line["step_time_s"],
+            rollout_only_s=line["rollout_only_s"],
+            tokens=line["consumed_tokens"],
+        )
+        self._step = self._new_step(e.now, list(self.usage.area))
+
+    def _new_step(self, start: float, area0: list[float]) -> _Step:
+        return _Step(start, area0, overhead=dict.fromkeys(self.overhead_kinds, 0.0))
+
+    # ---- command handlers ----------------------------------------------------------------
+    def _command_handlers(self) -> dict[type, Any]:
+        return {
+            cmd.Dispatch: self._on_dispatch,
+            cmd.LoadWeights: self.lanes.load_started,
+            cmd.Migrate: self._on_migrate,
+            cmd.Interrupt: lambda c, now: self.usage.parked(c.request_ids, c.instance_id, now),
+            cmd.Resume: lambda c, now: self.usage.resumed(c.request_ids, c.instance_id, now),
+            cmd.Offload: self._on_offload,
+            cmd.Train: self._on_train,
+            cmd.SetTimer: lambda c, now: None,
+            cmd.Finish: lambda c, now: None,
+        }
+
+    def _on_dispatch(self, c: cmd.Dispatch, now: float) -> None:
+        self.groups.dispatched(c.group_id, len(c.sample_indices))
+        rids = [cmd.request_id(c.group_id, s) for s in c.sample_indices]
+        self.usage.placed(rids, c.instance_id, now)
+
+    def _on_migrate(self, c: cmd.Migrate, now: float) -> None:
+        moved = self.usage.moved(c.request_ids, c.src, c.dst, now)
+        self._step.migrations += moved
+        self._migrating[(c.src, c.dst)].append((now, moved))
+
+    def _on_offload(self, c: cmd.Offload, now: float) -> None:
+        self._step.offloads += 1
+
+    def _on_train(self, c: cmd.Train, now: float) -> None:
+        self._step.train_start = now
+        self._step.version = c.version
+        if self.trace is not None and now > self._step.start:
+            self.trace.slice(TRAINER_PID, 0, "waiting for rollout", self._step.start, now)
+
+    # ---- bookkeeping ---------------------------------------------------------------------
+    def _busy_counter(self, instance: int, now: float, busy: int) -> None:
+        if self.trace is not None:
+            self.trace.counter(instance_pid(instance), "busy_slots", now, busy)
+
+    def _consume_group(self, group: Group, version: int) -> None:
+        self.groups.consumed(group.group_id)
+        step = self._step
+        step.groups += 1
+        # per-token versions never decrease along a trajectory (a resume only moves forward),
+        # so the oldest is the first: O(1) even for long responses
+        behavior = min(
+            (s.versions[0] for s in group.samples if len(s.versions)), default=group.version
+        )
+        step.staleness[version - behavior] += 1
+        for sample in group.samples:
+            step.tokens += len(sample.response_ids)
+            step.rewards.append(sample.reward)
+            if self.files.writes_trajectories:
+                self.files.trajectory_row(self._trajectory(sample, group, version))
+
+    def _trajectory(self, sample: Sample, group: Group, version: int) -> dict[str, Any]:
+        versions = sample.versions
+        if self.run.mode == "partial_rollout" or (len(versions) and versions[0] != versions[-1]):
+            behavior: int | list[int] = list(versions)
+        else:
+            behavior = versions[0] if len(versions) else group.version
+        return {
+            "group_id": group.group_id,
+            "sample_index": sample.sample_index,
+            "prompt_id": sample.prompt_id,
+            "behavior_version": behavior,
+            "train_version": version,
+            "response_tokens": len(sample.response_ids),
+            "reward": sample.reward,
+            "migrations": sample.migrations,
+            "offloads": sample.offloads,
+        } | (self.texts(sample) if self.texts is not None else {})
+
+    def _step_line(self, now: float, new_version: int) -> dict[str, Any]:
+        step, run = self._step, self.run
+        self.usage.settle(now)
+        duration = now - step.start
+        capacity = run.slots * duration
+        util = [
+            (a - a0) / capacity if capacity > 0 else 0.0
+            for a, a0 in zip(self.usage.area, step.area0, strict=True)
+        ]
+        train_start = step.train_start if step.train_start is not None else now
+        line: dict[str, Any] = {
+            "step": run.first_version + len(self.steps),
+            "version": step.version,
+            "new_version": new_version,
+            "time_s": now,
+            "step_time_s": duration,
+            "rollout_only_s": train_start - step.start,
+            "train_time_s": now - train_start,
+            "consumed_groups": step.groups,
+            "consumed_tokens": step.tokens,
+            "tokens_per_s": step.tokens / duration if duration > 0 else 0.0,
+            "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
+            "staleness": {str(s): n for s, n in sorted(step.staleness.items())},
+            "instances_per_version": self.lanes.per_version(),
+            "overhead_s": dict(step.overhead),
+            "overhead_share": {
+                k: _share(v, duration * run.num_instances) for k, v in step.overhead.items()
+            },
+            "slot_utilization": sum(util) / len(util),
+            "slot_utilization_per_instance": util,
+            "reprefill_tokens": step.reprefill,
+            "migrations": step.migrations,
+            "offloads": step.offloads,
+        }
+        self._totals.update({f"overhead_{k}": v for k, v in step.overhead.items()})
+        self._totals.update(
+            reprefill=step.reprefill, migrations=step.migrations, offloads=step.offloads
+        )
+        return line | step.extra
+
+    # ---- end of run ----------------------------------------------------------------------
+    def close(self, now: float) -> dict[str, Any]:
+        """Write summary.json (and trace.json); returns the summary."""
+        self.usage.settle(now)
+        self.lanes.close(now)
+        self.summary = self._summary(now)
+        self.files.close(self.summary, self.trace)
+        return self.summary
+
+    def _summary(self, wall: float) -> dict[str, Any]:
+        states, totals, run = self.groups.states(), self._totals, self.run
+        counts, dropped, faults = self.groups.counts, self.groups.dropped, self.faults
+        return {
+            "mode": run.mode,
+            "K": run.k,
+            "steps": len(self.steps),
+            "dispatched": counts["dispatched"],
+            "completed": counts["completed"],
+            "consumed": counts["consumed"],
+            "in_flight_at_end": states["running"],
+            "queued_at_end": states["complete"],
+            "dropped": dict(dropped),
+            "dropped_total": sum(dropped.values()),
+            "wall_time_s": wall,
+            "consumed_tokens": totals["tokens"],
+            "throughput_tokens_per_s": _share(totals["tokens"], wall),
+            "mean_step_time_s": _share(totals["step_time_s"], len(self.steps)),
+            "rollout_only_share": _share(totals["rollout_only_s"], totals["step_time_s"]),
+            "slot_utilization": _share(sum(self.usage.area), wall * run.slots * run.num_instances),
+            "overhead_share": {
+                k: _share(totals[f"overhead_{k}"], wall * run.num_instances)
+                for k in run.overhead_kinds
+            },
+            "migrations": totals["migrations"],
+            "offloads": totals["offloads"],
+            "reprefill_tokens": totals["reprefill"],
+            "engine_restarts": faults["engine_restarts"],
+            "restarted_requests": faults["restarted_requests"],
+            "trainer_restarts": faults["trainer_restarts"],
+            "replayed_steps": faults["replayed_steps"],
+            "replay_mismatches": faults["replay_mismatches"],
+        }
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0

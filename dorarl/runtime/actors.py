@@ -1,0 +1,102 @@
+"""Starting the Ray actors: engines and the trainer, at the start of a run or replacing one.
+
+An actor's spec is what it is made from (`EngineSpec`, `TrainerSpec`); `placed` gives
+each actor its GPU share and bundle (dorarl.runtime.placement), and without it an actor
+on cuda asks Ray for a whole GPU. With `pace`, every engine step and training step lasts
+its device time (device emulation, dorarl.record.pacing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from dorarl.engine import EngineConfig
+from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.engine_worker import EngineWorker
+from dorarl.runtime.placement import PlacedActors
+from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.trainer import TrainerConfig
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """An engine actor: `model_folder`'s weights hosted as `version`, `threads` torch
+    threads at niceness `nice` (dorarl.runtime.threads)."""
+
+    model_folder: str
+    config: EngineConfig
+    threads: int = 1
+    version: int = 0
+    nice: int = 0
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """The trainer actor: `TrainerWorker` on `model_folder`, or restored from the
+    checkpoint `resume_from`."""
+
+    model_folder: str
+    config: TrainerConfig
+    threads: int = 1
+    resume_from: str | None = None
+
+    def restored(self, checkpoint: str | None) -> TrainerSpec:
+        """The same trainer restored from `checkpoint` (None: from where this one starts)."""
+        return dataclasses.replace(self, resume_from=checkpoint or self.resume_from)
+
+
+def start_workers(
+    num_instances: int,
+    engine: EngineSpec,
+    trainer: TrainerSpec,
+    pace: DeviceModel | None = None,
+    placed: PlacedActors | None = None,
+) -> tuple[list[Any], Any]:
+    """The engine actors and the trainer actor (local Ray or a cluster)."""
+    workers = [spawn_engine(i, engine, pace, placed) for i in range(num_instances)]
+    return workers, spawn_trainer(trainer, pace, placed)
+
+
+def spawn_trainer(
+    spec: TrainerSpec, pace: DeviceModel | None = None, placed: PlacedActors | None = None
+) -> Any:
+    """The trainer actor (at start, or replacing a dead one in the same bundle); with
+    trainer.world_size > 1, rank 0 of a trainer group, which starts the other ranks."""
+    options = actor_options("trainer", spec.config.device, placed)
+    worker = TrainerWorker
+    if spec.config.world_size > 1:
+        from dorarl.runtime.trainer_group import TrainerGroupWorker  # torch.distributed
+
+        worker = TrainerGroupWorker
+    return ray.remote(**options)(worker).remote(
+        spec.model_folder, spec.config, spec.threads, spec.resume_from, pace=pace
+    )
+
+
+def spawn_engine(
+    instance_id: int,
+    spec: EngineSpec,
+    pace: DeviceModel | None = None,
+    placed: PlacedActors | None = None,
+) -> Any:
+    """One engine actor (at start, or replacing a dead one in the same bundle)."""
+    options = actor_options(f"engine{instance_id}", spec.config.device, placed)
+    return ray.remote(**options)(EngineWorker).remote(
+        instance_id, spec.model_folder, spec.config, spec.threads, pace, spec.version, spec.nice
+    )
+
+
+def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:
+    """Ray options of `actor` computing on `device`: its share and bundle from `placed`, or
+    without a placement one whole GPU for cuda (Ray then makes that GPU the actor's only
+    visible one, so `cuda` means it), none otherwise. CPU work is not reserved: instances
+    share cores, which the benchmarks' pacing accounts for."""
+    if device == "cpu":
+        return {"num_cpus": 0, "num_gpus": 0}
+    if placed is not None:
+        return placed.options(actor)
+    return {"num_cpus": 0, "num_gpus": 1}

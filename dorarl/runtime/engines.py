@@ -1,0 +1,221 @@
+"""The engine actors as the Ray runtime's executor of rollout commands, and their answers.
+
+Every command naming an instance becomes calls on its actor, which runs them one at a time
+in submission order: that is the per-instance ordering the controller relies on. One
+stepping call (`run`, `steps_per_call` engine steps) stays queued on every instance that
+holds requests; its report brings finished requests (scored, to the driver), KV usage
+crossings of the threshold (`InstanceStats`) and paced-compute figures. Weights travel
+through the `WeightTransport`; a migration is an export on its source whose snapshots an
+import on its destination takes, by reference.
+
+Each instance has an incarnation (`generations`), raised when recovery replaces its dead
+actor. A call's answer counts only if the actor it lands on is the incarnation it was
+sent to (`stale`); recovery redoes the others. When a migration's source was replaced, the
+requests it kept (finished there, their reports lost with it) start again on the
+destination, so nothing is lost and nothing is reported twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from dorarl.controller import (
+    TRAINER,
+    ControllerConfig,
+    Dispatch,
+    InstanceStats,
+    Interrupt,
+    LoadWeights,
+    Migrate,
+    Offload,
+    Resume,
+    WeightsLoaded,
+)
+from dorarl.driver import Driver, RequestSpec
+from dorarl.record import Recorder
+from dorarl.record.pacing import PaceTally
+from dorarl.runtime.calls import DEATHS, Call, CallTable
+from dorarl.runtime.engine_worker import RunReport, WeightsReport
+from dorarl.runtime.rollout import RolloutPlan
+from dorarl.runtime.weights import WeightTransport
+
+log = logging.getLogger(__name__)
+
+STEPS_PER_CALL = 8
+"""Engine steps per remote call: long enough to amortise the call, short enough to react."""
+
+
+class EngineFleet:
+    def __init__(
+        self,
+        workers: Sequence[Any],
+        config: ControllerConfig,
+        calls: CallTable,
+        weights: WeightTransport,
+        plan: RolloutPlan,
+        pace: PaceTally,
+        clock: Callable[[], float],
+        steps_per_call: int = STEPS_PER_CALL,
+    ) -> None:
+        self.workers = list(workers)
+        self.generations = [0] * len(self.workers)  # incarnation of each instance's actor
+        self.config, self.calls, self.weights, self.plan = config, calls, weights, plan
+        self.pace, self.now, self.steps_per_call = pace, clock, steps_per_call
+        self.driver: Driver | None = None  # set by the runtime: where answers go
+        self._running: dict[int, ray.ObjectRef] = {}  # instance -> its queued `run` call
+        self._kv_above = [False] * len(self.workers)
+        self._parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> its abort's result
+
+    @property
+    def _driver(self) -> Driver:
+        assert self.driver is not None, "EngineFleet.driver is set by its runtime"
+        return self.driver
+
+    @property
+    def recorder(self) -> Recorder:
+        return self._driver.recorder
+
+    # ---- commands (the driver's Executor, engine part) ----------------------------------
+    def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
+        self.start(c.instance_id, requests)
+
+    def load_weights(self, c: LoadWeights) -> None:
+        self.load(c.instance_id, c.version, c.source)
+
+    def migrate(self, c: Migrate) -> None:
+        src, dst = self.workers[c.src], self.workers[c.dst]
+        ids, snapshots = src.export.options(num_returns=2).remote(list(c.request_ids))
+        ref = dst.import_.remote(snapshots)
+        self._submit(ref, "migrate", (c.src, c.dst, c.request_ids, ids, snapshots))
+
+    def interrupt(self, c: Interrupt) -> None:
+        aborted = self.workers[c.instance_id].abort.remote(list(c.request_ids))
+        for rid in c.request_ids:
+            self._parked[rid] = aborted
+
+    def resume(self, c: Resume) -> None:
+        refs = list(dict.fromkeys(self._parked.pop(rid) for rid in c.request_ids))
+        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs)
+        self.keep_running(c.instance_id)
+
+    def offload(self, c: Offload) -> None:
+        self.workers[c.instance_id].offload.remote(c.request_id)
+
+    # ---- what recovery and the commands share -------------------------------------------
+    def start(self, iid: int, requests: Sequence[RequestSpec]) -> None:
+        """Start `requests` on `iid` from their prompts (placed there by the driver)."""
+        if requests:
+            self.workers[iid].add.remote([self.plan.request(spec) for spec in requests])
+        self.keep_running(iid)
+
+    def load(self, iid: int, version: int, source: int) -> None:
+        """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded."""
+        ref = self._carry(iid, version, source)
+        self._submit(ref, "load", (iid, version, source))
+
+    def restore(self, iid: int, version: int, source: int) -> None:
+        """A replacement actor takes its instance's version back, before anything else
+        reaches it (no answer: the controller never saw the instance go)."""
+        self._carry(iid, version, source)
+
+    def reimport(self, call: Call) -> None:
+        """Land a migration's snapshots (they outlive their source) on the current actor of
+        its destination; the call keeps its source's incarnation and start time."""
+        src, dst, rids, ids, snapshots = call.args
+        ref = self.workers[dst].import_.remote(snapshots)
+        generations = list(call.generations)
+        generations[dst] = self.generations[dst]
+        self.calls.submit(ref, "migrate", call.args, call.started, tuple(generations))
+
+    def replace(self, iid: int, actor: Any) -> None:
+        """A new actor for instance `iid`: a new incarnation, nothing queued on it yet."""
+        self.workers[iid] = actor
+        self.generations[iid] += 1
+        self._running.pop(iid, None)
+        self._kv_above[iid] = False
+
+    def alive(self, iid: int) -> bool:
+        try:
+            ray.get(self.workers[iid].stats.remote(), timeout=30)
+        except DEATHS:
+            return False
+        return True
+
+    def stale(self, call: Call) -> bool:
+        """Whether the actor `call`'s result landed on has been replaced since."""
+        lands_on = call.args[1] if call.kind == "migrate" else call.args[0]
+        return call.generations[lands_on] != self.generations[lands_on]
+
+    def keep_running(self, iid: int) -> None:
+        """Keep one stepping call queued on every instance that holds requests."""
+        if self._driver.requests.held(iid) > 0 and iid not in self._running:
+            ref = self.workers[iid].run.remote(self.steps_per_call)
+            self._running[iid] = ref
+            self._submit(ref, "run", (iid,))
+
+    def running_call(self, iid: int) -> ray.ObjectRef | None:
+        """The stepping call queued on `iid`, if any."""
+        return self._running.get(iid)
+
+    def run_ended(self, call: Call) -> None:
+        """`call` (a run) is answered: queue the next one if the instance still holds work."""
+        iid = call.args[0]
+        if self._running.get(iid) == call.ref:
+            del self._running[iid]
+        self.keep_running(iid)
+
+    # ---- answers -------------------------------------------------------------------------
+    def on_run(self, report: RunReport, call: Call) -> None:
+        iid = report.instance_id
+        if self._running.get(iid) == call.ref:
+            del self._running[iid]
+        if report.pace is not None:
+            self.pace.add("engine", report.pace)
+        for output in report.finished:
+            if not self._driver.requests.live(output.request_id):
+                log.warning("instance %d finished %s twice: ignored", iid, output.request_id)
+                continue
+            sample = self.plan.sample(self._driver.requests.spec(output.request_id), output)
+            self.recorder.reprefill(output.reprefill_tokens)
+            self._driver.sample_done(iid, sample)
+        self._report_kv(iid, report)
+        self.keep_running(iid)
+
+    def _report_kv(self, iid: int, report: RunReport) -> None:
+        usage = report.stats.kv_usage
+        above = usage >= self.config.orchestrator.kv_offload_threshold
+        if above != self._kv_above[iid]:
+            self._kv_above[iid] = above
+            stats = report.stats
+            self._driver.deliver(
+                InstanceStats(iid, stats.running, stats.waiting, usage, self.now())
+            )
+
+    def on_loaded(self, report: WeightsReport, call: Call) -> None:
+        self.recorder.overhead("load_balance", self.now() - call.started)
+        self._driver.deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
+
+    def on_migrated(self, landed: list[str], call: Call, source_lost: bool = False) -> None:
+        """The migration's requests `landed` on its destination. When its source was
+        replaced since (or its snapshots are lost), the requests it kept start again on
+        the destination: their reports, if any, went with the dead actor."""
+        src, dst, rids = call.args[:3]
+        if source_lost or call.generations[src] != self.generations[src]:
+            kept = [r for r in rids if self._driver.requests.live(r) and r not in set(landed)]
+            self.start(dst, [self._driver.requests.spec(r) for r in kept])
+            landed = [*landed, *kept]
+        self.recorder.overhead("request_transfer", self.now() - call.started)
+        self._driver.migration_done(src, dst, rids, landed)
+        self.keep_running(dst)
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _carry(self, iid: int, version: int, source: int) -> ray.ObjectRef:
+        peer = None if source == TRAINER else self.workers[source]
+        return self.weights.load(self.workers[iid], version, peer)
+
+    def _submit(self, ref: ray.ObjectRef, kind: str, args: tuple[Any, ...]) -> None:
+        self.calls.submit(ref, kind, args, self.now(), tuple(self.generations))

@@ -1,0 +1,74 @@
+"""What the engines are asked to sample and what comes back: requests in, scored samples out.
+
+`RolloutSettings` are the sampling knobs of a run; `RolloutPlan` turns the driver's
+request specs into engine requests (prompt tokens from the task, the request's own seed,
+its forced length) and finished engine outputs into `Sample`s with their reward. A reward
+function that raises scores 0 and is counted (`reward_errors`), never stopping the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dorarl.data import Sample
+from dorarl.data.lengths import LengthDist
+from dorarl.driver import RequestSpec
+from dorarl.engine import RequestOutput, SamplingParams
+from dorarl.runtime.engine_worker import NewRequest
+from dorarl.tasks import Prompt, Task, score
+
+
+@dataclass
+class RolloutSettings:
+    """What the runtime needs beyond the controller: sampling and the seed."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int = 0
+    forced_lengths: LengthDist | None = None  # benchmarks: target lengths, EOS ignored
+
+
+class RolloutPlan:
+    def __init__(self, task: Task, settings: RolloutSettings) -> None:
+        self.task, self.settings = task, settings
+        self.prompts: list[Prompt] = task.train_prompts()
+        self.reward_errors = 0
+
+    def prompt(self, prompt_index: int) -> Prompt:
+        return self.prompts[prompt_index % len(self.prompts)]
+
+    def request(self, spec: RequestSpec) -> NewRequest:
+        s = self.settings
+        params = SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=max(s.max_new_tokens, spec.target_len or 0),
+            stop_token_ids=list(s.stop_token_ids),
+            seed=spec.seed,
+            target_len=spec.target_len,
+        )
+        prompt = self.prompt(spec.prompt_index)
+        return NewRequest(spec.request_id, list(prompt.prompt_ids), params)
+
+    def sample(self, spec: RequestSpec, out: RequestOutput) -> Sample:
+        prompt = self.prompt(spec.prompt_index)
+        reward, error = score(self.task, prompt, out.output_ids)
+        self.reward_errors += error is not None
+        return Sample(
+            group_id=spec.group_id,
+            sample_index=spec.sample_index,
+            prompt_id=prompt.prompt_id,
+            prompt_ids=list(out.prompt_ids),
+            response_ids=list(out.output_ids),
+            logprobs=list(out.logprobs),
+            versions=list(out.versions),
+            finish_reason=out.finish_reason,
+            reward=reward,
+            reward_error=error,
+            migrations=out.migrations,
+            offloads=out.offloads,
+        )

@@ -1,0 +1,284 @@
+"""The simulated machinery: cost-model instances and trainer on a virtual clock.
+
+It is the simulator's `Executor` (each command changes instance state and schedules its
+answer on the clock) and its event source (`poll` pops the next due item and hands what
+happened to the driver). A strict executor: a command a real runtime could not honour
+(dispatch to a busy or wrong-version instance, a weight load on an instance that still
+holds requests or serves a peer, training at the wrong version) raises `ProtocolError`.
+Deterministic: ties on the clock pop in push order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dorarl.controller import (
+    TRAINER,
+    Command,
+    ControllerConfig,
+    Dispatch,
+    InstanceStats,
+    Interrupt,
+    LoadWeights,
+    Migrate,
+    Offload,
+    ProtocolError,
+    Resume,
+    Timer,
+    TrainDone,
+    WeightsLoaded,
+)
+from dorarl.data import Group
+from dorarl.driver import Driver, RequestSpec
+from dorarl.record import Recorder
+from dorarl.sim.clock import EventQueue
+from dorarl.sim.cost import CostModel
+from dorarl.sim.instance import SimInstance, SimRequest
+from dorarl.sim.samples import sample_of
+
+
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    instance_id: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Arrival:
+    request_ids: tuple[str, ...]
+    src: int
+    dst: int
+
+
+class SimCluster:
+    def __init__(
+        self, config: ControllerConfig, cost: CostModel, prompt_len: int, recorder: Recorder
+    ) -> None:
+        self.config, self.cost, self.prompt_len = config, cost, prompt_len
+        self.recorder = recorder
+        self.driver: Driver | None = None  # set by the runtime: where answers go
+        threshold = config.orchestrator.kv_offload_threshold
+        self.instances = [
+            SimInstance(i, cost, config.slots, threshold) for i in range(config.instances)
+        ]
+        for inst in self.instances:
+            inst.version = config.initial_version
+        self.queue = EventQueue()
+        self.now = 0.0
+        self.pending = 0  # queued items other than timers: none left and not done is a deadlock
+        self.published = config.initial_version
+        self._links: dict[int, float] = {}  # weight source -> busy until
+        self._parked: dict[str, SimRequest] = {}
+        self._transit: dict[str, SimRequest] = {}
+
+    # ---- the clock -----------------------------------------------------------------------
+    def poll(self) -> None:
+        """Advance to the next due item and hand what happened to the driver."""
+        at, item = self.queue.pop()
+        if not isinstance(item, Timer):
+            self.pending -= 1
+        self.now = at
+        if isinstance(item, _Wake):
+            self._on_wake(item)
+        elif isinstance(item, _Arrival):
+            self._on_arrival(item)
+        elif isinstance(item, WeightsLoaded):
+            inst = self.instances[item.instance_id]
+            inst.version, inst.ready = item.version, True
+            self._driver.deliver(item)
+        elif isinstance(item, TrainDone):
+            self.published = item.new_version
+            self._driver.train_done(item)
+        else:
+            self._driver.deliver(item)
+
+    def known_requests(self) -> set[str]:
+        """Every request this machinery holds (running, offloaded, parked or in transit)."""
+        known = set(self._parked) | set(self._transit)
+        for inst in self.instances:
+            known.update(inst.active, inst.offloaded)
+        return known
+
+    @property
+    def _driver(self) -> Driver:
+        assert self.driver is not None, "SimCluster.driver is set by its runtime"
+        return self.driver
+
+    def _push(self, at: float, item: Any) -> None:
+        if not isinstance(item, Timer):
+            self.pending += 1
+        self.queue.push(at, item)
+
+    def _touch(self, inst: SimInstance) -> None:
+        inst.epoch += 1
+        at = inst.next_wake()
+        if at is not None:
+            self._push(at, _Wake(inst.instance_id, inst.epoch))
+
+    # ---- instance events -----------------------------------------------------------------
+    def _on_wake(self, wake: _Wake) -> None:
+        inst = self.instances[wake.instance_id]
+        if wake.epoch != inst.epoch:
+            return
+        inst.advance(self.now)
+        for req in inst.pop_finished():
+            self._driver.sample_done(inst.instance_id, sample_of(req, req.prompt_index))
+        self._kv_housekeeping(inst)
+        self._touch(inst)
+
+    def _kv_housekeeping(self, inst: SimInstance) -> None:
+        """Report threshold crossings, offload at the hard cap, restore when room returns."""
+        resident = inst.resident()
+        above = resident >= inst.kv_limit - 1e-6 * inst.kv_cap
+        if above != inst.kv_above:
+            inst.kv_above = above
+            frac = resident / inst.kv_cap
+            self._push(
+                self.now, InstanceStats(inst.instance_id, len(inst.active), 0, frac, self.now)
+            )
+        if inst.kv_above and resident >= inst.kv_cap - 1e-6 * inst.kv_cap and len(inst.active) >= 2:
+            self._offload_request(inst, next(reversed(inst.active)))  # engine safety net
+        while inst.offloaded and inst.can_restore():
+            req = inst.offloaded.pop(next(iter(inst.offloaded)))
+            inst.stall(self.now, self.cost.host_transfer_s(req.context))
+            inst.join(req)
+
+    def _on_arrival(self, arrival: _Arrival) -> None:
+        dst = self.instances[arrival.dst]
+        # an empty arrival (every named request had finished first) may find dst moved on
+        if arrival.request_ids and not dst.ready:
+            raise ProtocolError(
+                f"instance {dst.instance_id} changed version while requests migrated in"
+            )
+        dst.advance(self.now)
+        for rid in arrival.request_ids:
+            dst.join(self._transit.pop(rid))
+        dst.incoming -= len(arrival.request_ids)
+        self._touch(dst)
+        moved = arrival.request_ids
+        self._driver.migration_done(arrival.src, arrival.dst, moved, moved)
+
+    # ---- commands (Executor) -------------------------------------------------------------
+    def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
+        inst = self._serving(c.instance_id, c.version, len(requests), c)
+        inst.advance(self.now)
+        inst.stall(self.now, self.cost.prefill_per_token_s * self.prompt_len)
+        for spec in requests:
+            target = spec.target_len
+            assert target is not None, "the simulator always forces response lengths"
+            req = SimRequest(
+                spec.request_id,
+                spec.group_id,
+                spec.sample_index,
+                self.prompt_len,
+                target,
+                segments=[(c.version, 0)],
+                prompt_index=spec.prompt_index,
+            )
+            inst.join(req)
+        self._touch(inst)
+
+    def load_weights(self, c: LoadWeights) -> None:
+        inst = self.instances[c.instance_id]
+        if inst.holding or self._links.get(inst.instance_id, 0.0) > self.now:
+            raise ProtocolError(f"{c}: instance still holds requests or serves weights")
+        self._check_source(c)
+        inst.ready = False
+        start = max(self.now, inst.busy_until) + self.cost.free_cache_s
+        begin = max(start, self._links.get(c.source, 0.0))
+        end = begin + self.cost.weight_load_s(from_trainer=c.source == TRAINER)
+        self._links[c.source] = end
+        self.recorder.overhead("free_cache", self.cost.free_cache_s)
+        self.recorder.overhead("load_balance", end - begin)
+        self._push(end, WeightsLoaded(c.instance_id, c.version, end))
+
+    def _check_source(self, c: LoadWeights) -> None:
+        if c.source == TRAINER:
+            if c.version != self.published:
+                raise ProtocolError(f"{c}: the trainer holds v{self.published}")
+            return
+        peer = self.instances[c.source]
+        if not peer.ready or peer.version != c.version:
+            raise ProtocolError(f"{c}: peer {c.source} does not host v{c.version}")
+
+    def migrate(self, c: Migrate) -> None:
+        src, dst = self.instances[c.src], self.instances[c.dst]
+        if not dst.ready or dst.version != src.version:
+            raise ProtocolError(f"{c}: destination does not host v{src.version}")
+        src.advance(self.now)
+        moved = [
+            self._take(src, rid)
+            for rid in c.request_ids
+            if rid in src.active or rid in src.offloaded
+        ]
+        if dst.holding + len(moved) > dst.slots:
+            raise ProtocolError(f"{c}: destination has no room")
+        duration = self.cost.migration_s(sum(r.context for r in moved))
+        for req in moved:
+            req.migrations += 1
+            self._transit[req.rid] = req
+        src.busy_until = max(src.busy_until, self.now) + duration
+        dst.incoming += len(moved)
+        self.recorder.overhead("request_transfer", duration)
+        self._push(self.now + duration, _Arrival(tuple(r.rid for r in moved), c.src, c.dst))
+        self._touch(src)
+
+    def interrupt(self, c: Interrupt) -> None:
+        inst = self.instances[c.instance_id]
+        inst.advance(self.now)
+        for rid in c.request_ids:
+            if rid in inst.active or rid in inst.offloaded:
+                self._parked[rid] = self._take(inst, rid)
+        self._touch(inst)
+
+    def resume(self, c: Resume) -> None:
+        inst = self._serving(c.instance_id, c.version, len(c.request_ids), c)
+        inst.advance(self.now)
+        for rid in c.request_ids:
+            req = self._parked.pop(rid)
+            tokens = int(round(req.context))
+            if req.segments[-1][0] != c.version:
+                req.segments.append((c.version, int(round(req.gen))))
+            inst.stall(self.now, self.cost.prefill_per_token_s * tokens)
+            self.recorder.reprefill(tokens)
+            inst.join(req)
+        self._touch(inst)
+
+    def offload(self, c: Offload) -> None:
+        inst = self.instances[c.instance_id]
+        inst.advance(self.now)
+        if c.request_id in inst.active and len(inst.active) >= 2:
+            self._offload_request(inst, c.request_id)
+        self._touch(inst)
+
+    def _offload_request(self, inst: SimInstance, rid: str) -> None:
+        req = inst.leave(rid)
+        req.offloads += 1
+        inst.offloaded[rid] = req
+        inst.stall(self.now, self.cost.host_transfer_s(req.context))
+
+    def train(self, version: int, groups: list[Group]) -> None:
+        if self.published != version:
+            raise ProtocolError(f"Train(v{version}): the trainer is at v{self.published}")
+        tokens = sum(len(s.prompt_ids) + len(s.response_ids) for g in groups for s in g.samples)
+        end = self.now + self.cost.train_s(tokens)
+        self._push(end, TrainDone(version + 1, end))
+
+    def set_timer(self, at: float) -> None:
+        at = max(at, self.now)
+        self._push(at, Timer(at))
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _serving(self, iid: int, version: int, extra: int, c: Command) -> SimInstance:
+        inst = self.instances[iid]
+        if not inst.ready or inst.version != version:
+            raise ProtocolError(f"{c}: instance {iid} is not serving v{version}")
+        if inst.holding + extra > inst.slots:
+            raise ProtocolError(f"{c}: instance {iid} would exceed {inst.slots} slots")
+        return inst
+
+    def _take(self, inst: SimInstance, rid: str) -> SimRequest:
+        if rid in inst.offloaded:
+            return inst.offloaded.pop(rid)
+        return inst.leave(rid)

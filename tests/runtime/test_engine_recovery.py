@@ -1,0 +1,104 @@
+"""Engine recovery under the interleavings Ray allows, made to happen on purpose.
+
+Ray orders the calls of one actor, nothing across actors: a migration into a dead engine
+can fail before the source's earlier stepping burst reports, and an import that landed on
+an engine that died since can report after the engine was replaced. Each test builds
+that moment with real actors (the runtime started, an engine killed, the answers handed
+to the runtime in the chosen order), then lets the run finish: every request is reported
+once and only by the engine that holds it, and the run's invariants hold.
+"""
+
+import logging
+
+import pytest
+import ray
+from test_ray_runtime import _check_invariants, _dora_k1_runtime, _read
+
+from dorarl.controller import Migrate
+from dorarl.runtime.local_ray import start_local_ray
+
+pytestmark = pytest.mark.slow
+
+SHORT = ["instances=2", "tbs=2", "rbs=4", "forced_lengths.median=3", "forced_lengths.max_len=6",
+         "forced_lengths.p99_ratio=2"]  # fmt: skip
+"""Two engines; responses of 1-6 tokens, so a stepping burst finishes some of them."""
+
+
+def _kill(actor):
+    ray.kill(actor)
+    with pytest.raises(ray.exceptions.RayActorError):
+        for _ in range(100):
+            ray.get(actor.stats.remote(), timeout=30)
+
+
+def _finished_by(ref) -> list[str]:
+    """What a `run` call reported finished, read without taking its answer."""
+    return [out.request_id for out in ray.get(ref).finished]
+
+
+def _refused(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+
+
+def test_a_migration_into_a_dead_engine_that_fails_before_the_sources_report(
+    tmp_path, tiny_model_dir, caplog
+):
+    """The old recovery restarted every migrated request not yet reported on the new
+    destination; the source's report then finished one of them as well: a fifth sample
+    ("group is incomplete"), or a zombie copy on the destination."""
+    out = tmp_path / "run"
+    start_local_ray(num_cpus=2)
+    try:
+        runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *SHORT)
+        runtime.start()  # groups dispatched on both engines, a `run` queued on each
+        burst = runtime.engines.running_call(0)
+        done_on_source = _finished_by(burst)  # finished there; the runtime does not know yet
+        assert done_on_source
+        _kill(runtime.workers[1])
+        runtime.driver.execute(Migrate((done_on_source[0],), src=0, dst=1))
+        (migration,) = runtime.calls.of_kind("migrate")
+        with caplog.at_level(logging.WARNING):
+            runtime.answer(migration.ref)  # the failed import first, as Ray may deliver it
+            assert runtime.engines.generations == [0, 1]  # engine 1 was replaced
+            runtime.answer(burst)  # then the source's report
+            summary = runtime.run()
+    finally:
+        ray.shutdown()
+    assert summary["engine_restarts"] == 1 and summary["steps"] == 8
+    assert _refused(caplog) == []  # no engine ran a request another had finished
+    summary, trajectories, _, _ = _read(out)
+    _check_invariants(summary, trajectories, k=1)
+
+
+def test_an_import_that_landed_on_an_engine_replaced_since(tmp_path, tiny_model_dir, caplog):
+    """The import succeeded, then its destination died and was replaced before the import's
+    answer was read: the old runtime placed the requests on the replacement, which never
+    had them (they were lost and the run could not finish)."""
+    out = tmp_path / "run"
+    start_local_ray(num_cpus=2)
+    try:
+        runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *SHORT)
+        runtime.start()
+        burst = runtime.engines.running_call(0)
+        ray.wait([burst])
+        finished = set(_finished_by(burst))
+        moving = [r for r in runtime.controller.instance(0).requests if r not in finished][:1]
+        assert moving
+        runtime.driver.execute(Migrate(tuple(moving), src=0, dst=1))
+        (migration,) = runtime.calls.of_kind("migrate")
+        assert ray.get(migration.ref) == moving  # landed on engine 1
+        _kill(runtime.workers[1])
+        with caplog.at_level(logging.WARNING):
+            runtime.answer(runtime.engines.running_call(1))  # queued before the import: done
+            doomed = runtime.engines.running_call(1)  # queued on the dead actor
+            ray.wait([doomed])
+            runtime.answer(doomed)  # engine 1's death: it is replaced
+            assert runtime.engines.generations == [0, 1]
+            runtime.answer(migration.ref)  # then the import's answer, from the dead actor
+            summary = runtime.run()
+    finally:
+        ray.shutdown()
+    assert summary["engine_restarts"] == 1 and summary["steps"] == 8
+    assert _refused(caplog) == []
+    summary, trajectories, _, _ = _read(out)
+    _check_invariants(summary, trajectories, k=1)
