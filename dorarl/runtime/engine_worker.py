@@ -95,7 +95,7 @@ class EngineWorker:
         finished: list[RequestOutput] = []
         busy: list[int] = []
         steps = 0
-        while steps < max_steps and self.engine.has_unfinished():
+        while steps < max_steps and self.engine.has_runnable():
             busy.append(len(self.engine.scheduler.running))
             finished.extend(self._step())
             steps += 1
