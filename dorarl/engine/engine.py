@@ -21,6 +21,7 @@ from transformers import PretrainedConfig
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.kv_cache import KVCache, KVShape
+from dorarl.engine.linear import choose_kernel
 from dorarl.engine.model import Transformer
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
@@ -58,6 +59,7 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype: torch.dtype = getattr(torch, config.dtype)
         self.version = version
+        self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
         self.model = self._build_model(named_weights, where)
         shape = KVShape(
             self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
@@ -75,7 +77,7 @@ class Engine:
 
     def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
         check_named(self.spec, named_weights, f"{where}: weights")
-        weights = pack(self.spec, named_weights, self.device, self.dtype)
+        weights = pack(self.spec, named_weights, self.device, self.dtype, self.kernel)
         cos, sin = rope_tables(self.hf_config, self.spec, self.config.max_model_len)
         return Transformer(
             self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
@@ -343,7 +345,7 @@ class Engine:
         and their new tokens carry the new version; callers that need one version per
         trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
-        self.model.weights = pack(self.spec, named_tensors, self.device, self.dtype)
+        self.model.weights = pack(self.spec, named_tensors, self.device, self.dtype, self.kernel)
         if self._seqs:
             logger.warning(
                 "version %d -> %d with %d requests in flight",

@@ -295,6 +295,7 @@ def _start_evaluator(
         block_size=config.engine.block_size,
         device=config.engine.device,
         dtype=config.engine.dtype,
+        linear_kernel=config.engine.linear_kernel,
     )
     actor = ray.remote(**actor_options("evaluator", engine.device, placed))(EvalWorker)
     return actor.remote(
