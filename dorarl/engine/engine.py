@@ -25,7 +25,7 @@ from dorarl.engine.linear import choose_kernel
 from dorarl.engine.model import Transformer
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
-from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.token_ids import checked_token_ids
@@ -74,6 +74,7 @@ class Engine:
         self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        self.last_step = StepWork()  # what the latest `step` computed
 
     def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
         check_named(self.spec, named_weights, f"{where}: weights")
@@ -161,7 +162,8 @@ class Engine:
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished requests."""
+        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished
+        requests; `last_step` then says what it computed."""
         batch = self.scheduler.schedule()
         assert not (batch.empty and self.scheduler.num_unfinished), (
             "scheduler stalled with unfinished requests"
@@ -169,7 +171,14 @@ class Engine:
         self._move_kv(batch)
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
-        return self._postprocess(batch, sampled)
+        finished = self._postprocess(batch, sampled)
+        self.last_step = StepWork(
+            rows=len(batch.decode) + len(batch.prefill),
+            decode_tokens=len(batch.decode),
+            prefill_tokens=sum(n for _, n in batch.prefill),
+            resident_tokens=sum(seq.num_computed for seq in self.scheduler.running),
+        )
+        return finished
 
     def _move_kv(self, batch: Batch) -> None:
         # Offloads first: a restore may reuse device blocks an offload just vacated.
