@@ -52,9 +52,8 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
         """Store new tokens' k, v ([tokens, kv_heads, dim]) at flat row ids ([tokens * kv_heads])."""
-        d = self.shape.head_dim
-        self.rows[0, layer].index_copy_(0, rows, k.reshape(-1, d))
-        self.rows[1, layer].index_copy_(0, rows, v.reshape(-1, d))
+        kv = torch.stack((k, v)).view(2, -1, self.shape.head_dim)
+        self.rows[:, layer].index_copy_(1, rows, kv)  # k and v in one copy
 
     def block_range(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of pool blocks [lo, hi) as views `[blocks, kv_heads, block_size, dim]`."""

@@ -58,13 +58,18 @@ class SampleRow:
 
 def sample(logits: torch.Tensor, rows: list[SampleRow]) -> tuple[list[int], list[float]]:
     """Tokens and their logprobs for logits `[rows, vocab]` (float32)."""
-    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-    logprobs = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
     greedy, plain, filtered = [], [], []
     for i, row in enumerate(rows):
         p = row.params
         (greedy if p.greedy else filtered if p.filtered else plain).append(i)
-    for idx, fn in ((greedy, _greedy), (plain, _plain), (filtered, _filtered)):
+    kinds = ((greedy, _greedy), (plain, _plain), (filtered, _filtered))
+    for idx, fn in kinds:
+        if len(idx) == len(rows):  # one kind of row: no copy of the logits into groups
+            tok, lp = fn(logits, rows)
+            return tok.tolist(), lp.tolist()
+    tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
+    for idx, fn in kinds:
         if idx:
             index = torch.tensor(idx, device=logits.device)
             tok, lp = fn(logits.index_select(0, index), [rows[i] for i in idx])
