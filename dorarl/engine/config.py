@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from dorarl.config import ConfigError
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.errors import UserInputError
 
 DTYPES = ("float32", "bfloat16", "float16")
-LINEAR_KERNELS = ("auto", "onednn", "torch")  # dorarl/engine/linear.py
+LinearKernel = Literal["auto", "onednn", "torch"]  # dorarl/engine/linear.py
+LINEAR_KERNELS = get_args(LinearKernel)
 
 
 @dataclass(kw_only=True)
@@ -40,7 +42,7 @@ class EngineConfig:
     )
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
     dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
-    linear_kernel: str = field(
+    linear_kernel: LinearKernel = field(
         default="auto",
         metadata={
             "help": "matmul kernel: auto (oneDNN prepacked on CPU float32 where it runs, else "
