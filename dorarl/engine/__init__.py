@@ -1,10 +1,10 @@
 """The rollout engine: paged-KV continuous batching with exact logprobs, migration and offload.
 
 Public API: `Engine`, `EngineConfig`, `SamplingParams`, `RequestOutput`, `RequestSnapshot`,
-`EngineStats`, `StepWork`. Layout: token_ids (user token ids, checked), sequence (request state),
-block_manager (block ids, torch-free), scheduler (who runs, torch-free), kv_cache (pool
-tensors), attention, model, sampler, model_runner (batch -> tensors -> tokens), engine
-(schedule, run, postprocess).
+`EngineStats`, `StepWork`. Layout: token_ids (user token ids, checked), sequence (request
+state), block_manager (block ids, torch-free), scheduler (who runs, torch-free), kv_cache
+(pool tensors), attention, linear (the matmul kernel), model, sampler, model_runner (batch ->
+tensors -> tokens), engine (schedule, run, postprocess).
 Importing the package, `SamplingParams`, the outputs or the scheduler does not import torch.
 """
 
