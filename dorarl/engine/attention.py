@@ -156,8 +156,9 @@ class PagedAttention:
         qd = torch.mul(q[: d.batch].unflatten(1, (kv_heads, per_kv)), 1.0 / math.sqrt(dim))
         scores = torch.matmul(qd.index_select(0, d.owner), keys.transpose(-1, -2))
         scores.add_(d.mask)  # [blocks, kv_heads, per_kv, bs]
-        row_max = torch.full((d.batch, kv_heads, per_kv), -math.inf, dtype=q.dtype)
-        row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax")
+        # Every decode row owns a block, so each entry of row_max gets a value.
+        row_max = torch.empty((d.batch, kv_heads, per_kv), dtype=q.dtype, device=q.device)
+        row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax", include_self=False)
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
         # Per-block partials (weighted value sum | sum of exp), plus one zero partial (index
         # hi - lo) that pads the logical tables: one tree sum serves both.

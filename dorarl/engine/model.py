@@ -42,9 +42,7 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE on `[tokens, heads, dim]` with cos, `signed_sin` `[tokens, 1, dim]`:
     x cos + (-x2, x1) sin, bit for bit, as (x2, x1) (-sin1, sin2)."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * sin_signed
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 class Transformer:
