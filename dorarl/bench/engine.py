@@ -34,12 +34,12 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from dorarl.bench.dense_attention import DenseAttention
 from dorarl.bench.engine_real import RealSpec, load_model, print_real, run_real
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import SHAPES
 from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.engine.dense_attention import DenseAttention
 from dorarl.engine.sampler import SampleRow, sample
 from dorarl.errors import UserInputError
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from dorarl.config import ConfigError
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.errors import UserInputError
 
 DTYPES = ("float32", "bfloat16", "float16")
+LinearKernel = Literal["auto", "onednn", "torch"]  # dorarl/engine/linear.py
+LINEAR_KERNELS = get_args(LinearKernel)
 
 
 @dataclass(kw_only=True)
@@ -39,6 +42,13 @@ class EngineConfig:
     )
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
     dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    linear_kernel: LinearKernel = field(
+        default="auto",
+        metadata={
+            "help": "matmul kernel: auto (oneDNN prepacked on CPU float32 where it runs, else "
+            "F.linear) | onednn | torch (F.linear)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
 
     def __post_init__(self) -> None:
@@ -70,6 +80,10 @@ class EngineConfig:
             )
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise ConfigError(
+                f"engine.linear_kernel: must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}"
+            )
         # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
         if self.kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(

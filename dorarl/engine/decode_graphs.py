@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from dorarl.engine.kv_cache import KVCache
+from dorarl.engine.linear import Linear
 from dorarl.engine.triton_attention import PagedStep, StepRows, TritonPagedAttention
 from dorarl.engine.weights import ModelWeights
 
@@ -191,9 +192,19 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _tensors(w: ModelWeights) -> Iterator[torch.Tensor]:
     yield w.embed
     for layer in w.layers:
-        yield from (t for t in vars(layer).values() if t is not None)
+        for part in vars(layer).values():
+            yield from _parts(part)
     yield w.norm
-    yield w.lm_head
+    yield from _parts(w.lm_head)
+
+
+def _parts(part: torch.Tensor | Linear | None) -> Iterator[torch.Tensor]:
+    """The tensors a layer field holds: itself, or a product's weight, bias and packed copy
+    (the packed copy exists on CPU only, where no graph is captured)."""
+    if isinstance(part, Linear):
+        yield from (t for t in (part.weight, part.bias, part.packed) if t is not None)
+    elif part is not None:
+        yield part
 
 
 def load_weights_in_place(live: ModelWeights, new: ModelWeights) -> None:

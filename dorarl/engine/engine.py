@@ -22,10 +22,11 @@ from transformers import PretrainedConfig
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.kv_cache import KVCache, KVShape
+from dorarl.engine.linear import choose_kernel
 from dorarl.engine.model import Transformer
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
-from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.token_ids import checked_token_ids
@@ -59,6 +60,7 @@ class Engine:
         self.device = torch.device(config.device)
         self.dtype: torch.dtype = getattr(torch, config.dtype)
         self.version = version
+        self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
         self.model = self._build_model(named_weights, where)
         shape = KVShape(
             self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
@@ -73,10 +75,11 @@ class Engine:
         self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        self.last_step = StepWork()  # what the latest `step` computed
 
     def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
         check_named(self.spec, named_weights, f"{where}: weights")
-        weights = pack(self.spec, named_weights, self.device, self.dtype)
+        weights = pack(self.spec, named_weights, self.device, self.dtype, self.kernel)
         cos, sin = rope_tables(self.hf_config, self.spec, self.config.max_model_len)
         return Transformer(
             self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
@@ -165,7 +168,8 @@ class Engine:
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished requests."""
+        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished
+        requests; `last_step` then says what it computed."""
         batch = self.scheduler.schedule()
         assert not (batch.empty and self.scheduler.num_unfinished), (
             "scheduler stalled with unfinished requests"
@@ -173,7 +177,14 @@ class Engine:
         self._move_kv(batch)
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
-        return self._postprocess(batch, sampled)
+        finished = self._postprocess(batch, sampled)
+        self.last_step = StepWork(
+            rows=len(batch.decode) + len(batch.prefill),
+            decode_tokens=len(batch.decode),
+            prefill_tokens=sum(n for _, n in batch.prefill),
+            resident_tokens=sum(seq.num_computed for seq in self.scheduler.running),
+        )
+        return finished
 
     def _move_kv(self, batch: Batch) -> None:
         # Offloads first: a restore may reuse device blocks an offload just vacated.
@@ -393,7 +404,7 @@ class Engine:
         and their new tokens carry the new version; callers that need one version per
         trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
-        self.model.weights = pack(self.spec, named_tensors, self.device, self.dtype)
+        self.model.weights = pack(self.spec, named_tensors, self.device, self.dtype, self.kernel)
         if self._seqs:
             logger.warning(
                 "version %d -> %d with %d requests in flight",

@@ -121,6 +121,9 @@ def test_real_model_bench_compares_engine_hf_and_floor_exactly():
         assert entry["greedy_identical_requests"] == int(batch)  # greedy equals HF's
         assert entry["engine"]["decode_steps"] == spec.new_tokens - 1
         assert entry["floor"]["step"]["ms"] > 0 and entry["hf_static"]["tokens_per_s"] > 0
+        # The floor runs the engine's own kernel; the F.linear floor is timed beside it.
+        assert entry["floor"]["kernel"] == entry["engine"]["kernel"]
+        assert entry["floor_torch"]["kernel"] == "torch" and entry["floor_torch"]["step"]["ms"] > 0
     assert set(report["bars"]) == set(engine_real.REAL_BARS)
     assert report["bars"]["step_vs_matmuls_32"]["pass"] is None  # batch 32 not measured here
 
