@@ -73,7 +73,7 @@ class _Raises(Env):
         return "go"
 
     async def step(self, response):
-        raise KeyError("tool\nbroke")
+        raise RuntimeError("tool down\nTraceback: more")
 
 
 class _Slow(Env):
@@ -106,7 +106,7 @@ def _episode(task, env, timeout_s=0.05, max_turns=3):
 def test_env_errors_timeouts_and_the_turn_cap_end_an_episode_in_one_line(task):
     raised = _episode(task, _Raises())
     assert raised.end_reason == "env_error" and raised.reward == 0.0
-    assert raised.error == "step raised KeyError: 'tool" and "\n" not in raised.error
+    assert raised.error == "step raised RuntimeError: tool down" and "\n" not in raised.error
     slow = _episode(task, _Slow())
     assert slow.error == "step timed out after 0.05 s" and len(slow.turns) == 1
     capped = _episode(task, _Forever())
