@@ -40,4 +40,7 @@ class EnvTask(Task):
         return list(prompt.prompt_ids)
 
     def __getattr__(self, name: str) -> Any:  # e.g. answer_ids of the base task
-        return getattr(self.__dict__["base"], name)
+        base = self.__dict__.get("base")  # absent while unpickling (Ray's workers)
+        if base is None:
+            raise AttributeError(name)
+        return getattr(base, name)

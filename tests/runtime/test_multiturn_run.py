@@ -2,7 +2,9 @@
 env latency, a user env that fails, the audit and one version per episode."""
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -73,7 +75,11 @@ class FlakyEnv(Env):
         return EnvStep("", 1.0 if response else 0.0, True)
 
 
-def test_a_user_env_that_raises_ends_its_episodes_and_nothing_is_lost(tmp_path):
+def test_a_user_env_that_raises_ends_its_episodes_and_nothing_is_lost(tmp_path, monkeypatch):
+    # As a user would: the env's module is on the path of the driver and of Ray's workers
+    # (the evaluator plays episodes too).
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)
     summary, trajectories, _ = _run(
         tmp_path, "steps=2", "eval.every=0", f"task.env={__name__}:FlakyEnv"
     )
