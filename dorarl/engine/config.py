@@ -122,7 +122,6 @@ class EngineConfig:
                 f"one request of max_model_len={self.max_model_len} tokens"
             )
 
-
     def _check_fast_paths(self) -> None:
         """The choices of issue 13's fast paths that cannot work here, refused up front."""
         for key, allowed in (
@@ -143,7 +142,9 @@ class EngineConfig:
                 "Triton's interpreter on the CPU (TRITON_INTERPRET=1, slow: for tests)"
             )
         if self.cuda_graphs == "on" and not on_cuda:
-            raise ConfigError(f"engine.cuda_graphs: on needs engine.device=cuda, got {self.device!r}")
+            raise ConfigError(
+                f"engine.cuda_graphs: on needs engine.device=cuda, got {self.device!r}"
+            )
         if self.cuda_graphs == "on" and self.attention == "torch":
             raise ConfigError(
                 "engine.cuda_graphs: on needs engine.attention=triton or auto (the graphs "

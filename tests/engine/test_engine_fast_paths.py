@@ -2,6 +2,7 @@
 interpreter, which tests/conftest.py turns on where there is no GPU), the device sampler,
 and the keys that choose them. The interpreter is slow: tiny models, few tokens."""
 
+import dataclasses
 import os
 import pickle
 
@@ -13,6 +14,7 @@ from dorarl.config import ConfigError
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.engine.backends import resolve_backends
 from dorarl.engine.device_runner import DeviceRunner
+from dorarl.engine.weights import random_named
 
 pytest.importorskip("triton")
 needs_interpreter = pytest.mark.skipif(
@@ -117,3 +119,40 @@ def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="^engine.attention: triton needs engine.device=cuda"):
         EngineConfig(attention="triton")
+
+
+@needs_interpreter
+def test_decode_graph_path_over_static_buffers_equals_the_torch_path(monkeypatch):
+    """The graphs' wiring without a GPU: `cuda_graphs` forced on, `DecodeGraphs` runs the
+    same forward over its static buffers eagerly (padding rows into the scratch block), and
+    a new version goes into the live weights in place."""
+    import dorarl.engine.device_runner as device_runner
+    import dorarl.engine.engine as engine_module
+
+    def forced(config):
+        return dataclasses.replace(resolve_backends(config), attention="triton", cuda_graphs=True)
+
+    monkeypatch.setattr(engine_module, "resolve_backends", forced)
+    monkeypatch.setattr(device_runner, "resolve_backends", forced)
+    model = tiny_model("qwen2", seed=1)
+    batch = prompts([20, 3, 9], seed=2)
+    engine, got = _run(model, batch, max_num_seqs=4)  # buckets 1, 2, 4: 3 rows pad to 4
+    assert engine.graphs is not None and engine.kv.pool.shape[2] == FAST["num_blocks"] + 1
+    assert engine.kv.pool[:, :, -1].abs().sum() > 0  # padding rows wrote the scratch block
+    monkeypatch.undo()
+    _same_tokens(got, _run(model, batch, max_num_seqs=4)[1], atol=1e-5)
+    monkeypatch.setattr(engine_module, "resolve_backends", forced)
+    monkeypatch.setattr(device_runner, "resolve_backends", forced)
+    new = random_named(engine.spec, seed=3, std=0.1)
+    embed = engine.model.weights.embed
+    engine.load_weights(new, version=1)
+    assert engine.model.weights.embed is embed  # copied into, not replaced
+    for i, (p, params) in enumerate(zip(batch, MIXED, strict=True)):
+        engine.add_request(f"r{i}", p, params)
+    got = run_all(engine)
+    monkeypatch.undo()
+    reference = make_engine(model, **FAST, max_num_seqs=4)
+    reference.load_weights(new, version=1)
+    for i, (p, params) in enumerate(zip(batch, MIXED, strict=True)):
+        reference.add_request(f"r{i}", p, params)
+    _same_tokens(got, run_all(reference), atol=1e-5)
