@@ -584,9 +584,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--real-only", action="store_true", help="with --model/--shape: skip the tiny-model bench"
     )
+    parser.add_argument(
+        "--device",
+        help="cuda | cpu: bench --shape (default qwen2-0.5b on cuda, tiny on cpu) on that "
+        "device against HF, at batches 8-128, with the bandwidth floor (engine_device.py)",
+    )
+    parser.add_argument(
+        "--engine-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype) for every "
+        "engine of the bench, e.g. cuda_graphs=off",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     console, log = Console(), Console(stderr=True)
+    if args.device:
+        return _device_main(args, console, log)
     if args.real_only and not (args.model or args.shape):
         raise UserInputError("--real-only needs --model DIR or --shape NAME")
     report = (
@@ -614,3 +629,25 @@ def _header_only() -> dict[str, Any]:
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
+
+
+def _device_main(args: argparse.Namespace, console: Console, log: Console) -> int:
+    from dorarl.bench.engine_device import device_report, parse_engine_set, print_device_report
+
+    if args.model or args.real_only:
+        raise UserInputError("--device benches random weights of --shape; drop --model/--real-only")
+    shape = args.shape or ("qwen2-0.5b" if args.device.startswith("cuda") else "tiny")
+    engine_set = parse_engine_set(args.engine_set)
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "engine.partial.json"  # what a run cut short had measured
+
+    def save(bench: dict) -> None:
+        partial.write_text(json.dumps(bench, indent=2))
+
+    report = device_report(shape, args.device, args.quick, log, engine_set, save)
+    report["quick"] = args.quick
+    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
+    partial.unlink(missing_ok=True)
+    print_device_report(report["device_bench"], console)
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0
