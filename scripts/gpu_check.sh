@@ -31,7 +31,7 @@ status=0
 
 stage "triton preflight"
 engine_set=()
-if ! timeout 120 python3 - <<'PY' 2>&1 | tee -a "$out/env.txt"; then
+if ! timeout 60 python3 - <<'PY' 2>&1 | tee -a "$out/env.txt"; then
 import torch
 from dorarl.engine.triton_attention import paged_decode
 q = torch.randn(2, 4, 64, device="cuda", dtype=torch.bfloat16)
@@ -47,7 +47,7 @@ PY
 fi
 
 stage "cuda tests"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_engine_cuda.py \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_engine_cuda.py \
   tests/engine/test_triton_attention.py tests/engine/test_device_sampler.py \
   tests/engine/test_decode_graphs.py tests/engine/test_engine_fast_paths.py 2>&1 \
   | tee "$out/pytest.txt"
@@ -62,7 +62,7 @@ bench() {  # shape, time cap, extra flags
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 bench qwen2-0.5b 240
-bench qwen2.5-7b 150 --quick
+bench qwen2.5-7b 120 --quick
 
 if [ "${GPU_CHECK_KERNELS:-0}" = 1 ]; then
   stage "gpu_kernels.py"

@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 mkdir -p .gpu/whl
 if ! ls .gpu/whl/pytest-*.whl >/dev/null 2>&1; then
   python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu/whl \
-    pytest pluggy iniconfig packaging
+    pytest pluggy iniconfig packaging pygments
 fi
 du -sh .gpu | sed 's/^/carry .gpu: /'

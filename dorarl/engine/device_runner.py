@@ -119,9 +119,19 @@ def owned(
     """Copies of the tensors `pack` would otherwise alias (already on the device, in the
     dtype): in-place loads of later versions must never write into the caller's tensors."""
     return {
-        k: v.detach().clone() if v.device == device and v.dtype == dtype else v
+        k: v.detach().clone() if _same_device(v.device, device) and v.dtype == dtype else v
         for k, v in named.items()
     }
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """cuda and cuda:0 are one device when 0 is the current one (torch's == says no)."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
 
 
 def install_in_place(graphs, model: Transformer, packed: ModelWeights) -> None:

@@ -121,6 +121,9 @@ def test_weights_loaded_in_place_keep_the_graphs_right():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_migration_between_two_engines_on_one_gpu(dtype):
+    """Bit for bit, block size changed. The request runs alone on every engine: on cuda a
+    row's products may depend on how many rows share the step (cuBLAS picks kernels by
+    shape), unlike the CPU's oneDNN path, so neighbours are left out of this claim."""
     model = _cuda_hf("qwen2")
     prompt = prompts([37], seed=7)[0]
     params = seeded(40, seed=8, top_p=0.95)
@@ -129,13 +132,10 @@ def test_migration_between_two_engines_on_one_gpu(dtype):
     alone.add_request("x", prompt, params)
     want = run_all(alone)["x"]
     a, b = make_engine(model, **cfg), make_engine(model, **{**cfg, "block_size": 32})
-    b.add_request("neighbour", prompts([20], seed=9)[0], seeded(30, seed=1))
     a.add_request("x", prompt, params)
     while a.progress("x") < 17:
         a.step()
     b.import_request(pickle.loads(pickle.dumps(a.export_request("x"))))
     got = run_all(b)["x"]
     assert got.output_ids == want.output_ids and got.migrations == 1
-    torch.testing.assert_close(
-        torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-5, rtol=0
-    )
+    assert got.logprobs == want.logprobs
