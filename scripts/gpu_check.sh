@@ -58,7 +58,7 @@ bench() {  # shape, time cap, extra flags
   shift 2
   stage "bench engine --device cuda --shape $shape $*"
   timeout "$cap" python3 -m dorarl.cli bench engine --device cuda --shape "$shape" \
-    --out "$out/$shape" "${engine_set[@]}" "$@" 2>&1 | tee "$out/bench-$shape.txt"
+    --out "$out/$shape" ${engine_set[@]+"${engine_set[@]}"} "$@" 2>&1 | tee "$out/bench-$shape.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 }
 bench qwen2-0.5b 240
