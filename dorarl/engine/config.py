@@ -22,7 +22,8 @@ LINEAR_KERNELS = get_args(LinearKernel)
 # The fast paths of issue 13 (dorarl/engine/backends.py resolves `auto` for the device).
 Attention = Literal["auto", "triton", "torch"]
 Sampler = Literal["auto", "device", "host"]
-CudaGraphs = Literal["auto", "on", "off"]
+# YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
+CudaGraphs = Literal["auto", "on", "off", True, False]
 
 
 @dataclass(kw_only=True)
@@ -124,10 +125,12 @@ class EngineConfig:
 
     def _check_fast_paths(self) -> None:
         """The choices of issue 13's fast paths that cannot work here, refused up front."""
+        if isinstance(self.cuda_graphs, bool):
+            self.cuda_graphs = "on" if self.cuda_graphs else "off"
         for key, allowed in (
             ("attention", get_args(Attention)),
             ("sampler", get_args(Sampler)),
-            ("cuda_graphs", get_args(CudaGraphs)),
+            ("cuda_graphs", ("auto", "on", "off")),
         ):
             if getattr(self, key) not in allowed:
                 raise ConfigError(

@@ -156,3 +156,15 @@ def test_decode_graph_path_over_static_buffers_equals_the_torch_path(monkeypatch
     for i, (p, params) in enumerate(zip(batch, MIXED, strict=True)):
         reference.add_request(f"r{i}", p, params)
     _same_tokens(got, run_all(reference), atol=1e-5)
+
+
+def test_bare_on_and_off_in_yaml_mean_on_and_off():
+    """`engine.cuda_graphs=off` reaches the config as False (YAML 1.1): stored as "off"."""
+    from dorarl.config import load_config
+    from dorarl.jobs.config import TrainConfig
+
+    assert load_config(TrainConfig, None, ["engine.cuda_graphs=off"]).engine.cuda_graphs == "off"
+    with pytest.raises(ConfigError, match="engine.cuda_graphs: on needs engine.device=cuda"):
+        load_config(TrainConfig, None, ["engine.cuda_graphs=on"])
+    on = load_config(TrainConfig, None, ["engine.device=cuda", "engine.cuda_graphs=on"])
+    assert on.engine.cuda_graphs == "on"
