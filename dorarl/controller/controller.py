@@ -174,7 +174,8 @@ class Controller:
         inst = self.ledger.instances[req.instance_id]
         group = self.ledger.finish_sample(rid, event.num_tokens, event.reward)
         filtered = self.filter.complete(group) if group is not None else []
-        return filtered + self.orchestrator.on_sample_done(inst)
+        commands = filtered + self.orchestrator.on_sample_done(inst)
+        return commands + (self.orchestrator.on_group_filtered() if filtered else [])
 
     def _on_stats(self, event: InstanceStats) -> list[Command]:
         inst = self.ledger.instances[event.instance_id]

@@ -43,6 +43,12 @@ class DoraOrchestrator(Orchestrator):
         stale = min(ledger.hosts) < ledger.newest - self.config.effective_K
         return self.rebalance() if inst.version != ledger.newest or stale else []
 
+    def on_group_filtered(self) -> list[Command]:
+        """Re-plan: the filtered group's version may need none of its instances now, and
+        those that ran dry earlier were kept for it; left there, the newest version can
+        lack the slots of one group while they idle until the timer."""
+        return self.rebalance()
+
     def on_timer(self, now: float) -> list[Command]:
         return self.rebalance() + [SetTimer(now + self.config.orchestrator.rebalance_period_s)]
 

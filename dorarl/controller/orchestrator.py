@@ -37,6 +37,11 @@ class Orchestrator:
     def on_loaded(self, inst: InstanceState) -> list[Command]:
         return []
 
+    def on_group_filtered(self) -> list[Command]:
+        """A group left without training (dynamic sampling): demand rose, a version's
+        workload fell."""
+        return []
+
     def on_timer(self, now: float) -> list[Command]:
         return []
 

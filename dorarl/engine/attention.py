@@ -55,6 +55,7 @@ class DecodePlan:
     # partials; padded to a power of two with hi - lo (an all-zero partial) for the tree sum.
     logical: torch.Tensor  # [batch * pow2 width]
     width: int  # the power-of-two width
+    full: bool = False  # every row holds `width` blocks: no entry points at the zero partial
 
 
 @dataclass
@@ -108,6 +109,7 @@ def plan_decode(
         mask=mask.to(device),
         logical=logical.view(-1).to(device),
         width=pow2,
+        full=all(n == pow2 for n in num_blocks),
     )
 
 
@@ -136,6 +138,14 @@ class PagedAttention:
     def __init__(self, cache: KVCache, plan: StepPlan) -> None:
         self.cache = cache
         self.plan = plan
+        self._decode_mask = None if plan.decode is None else self._scores_mask(plan.decode)
+
+    def _scores_mask(self, d: DecodePlan) -> torch.Tensor:
+        """The decode mask as the additive input of the scores product, `[blocks * kv_heads,
+        1, block_size]`: made once a step, not once a layer."""
+        blocks, kv_heads = d.hi - d.lo, self.cache.shape.num_kv_heads
+        mask = d.mask.to(self.cache.dtype)  # baddbmm takes one dtype
+        return mask.expand(blocks, kv_heads, 1, -1).reshape(blocks * kv_heads, 1, -1)
 
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -153,17 +163,29 @@ class PagedAttention:
         kv_heads = self.cache.shape.num_kv_heads
         per_kv = heads // kv_heads
         keys, values = self.cache.block_range(layer, d.lo, d.hi)  # [blocks, kv_heads, bs, dim]
-        qd = torch.mul(q[: d.batch].unflatten(1, (kv_heads, per_kv)), 1.0 / math.sqrt(dim))
-        scores = torch.matmul(qd.index_select(0, d.owner), keys.transpose(-1, -2))
-        scores.add_(d.mask)  # [blocks, kv_heads, per_kv, bs]
+        blocks, bs = keys.shape[0], keys.shape[2]
+        qd = q[: d.batch].unflatten(1, (kv_heads, per_kv))
+        # Each op costs tens of microseconds inside a step, whatever its size, so the scale
+        # and the mask ride in the scores product (baddbmm: mask + alpha q k^T). A power-of-two
+        # scale (head_dim 16, 64, 256) is exact there; any other is applied to q, as before.
+        scale = 1.0 / math.sqrt(dim)
+        alpha = scale if math.log2(scale).is_integer() else 1.0
+        if alpha != scale:
+            qd = qd * scale
+        q_blocks = qd.index_select(0, d.owner).view(blocks * kv_heads, per_kv, dim)
+        k_blocks = keys.reshape(blocks * kv_heads, bs, dim).transpose(1, 2)
+        scores = torch.baddbmm(self._decode_mask, q_blocks, k_blocks, alpha=alpha)
+        scores = scores.view(blocks, kv_heads, per_kv, bs)
         # Every decode row owns a block, so each entry of row_max gets a value.
         row_max = torch.empty((d.batch, kv_heads, per_kv), dtype=q.dtype, device=q.device)
         row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax", include_self=False)
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
         # Per-block partials (weighted value sum | sum of exp), plus one zero partial (index
-        # hi - lo) that pads the logical tables: one tree sum serves both.
+        # hi - lo) that pads the logical tables where a row holds fewer than `width` blocks:
+        # one tree sum serves both.
         partials = torch.cat((torch.matmul(probs, values), probs.sum(-1, keepdim=True)), -1)
-        partials = F.pad(partials, (0, 0, 0, 0, 0, 0, 0, 1))
+        if not d.full:
+            partials = F.pad(partials, (0, 0, 0, 0, 0, 0, 0, 1))
         total = _logical_tree_sum(partials, d.logical, d.batch, d.width)
         return torch.div(total[..., :dim], total[..., dim:]).view(d.batch, heads * dim)
 

@@ -22,10 +22,11 @@ copied into the same storage (`load_weights_in_place`), never swapped for new te
 then no recapture is needed. Without a GPU (`graphs=False`) `run` executes the same
 forward over the same static buffers eagerly, which is what the CPU tests check.
 
-Wiring (issue 13): the engine, on cuda, builds `KVCache` with `kv_blocks + 1` blocks and
+Wiring (issue 13, done in `engine.py` and `device_runner.py`): the engine, on cuda,
+builds `KVCache` with `kv_blocks + 1` blocks and
 passes the last as `scratch_block`; builds `DecodeGraphs(forward, cache, max_num_seqs,
 ceil(max_model_len / block_size), scratch_block)` and calls `capture()` at start-up; in
-`ModelRunner.run`, a batch of decode rows only goes to `graphs.run(token_ids, rows)` (a
+`DeviceRunner.run`, a batch of decode rows only goes to `graphs.run(token_ids, rows)` (a
 batch with prefill chunks runs eagerly on `TritonPagedAttention`); `Engine.load_weights`
 packs the new tensors and calls `load_weights_in_place(self.model.weights, packed)`.
 """
