@@ -65,6 +65,16 @@ class WorkloadSection:
     p99_ratio: float = field(default=12.0, metadata={"help": "p99 / median (>= 10)"})
     max_len: int = field(default=240, metadata={"help": "longest response"})
     group_corr: float = field(default=0.5, metadata={"help": "share of log-variance per group"})
+    multi_turn: bool = field(
+        default=False,
+        metadata={
+            "help": "multiturn_sum episodes on the multi-turn base (natural lengths, every "
+            "item revealed, long-tailed turn counts) instead of forced lengths"
+        },
+    )
+    env_latency_s: float = field(
+        default=0.05, metadata={"help": "multi_turn: simulated tool latency per env step"}
+    )
 
     def dist(self) -> LengthDist:
         return LengthDist(
@@ -207,12 +217,13 @@ def run_mode(
         slots_per_instance=cfg.slots,
         overhead_kinds=RayRuntime.OVERHEAD_KINDS,
     )
+    multi = cfg.workload.multi_turn
     rollout = RolloutSettings(
         temperature=1.0,
-        max_new_tokens=cfg.workload.max_len,
+        max_new_tokens=task.max_new_tokens if multi else cfg.workload.max_len,
         stop_token_ids=list(task.stop_token_ids),
         seed=cfg.seed,
-        forced_lengths=cfg.workload.dist(),
+        forced_lengths=None if multi else cfg.workload.dist(),
     )
     load_start = os.getloadavg()[0]
     runtime = RayRuntime(
@@ -225,8 +236,7 @@ def run_mode(
 # ---- the whole bench ---------------------------------------------------------------------
 def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
     """Calibrate, run every mode, write modes.json and the PNGs; returns what modes.json holds."""
-    model_folder = str(cfg.model or shipped_base_model())
-    task = make_task("running_sum", seed=cfg.seed, tokenizer=_tokenizer(model_folder))
+    model_folder, task = _workload_task(cfg)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cal = calibrate_modes(cfg, model_folder, task)
@@ -245,6 +255,23 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
     (out / "modes.json").write_text(json.dumps(result, indent=2) + "\n")
     _plots(cfg, out, runs, result["modes"])
     return result
+
+
+def _workload_task(cfg: ModesConfig) -> tuple[str, Task]:
+    """The model folder and task of the workload: running_sum at forced lengths, or
+    multiturn_sum episodes that play every turn, each env step `env_latency_s` late."""
+    if not cfg.workload.multi_turn:
+        folder = str(cfg.model or shipped_base_model())
+        return folder, make_task("running_sum", seed=cfg.seed, tokenizer=_tokenizer(folder))
+    folder = str(cfg.model or shipped_base_model("multiturn_sum"))
+    task = make_task(
+        "multiturn_sum",
+        seed=cfg.seed,
+        tokenizer=_tokenizer(folder),
+        latency_s=cfg.workload.env_latency_s,
+        stop_on_wrong=False,
+    )
+    return folder, task
 
 
 def _run_all(

@@ -27,6 +27,11 @@ class Sample:
     reward_error: str | None = None
     migrations: int = 0
     offloads: int = 0
+    # Multi-turn: per response token, True for an environment's observation (context the
+    # loss masks out, logprob 0); empty for a single-turn sample. `turns` holds, per turn,
+    # (sampled tokens, observation tokens after it).
+    observed: list[bool] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def behavior_version(self) -> int:

@@ -48,6 +48,9 @@ class RequestTable:
         """The instance a live request is placed on (its source while it migrates)."""
         return self._live[request_id].instance_id
 
+    def is_moving(self, request_id: str) -> bool:
+        return self._live[request_id].moving
+
     def held(self, instance_id: int) -> int:
         """Live requests placed on `instance_id` (moving ones count on their source)."""
         return self._held[instance_id]

@@ -171,6 +171,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     seed: int | None = None
     target_len: int | None = None
+    multi_turn: bool = False
 
     @property
     def greedy(self) -> bool:

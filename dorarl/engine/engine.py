@@ -1,7 +1,8 @@
 """The rollout engine: continuous batching over a paged KV pool, one weights version at a time.
 
 A step reads as schedule, move KV, run, postprocess. Between steps the engine accepts new
-requests, exports and imports requests with their KV (same version only), resumes requests
+requests, continues multi-turn requests with an environment's observation (on the KV they
+kept: the history is not prefilled again), exports and imports requests with their KV (same version only), resumes requests
 from tokens (any version), offloads KV to host memory, and swaps weights. Invariants: every
 sampled token is tagged with the version of the weights that sampled it; a bad request or
 a bad weight update raises `UserInputError` and leaves every other request and the current
@@ -160,7 +161,12 @@ class Engine:
             )
 
     def has_unfinished(self) -> bool:
+        """Any request in the engine, multi-turn ones waiting for their environment included."""
         return bool(self._seqs)
+
+    def has_runnable(self) -> bool:
+        """Any request a step can advance (not waiting for its environment)."""
+        return self.scheduler.num_unfinished > 0
 
     def request_ids(self) -> list[str]:
         return list(self._seqs)
@@ -211,12 +217,48 @@ class Engine:
         finished = []
         for seq, token, logprob in sampled:
             seq.append(token, logprob, self.version, self.config.max_model_len)
-            if seq.finished:
+            if seq.finished and seq.params.multi_turn:
+                self.scheduler.park(seq)  # a turn ended: the caller continues or ends it
+                finished.append(_output(seq))
+            elif seq.finished:
                 self.scheduler.finish(seq)
                 del self._seqs[seq.request_id]
                 finished.append(_output(seq))
         self._counters["tokens"] += len(sampled)
         return finished
+
+    # --- multi-turn ---------------------------------------------------------------------
+    def continue_request(self, request_id: str, observation_ids: list[int]) -> bool:
+        """Append an environment's observation to a request waiting for it and open its next
+        turn on the KV it kept. False (nothing changed) when the observation would leave no
+        room for a sampled token under max_model_len: the caller ends the episode."""
+        seq = self._waiting(request_id)
+        obs = checked_token_ids(request_id, observation_ids, "observation_ids")
+        bad = [t for t in obs if not 0 <= t < self.spec.vocab_size]
+        if bad:
+            raise UserInputError(
+                f"request {request_id!r}: observation token id {bad[0]} is outside the "
+                f"vocabulary (size {self.spec.vocab_size})"
+            )
+        room = self.config.max_model_len - seq.num_tokens - len(obs)
+        if room < (seq.params.target_len or 1):
+            return False
+        seq.observe(obs, self.version)
+        self.scheduler.unpark(seq)
+        return True
+
+    def end_request(self, request_id: str) -> RequestOutput:
+        """End a request waiting for its environment (the episode is done): its output,
+        every turn and observation in it, and its blocks back to the pools."""
+        seq = self._waiting(request_id)
+        self._drop(seq)
+        return _output(seq)
+
+    def _waiting(self, request_id: str) -> Sequence:
+        seq = self._get(request_id)
+        if not seq.waits_env:
+            raise UserInputError(f"request {request_id!r} is not waiting for an observation")
+        return seq
 
     # --- leaving and joining ------------------------------------------------------------
     def export_request(self, request_id: str) -> RequestSnapshot:
@@ -289,7 +331,11 @@ class Engine:
             token_ids=prompt_ids + output_ids, logprobs=list(snap.logprobs),
             versions=list(snap.versions), migrations=snap.migrations, offloads=snap.offloads,
             reprefill_tokens=snap.reprefill_tokens,
+            observed=list(snap.observed) or [False] * len(output_ids),
+            turn_start=snap.turn_start, waits_env=snap.waits_env,
         )  # fmt: skip
+        if seq.waits_env:
+            seq.finish_reason = snap.turn_reason
         return seq
 
     def _check_snapshot_kv(self, snap: RequestSnapshot) -> None:
@@ -309,7 +355,10 @@ class Engine:
 
     def _enqueue(self, seq: Sequence) -> None:
         self._seqs[seq.request_id] = seq
-        self.scheduler.add(seq)
+        if seq.waits_env:
+            self.scheduler.park(seq)
+        else:
+            self.scheduler.add(seq)
 
     def _drop(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
@@ -323,8 +372,8 @@ class Engine:
 
     # --- memory ---------------------------------------------------------------------------
     def offload(self, request_id: str) -> bool:
-        """Move a running request's KV to the host pool now; False if it is not running or
-        the host pool lacks room. It is restored when the scheduler readmits it."""
+        """Move a running (or waiting-for-env) request's KV to the host pool now; False if
+        its KV is not on the device or the host pool lacks room. It is restored when the scheduler readmits it."""
         seq = self._get(request_id)
         batch = Batch()
         if not self.scheduler.offload(seq, batch):
@@ -341,6 +390,7 @@ class Engine:
             running=len(self.scheduler.running),
             waiting=len(waiting) - offloaded,
             offloaded=offloaded,
+            env_waiting=len(self.scheduler.parked),
             kv_blocks_used=self.blocks.device.num_used,
             kv_blocks_free=self.blocks.device.num_free,
             kv_blocks_total=self.blocks.device.num_total,
@@ -395,6 +445,9 @@ def _output(seq: Sequence) -> RequestOutput:
         migrations=seq.migrations,
         offloads=seq.offloads,
         reprefill_tokens=seq.reprefill_tokens,
+        observed=list(seq.observed),
+        turn_start=seq.turn_start,
+        waits_env=seq.waits_env,
     )
 
 
@@ -414,4 +467,8 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         offloads=seq.offloads,
         reprefill_tokens=seq.reprefill_tokens,
         stop_token_ids=sorted(seq.stop_ids),
+        observed=list(seq.observed),
+        turn_start=seq.turn_start,
+        waits_env=seq.waits_env,
+        turn_reason=seq.finish_reason if seq.waits_env else None,
     )

@@ -29,6 +29,14 @@ class RequestOutput:
     migrations: int = 0
     offloads: int = 0
     reprefill_tokens: int = 0  # tokens whose KV was computed again (preemption, resume)
+    observed: list[bool] = field(default_factory=list)  # per output token: an env's, not sampled
+    turn_start: int = 0  # output index where the last turn's sampled tokens begin
+    waits_env: bool = False  # multi-turn: a turn ended; continue_request or end_request next
+
+    @property
+    def turn_ids(self) -> list[int]:
+        """The last turn's sampled tokens."""
+        return self.output_ids[self.turn_start :]
 
 
 @dataclass
@@ -49,6 +57,10 @@ class RequestSnapshot:
     offloads: int = 0
     reprefill_tokens: int = 0
     stop_token_ids: list[int] = field(default_factory=list)  # resolved stop ids
+    observed: list[bool] = field(default_factory=list)
+    turn_start: int = 0
+    waits_env: bool = False  # a multi-turn request between turns (KV kept, no slot)
+    turn_reason: str | None = None  # how its last turn ended, while it waits
 
     @property
     def num_tokens(self) -> int:
@@ -84,6 +96,7 @@ class EngineStats:
     running: int
     waiting: int  # queued with no KV on this engine's host pool (fresh, preempted, imported)
     offloaded: int  # queued with KV in the host pool
+    env_waiting: int  # multi-turn requests between turns: KV held, no slot
     kv_blocks_used: int
     kv_blocks_free: int
     kv_blocks_total: int

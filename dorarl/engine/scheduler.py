@@ -6,6 +6,9 @@ next tokens (one for decode, a chunk for prefill), evicting the youngest running
 sequence when the device pool is short (offload to host if it has room, else drop the KV
 and recompute later); (3) if nothing was evicted, admit waiting sequences (in-progress
 ones first, then fresh ones, FCFS) under the slot, block and prefill-token budgets.
+A multi-turn sequence whose turn ended is `parked`: it keeps its KV (device or host) but
+no slot, and parked device KV is the first offloaded under pressure; when its next
+observation arrives it queues as in progress and is readmitted on the blocks it holds.
 Invariants: a running sequence's KV is on the device; the scheduler only does
 bookkeeping, and the engine performs the returned copies (offloads before restores)
 before the forward pass, so a freed block is never read after it is reused.
@@ -70,6 +73,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.resumed: deque[Sequence] = deque()  # in progress: offloaded, preempted, imported
         self.fresh: deque[Sequence] = deque()
+        self.parked: list[Sequence] = []  # multi-turn, waiting for the environment
 
     # --- queue management -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -79,7 +83,7 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out of the engine and release every block it holds."""
-        for queue in (self.running, self.resumed, self.fresh):
+        for queue in (self.running, self.resumed, self.fresh, self.parked):
             if seq in queue:
                 queue.remove(seq)
         self.release(seq)
@@ -92,6 +96,18 @@ class Scheduler:
         self.running.remove(seq)
         self.release(seq)
         seq.kv_place = KVPlace.NONE
+
+    def park(self, seq: Sequence) -> None:
+        """A turn ended: the sequence leaves its slot and keeps its KV."""
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.waits_env = True
+        self.parked.append(seq)
+
+    def unpark(self, seq: Sequence) -> None:
+        """Its observation arrived: queue it as in progress (before fresh prompts)."""
+        self.parked.remove(seq)
+        self.resumed.append(seq)
 
     def waiting(self) -> list[Sequence]:
         return [*self.resumed, *self.fresh]
@@ -112,7 +128,8 @@ class Scheduler:
     def offload(self, seq: Sequence, batch: Batch) -> bool:
         """Move a running sequence's KV to host blocks; False if the host pool is short."""
         need = blocks_for(seq.num_computed, self.blocks.block_size)
-        if seq not in self.running or not self.blocks.host.can_allocate(need):
+        on_device = seq in self.running or (seq in self.parked and seq.kv_place is KVPlace.DEVICE)
+        if not on_device or not self.blocks.host.can_allocate(need):
             return False
         host = self.blocks.host.allocate(need)
         batch.offloads.append(Offload(seq, list(seq.block_table[:need]), host))
@@ -120,7 +137,8 @@ class Scheduler:
         seq.host_table = host
         seq.kv_place = KVPlace.HOST
         seq.offloads += 1
-        self._requeue(seq)
+        if seq in self.running:
+            self._requeue(seq)
         return True
 
     def _over_threshold(self, extra: int = 0) -> bool:
@@ -128,6 +146,10 @@ class Scheduler:
         return pool.num_used + extra > self.offload_threshold * pool.num_total
 
     def _relieve_pressure(self, batch: Batch) -> bool:
+        # Waiting episodes first: their KV is idle until the environment answers.
+        for seq in [s for s in self.parked if s.kv_place is KVPlace.DEVICE]:
+            if not self._over_threshold() or not self.offload(seq, batch):
+                break
         evicted = False
         while self._over_threshold() and len(self.running) > 1:
             if not self.offload(self.running[-1], batch):
@@ -179,7 +201,8 @@ class Scheduler:
             queue = self.resumed if self.resumed else self.fresh
             seq = queue[0]
             n = self._tokens_to_run(seq, budget)
-            need = blocks_for(seq.num_computed + n, self.blocks.block_size)
+            # A parked sequence back from its environment grows the blocks it holds.
+            need = self.blocks.extra_blocks(seq.block_table, seq.num_computed + n)
             # Keep one block of growth per running sequence, so admission does not thrash.
             if n == 0 or (self.running and self._over_threshold(need + len(self.running))):
                 return
@@ -191,6 +214,9 @@ class Scheduler:
             budget -= self._add_to_batch(batch, seq, n)
 
     def _place_on_device(self, seq: Sequence, need: int, batch: Batch) -> None:
+        if seq.kv_place is KVPlace.DEVICE:  # parked on its own blocks
+            seq.block_table.extend(self.blocks.device.allocate(need))
+            return
         table = self.blocks.device.allocate(need)
         if seq.kv_place in (KVPlace.HOST, KVPlace.DETACHED):
             held = blocks_for(seq.num_computed, self.blocks.block_size)

@@ -3,8 +3,11 @@
 Invariants: `token_ids` is prompt + output; the KV of the first `num_computed` tokens is
 held at `kv_place` (device blocks in `block_table`, host blocks in `host_table`, or a
 detached tensor the engine keeps for an imported request); `versions` and `logprobs`
-have one entry per output token. The request's random stream is (seed, len(output_ids)),
-so it travels with the request and is independent of batch neighbours.
+have one entry per output token, and so does `observed` (True for a token an environment
+appended between turns: never sampled, logprob 0). The request's random stream is
+(seed, len(output_ids)), so it travels with the request and is independent of batch
+neighbours. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
+holds its KV but no slot until `Engine.continue_request` appends the next observation.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class Sequence:
     migrations: int = 0
     offloads: int = 0
     reprefill_tokens: int = 0
+    observed: list[bool] = field(default_factory=list)
+    turn_start: int = 0  # output index where the current turn's sampled tokens begin
+    waits_env: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -74,13 +80,30 @@ class Sequence:
         self.token_ids.append(token)
         self.logprobs.append(logprob)
         self.versions.append(version)
+        self.observed.append(False)
         self.finish_reason = self._finish_reason(token, max_model_len)
 
+    def observe(self, token_ids: list[int], version: int) -> None:
+        """Append an environment's observation and open the next turn."""
+        self.token_ids.extend(token_ids)
+        self.logprobs.extend([0.0] * len(token_ids))
+        self.versions.extend([version] * len(token_ids))
+        self.observed.extend([True] * len(token_ids))
+        self.turn_start = self.num_output
+        self.finish_reason = None
+        self.waits_env = False
+
+    @property
+    def turn_output(self) -> int:
+        """Tokens sampled in the current turn (all output for a single-turn request)."""
+        return self.num_output - self.turn_start
+
     def _finish_reason(self, token: int, max_model_len: int) -> str | None:
+        # Caps count per turn, so the env's observations do not eat the model's budget.
         if self.params.target_len is not None:
-            return "length" if self.num_output >= self.params.target_len else None
+            return "length" if self.turn_output >= self.params.target_len else None
         if token in self.stop_ids:
             return "stop"
-        if self.num_output >= self.params.max_new_tokens or self.num_tokens >= max_model_len:
+        if self.turn_output >= self.params.max_new_tokens or self.num_tokens >= max_model_len:
             return "length"
         return None

@@ -20,7 +20,9 @@ from dorarl.trainer import LossConfig, TrainerConfig
 
 @dataclass(kw_only=True)
 class TaskSection:
-    name: str = field(default="running_sum", metadata={"help": "running_sum | jsonl | arith"})
+    name: str = field(
+        default="running_sum", metadata={"help": "running_sum | jsonl | arith | multiturn_sum"}
+    )
     path: str | None = field(
         default=None, metadata={"help": "jsonl: data file (.jsonl, or .parquet with .[data])"}
     )
@@ -59,6 +61,33 @@ class TaskSection:
             "help": "arith, and jsonl with chat_template: system message (None: the template's own)"
         },
     )
+
+    env: str | None = field(
+        default=None,
+        metadata={
+            "help": "multi-turn: 'module:Class', a dorarl.tasks.env.Env subclass; the task's "
+            "prompts become episodes and the env gives the reward (None: the task's own)"
+        },
+    )
+    max_turns: int = field(
+        default=0, metadata={"help": "multi-turn: turns per episode at most (0: the task's own)"}
+    )
+    env_timeout_s: float = field(
+        default=30.0, metadata={"help": "multi-turn: timeout of one env call (reset or step)"}
+    )
+    env_latency_s: float = field(
+        default=0.0, metadata={"help": "multiturn_sum: simulated tool latency per env step"}
+    )
+
+    def validate(self) -> None:
+        if self.max_turns < 0:
+            raise ConfigError(
+                f"task.max_turns: must be >= 0 (0: the task's own), got {self.max_turns}"
+            )
+        if self.env_timeout_s <= 0:
+            raise ConfigError(f"task.env_timeout_s: must be > 0, got {self.env_timeout_s}")
+        if self.env_latency_s < 0:
+            raise ConfigError(f"task.env_latency_s: must be >= 0, got {self.env_latency_s}")
 
     def resolved_reward(self) -> str:
         """The reward the jsonl task scores with: the key, else what the rows' format calls for."""
@@ -257,6 +286,7 @@ class TrainConfig:
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
         self.controller_config().validate()
+        self.task.validate()
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
         if self.engine.max_num_seqs < 1:

@@ -55,7 +55,9 @@ def run_ray(
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
     point = config.resume_point()
-    model_folder = str(point.folder if point else (config.model or shipped_base_model()))
+    model_folder = str(
+        point.folder if point else (config.model or shipped_base_model(config.task.name))
+    )
     task = build_task(config, model_folder)  # bad data stops the run before any file is written
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
@@ -204,6 +206,7 @@ def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) 
         if config.trainer.world_size == 1
         else 0,
         checkpoints=out_dir / "checkpoints",
+        max_model_len=config.engine.max_model_len,
     )
 
 

@@ -16,6 +16,8 @@ from dorarl.engine.model_spec import read_hf_config, spec_from_hf
 from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
+from dorarl.tasks.env import load_env_class
+from dorarl.tasks.env_task import EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 
 
@@ -27,9 +29,31 @@ def check_model_folder(model_folder: str) -> None:
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
-    """The task `config.task` names, tokenized with `model_folder`'s tokenizer."""
+    """The task `config.task` names, tokenized with `model_folder`'s tokenizer; with
+    `task.env`, its prompts played as episodes of that environment."""
+    task = _named_task(config, model_folder)
+    section = config.task
+    if section.env is None:
+        return task
+    env_class = load_env_class(section.env)
+    max_turns = section.max_turns or getattr(task, "max_turns", 0) or 8
+    return EnvTask(task, env_class, max_turns, section.env_timeout_s)
+
+
+def _named_task(config: TrainConfig, model_folder: str) -> Task:
     check_model_folder(model_folder)
     section = config.task
+    if section.name == "multiturn_sum":
+        from transformers import AutoTokenizer
+
+        return make_task(
+            "multiturn_sum",
+            seed=config.seed,
+            tokenizer=AutoTokenizer.from_pretrained(model_folder),
+            latency_s=section.env_latency_s,
+            timeout_s=section.env_timeout_s,
+            max_turns=section.max_turns,
+        )
     if section.name == "jsonl":
         return make_task(
             "jsonl",

@@ -298,6 +298,7 @@ class Recorder:
                 "migrations": sample.migrations,
                 "offloads": sample.offloads,
             }
+            | (_turns(sample) if sample.turns else {})
             | (self.texts(sample) if self.texts is not None else {})
         )
 
@@ -389,3 +390,12 @@ class Recorder:
 
 def _share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
+
+
+def _turns(sample: Sample) -> dict[str, Any]:
+    """A multi-turn sample's turns: how many, and per turn its sampled and observed tokens."""
+    return {
+        "turns": len(sample.turns),
+        "turn_tokens": [sampled for sampled, _ in sample.turns],
+        "observation_tokens": [observed for _, observed in sample.turns],
+    }

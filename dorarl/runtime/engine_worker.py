@@ -95,7 +95,7 @@ class EngineWorker:
         finished: list[RequestOutput] = []
         busy: list[int] = []
         steps = 0
-        while steps < max_steps and self.engine.has_unfinished():
+        while steps < max_steps and self.engine.has_runnable():
             finished.extend(self._step())
             busy.append(self.engine.last_step.rows)
             steps += 1
@@ -142,6 +142,18 @@ class EngineWorker:
         for snap in snaps:
             self.engine.resume_request(snap.tokens_only())
         return [snap.request_id for snap in snaps]
+
+    def continue_(self, request_id: str, observation_ids: list[int]) -> bool:
+        """An episode's next observation (multi-turn); False: no room, it keeps waiting."""
+        return self.engine.continue_request(request_id, observation_ids)
+
+    def end(self, request_ids: list[str]) -> list[str]:
+        """End episodes the runtime decided are over (those still here): KV freed."""
+        present = set(self.engine.request_ids())
+        ended = [rid for rid in request_ids if rid in present]
+        for rid in ended:
+            self.engine.end_request(rid)
+        return ended
 
     def offload(self, request_id: str) -> bool:
         return request_id in self.engine.request_ids() and self.engine.offload(request_id)

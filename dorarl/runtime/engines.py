@@ -13,6 +13,13 @@ actor. A call's answer counts only if the actor it lands on is the incarnation i
 sent to (`stale`); recovery redoes the others. When a migration's source was replaced, the
 requests it kept (finished there, their reports lost with it) start again on the
 destination, so nothing is lost and nothing is reported twice.
+
+Multi-turn episodes (`plan.episodes`): a turn's end comes back in a run report like a
+finished request; the episode's environment answers on its own loop (`poll_envs`), and
+the observation goes to the instance the request is on then (held back while it migrates
+or is interrupted, and sent where it lands). A waiting episode is held by its instance,
+KV and all, but no stepping call is queued for it, and the controller's KV-pressure
+relief sees it like any request there.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class EngineFleet:
         pace: PaceTally,
         clock: Callable[[], float],
         steps_per_call: int = STEPS_PER_CALL,
+        max_model_len: int = 1 << 30,
     ) -> None:
         self.workers = list(workers)
         self.generations = [0] * len(self.workers)  # incarnation of each instance's actor
@@ -69,6 +77,11 @@ class EngineFleet:
         self._running: dict[int, ray.ObjectRef] = {}  # instance -> its queued `run` call
         self._kv_above = [False] * len(self.workers)
         self._parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> its abort's result
+        self._env_waiting: set[str] = set()  # episodes between turns (their env is working)
+        # The env's answer (next observation ids, or None and why: the end) for a request
+        # that is moving or interrupted, carried out where it lands or resumes.
+        self._held_back: dict[str, tuple[list[int] | None, str | None]] = {}
+        self.max_model_len = max_model_len
 
     @property
     def _driver(self) -> Driver:
@@ -100,6 +113,7 @@ class EngineFleet:
     def resume(self, c: Resume) -> None:
         refs = list(dict.fromkeys(self._parked.pop(rid) for rid in c.request_ids))
         self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs)
+        self._release_held_back(c.request_ids)
         self.keep_running(c.instance_id)
 
     def offload(self, c: Offload) -> None:
@@ -109,6 +123,9 @@ class EngineFleet:
     def start(self, iid: int, requests: Sequence[RequestSpec]) -> None:
         """Start `requests` on `iid` from their prompts (placed there by the driver)."""
         if requests:
+            for spec in requests:  # started (again) from its prompt: a fresh episode
+                self._env_waiting.discard(spec.request_id)
+                self._held_back.pop(spec.request_id, None)
             self.workers[iid].add.remote([self.plan.request(spec) for spec in requests])
         self.keep_running(iid)
 
@@ -152,7 +169,7 @@ class EngineFleet:
 
     def keep_running(self, iid: int) -> None:
         """Keep one stepping call queued on every instance that holds requests."""
-        if self._driver.requests.held(iid) > 0 and iid not in self._running:
+        if self._runnable(iid) > 0 and iid not in self._running:
             ref = self.workers[iid].run.remote(self.steps_per_call)
             self._running[iid] = ref
             self._submit(ref, "run", (iid,))
@@ -178,6 +195,9 @@ class EngineFleet:
         for output in report.finished:
             if not self._driver.requests.live(output.request_id):
                 log.warning("instance %d finished %s twice: ignored", iid, output.request_id)
+                continue
+            if output.waits_env:
+                self._turn_ended(output)
                 continue
             sample = self.plan.sample(self._driver.requests.spec(output.request_id), output)
             self.recorder.reprefill(output.reprefill_tokens)
@@ -210,7 +230,66 @@ class EngineFleet:
             landed = [*landed, *kept]
         self.recorder.overhead("request_transfer", self.now() - call.started)
         self._driver.migration_done(src, dst, rids, landed)
+        self._release_held_back(landed)
         self.keep_running(dst)
+
+    # ---- multi-turn episodes ---------------------------------------------------------------
+    def _turn_ended(self, output) -> None:
+        assert self.plan.episodes is not None, "a turn ended on a single-turn task"
+        self._env_waiting.add(output.request_id)
+        self.plan.episodes.turn_ended(output.request_id, output)
+
+    @property
+    def envs_pending(self) -> int:
+        return 0 if self.plan.episodes is None else self.plan.episodes.pending
+
+    def poll_envs(self) -> None:
+        """Act on the environments' answers that are in: continue or end each episode."""
+        if self.plan.episodes is None:
+            return
+        for rid, ids in self.plan.episodes.ready():
+            if not self._driver.requests.live(rid) or rid not in self._env_waiting:
+                continue
+            last = self.plan.episodes.last_output(rid)
+            if ids is not None and _tokens(last) + len(ids) + 1 > self.max_model_len:
+                self._held_back[rid] = (None, "no_room")
+            else:
+                self._held_back[rid] = (ids, None)
+            self._release_held_back([rid])
+
+    def _release_held_back(self, request_ids) -> None:
+        """Carry out the env's answers for requests that sit still on an instance now; one
+        that is moving or interrupted gets its answer where it lands or resumes."""
+        requests = self._driver.requests
+        for rid in request_ids:
+            if rid not in self._held_back or not requests.live(rid):
+                continue
+            iid = requests.instance_of(rid)
+            if iid is None or requests.is_moving(rid):
+                continue
+            ids, reason = self._held_back.pop(rid)
+            self._env_waiting.discard(rid)
+            if ids is None:
+                self._end_episode(rid, iid, reason)
+            else:
+                self.workers[iid].continue_.remote(rid, ids)
+                self.keep_running(iid)
+
+    def _end_episode(self, rid: str, iid: int, reason: str | None) -> None:
+        assert self.plan.episodes is not None
+        state, last = self.plan.episodes.finish(rid, reason)
+        self.workers[iid].end.remote([rid])
+        sample = self.plan.sample(self._driver.requests.spec(rid), last, episode=state)
+        self._driver.sample_done(iid, sample)
+
+    def _runnable(self, iid: int) -> int:
+        """Requests on `iid` a stepping call can advance (not waiting for their env)."""
+        held = self._driver.requests.held(iid)
+        if not self._env_waiting:
+            return held
+        requests = self._driver.requests
+        waiting = sum(1 for r in self._env_waiting if requests.instance_of(r) == iid)
+        return held - waiting
 
     # ---- helpers -------------------------------------------------------------------------
     def _carry(self, iid: int, version: int, source: int) -> ray.ObjectRef:
@@ -219,3 +298,7 @@ class EngineFleet:
 
     def _submit(self, ref: ray.ObjectRef, kind: str, args: tuple[Any, ...]) -> None:
         self.calls.submit(ref, kind, args, self.now(), tuple(self.generations))
+
+
+def _tokens(output) -> int:
+    return len(output.prompt_ids) + len(output.output_ids)

@@ -73,6 +73,7 @@ class RayRuntime:
         respawn_trainer: Callable[[str | None], Any] | None = None,
         max_trainer_restarts: int = 0,
         checkpoints: Path | None = None,
+        max_model_len: int = 1 << 30,
     ) -> None:
         _check_overheads(recorder)
         self.t0 = time.monotonic()
@@ -91,6 +92,7 @@ class RayRuntime:
             self.pace,
             self.now,
             steps_per_call,
+            max_model_len=max_model_len,
         )
         start = controller_config.initial_version
         self.trainer_client = TrainerClient(
@@ -221,6 +223,7 @@ class RayRuntime:
             self.driver.deliver(Timer(self.now()))
         for ref in self._ready():
             self.answer(ref)
+        self.engines.poll_envs()
 
     def answer(self, ref: ray.ObjectRef) -> None:
         """Act on the answer of one call in flight (nothing if recovery dropped it)."""
@@ -239,8 +242,10 @@ class RayRuntime:
 
     def _ready(self) -> list[ray.ObjectRef]:
         timeout = 1.0 if not self.timers else max(0.0, min(1.0, self.timers[0] - self.now()))
+        if self.engines.envs_pending:  # episodes wait on their envs: answer them promptly
+            timeout = min(timeout, 0.005)
         if len(self.calls) == 0:
-            if not self.timers:
+            if not self.timers and not self.engines.envs_pending:
                 raise RuntimeError(f"deadlock: nothing in flight, {self.controller.counts()}")
             time.sleep(timeout)
             return []

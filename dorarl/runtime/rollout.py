@@ -15,7 +15,9 @@ from dorarl.data.lengths import LengthDist
 from dorarl.driver import RequestSpec
 from dorarl.engine import RequestOutput, SamplingParams
 from dorarl.runtime.engine_worker import NewRequest
+from dorarl.runtime.episodes import Episodes
 from dorarl.tasks import Prompt, Task, score
+from dorarl.tasks.episodes import EpisodeState
 
 
 @dataclass
@@ -36,6 +38,8 @@ class RolloutPlan:
         self.task, self.settings = task, settings
         self.prompts: list[Prompt] = task.train_prompts()
         self.reward_errors = 0
+        # A multi-turn task: each request is an episode, its reward the environment's.
+        self.episodes = Episodes(task) if getattr(task, "multi_turn", False) else None
 
     def prompt(self, prompt_index: int) -> Prompt:
         return self.prompts[prompt_index % len(self.prompts)]
@@ -50,14 +54,23 @@ class RolloutPlan:
             stop_token_ids=list(s.stop_token_ids),
             seed=spec.seed,
             target_len=spec.target_len,
+            multi_turn=self.episodes is not None,
         )
         prompt = self.prompt(spec.prompt_index)
+        if self.episodes is not None:
+            ids = self.episodes.begin(spec.request_id, prompt)
+            return NewRequest(spec.request_id, ids, params)
         return NewRequest(spec.request_id, list(prompt.prompt_ids), params)
 
-    def sample(self, spec: RequestSpec, out: RequestOutput) -> Sample:
+    def sample(
+        self, spec: RequestSpec, out: RequestOutput, episode: EpisodeState | None = None
+    ) -> Sample:
         prompt = self.prompt(spec.prompt_index)
-        reward, error = score(self.task, prompt, out.output_ids)
-        self.reward_errors += error is not None
+        if episode is None:
+            reward, error = score(self.task, prompt, out.output_ids)
+            self.reward_errors += error is not None
+        else:
+            reward, error = episode.reward, episode.error
         return Sample(
             group_id=spec.group_id,
             sample_index=spec.sample_index,
@@ -71,4 +84,6 @@ class RolloutPlan:
             reward_error=error,
             migrations=out.migrations,
             offloads=out.offloads,
+            observed=list(out.observed) if episode is not None else [],
+            turns=list(episode.turns) if episode is not None else [],
         )

@@ -1,4 +1,5 @@
-"""Where the shipped base model lives (repository `assets/base_model/`)."""
+"""Where the shipped base models live: `assets/base_model/` (running_sum) and
+`assets/multiturn_base/` (multiturn_sum, fine-tuned from it by scripts/train_multiturn_base.py)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ from pathlib import Path
 
 from dorarl.errors import UserInputError
 
-BASE_MODEL_DIR = Path(__file__).resolve().parents[2] / "assets" / "base_model"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+BASE_MODEL_DIR = ASSETS / "base_model"
+MULTITURN_BASE_DIR = ASSETS / "multiturn_base"
 
 
-def shipped_base_model() -> Path:
-    """The shipped base model folder; a clear error if this install does not have it."""
-    if not (BASE_MODEL_DIR / "config.json").exists():
+def shipped_base_model(task_name: str = "running_sum") -> Path:
+    """The shipped base model folder for a task; a clear error if this install lacks it."""
+    folder, script = BASE_MODEL_DIR, "train_base_model.py"
+    if task_name == "multiturn_sum":
+        folder, script = MULTITURN_BASE_DIR, "train_multiturn_base.py"
+    if not (folder / "config.json").exists():
         raise UserInputError(
-            f"shipped base model not found at {BASE_MODEL_DIR}; run scripts/train_base_model.py "
-            "or pass a model folder"
+            f"shipped base model not found at {folder}; run scripts/{script} or pass a model folder"
         )
-    return BASE_MODEL_DIR
+    return folder

@@ -42,6 +42,8 @@ def evaluate(
     if engine.has_unfinished():
         raise ValueError("evaluate needs an idle engine (it would swallow other requests)")
     prompts = list(task.eval_prompts() if prompts is None else prompts)[:max_prompts]
+    if getattr(task, "multi_turn", False):
+        return _evaluate_episodes(engine, task, prompts)
     sampling = sampling or EvalSampling()
     requests = _requests(task, prompts, sampling)
     for request_id, (prompt, params) in requests.items():
@@ -56,6 +58,28 @@ def evaluate(
         sampled = [[outputs[_sample_id(p, j)] for j in range(sampling.samples)] for p in prompts]
         result.update(_sampled_scores(task, prompts, sampled, result))
     return result
+
+
+def _evaluate_episodes(engine: Any, task: Any, prompts: list[Prompt]) -> dict[str, float]:
+    """Greedy episodes: accuracy is the share whose reward is 1 (every turn right)."""
+    from dorarl.engine import SamplingParams
+    from dorarl.tasks.episodes import run_episodes
+
+    params = SamplingParams(
+        temperature=0.0,
+        max_new_tokens=task.max_new_tokens,
+        stop_token_ids=list(task.stop_token_ids),
+        multi_turn=True,
+    )
+    results = list(run_episodes(engine, task, prompts, params).values())
+    n = max(len(results), 1)
+    return {
+        "accuracy": sum(e.reward >= 1.0 for e, _ in results) / n,
+        "n": len(results),
+        "mean_len": sum(len(out.output_ids) for _, out in results) / n,
+        "mean_turns": sum(len(e.turns) for e, _ in results) / n,
+        "reward_errors": sum(e.error is not None for e, _ in results),
+    }
 
 
 def _requests(task: Task, prompts: list[Prompt], sampling: EvalSampling) -> dict[str, tuple]:

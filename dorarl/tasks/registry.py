@@ -8,9 +8,10 @@ from dorarl.errors import UserInputError
 from dorarl.tasks.arith import ArithConfig, ArithTask
 from dorarl.tasks.base import Task
 from dorarl.tasks.jsonl import JsonlTask
+from dorarl.tasks.multiturn_sum import MultiTurnSumConfig, MultiTurnSumTask
 from dorarl.tasks.running_sum import RunningSumConfig, RunningSumTask
 
-TASK_NAMES = ("running_sum", "jsonl", "arith")
+TASK_NAMES = ("running_sum", "jsonl", "arith", "multiturn_sum")
 
 
 def make_task(name: str, **options: Any) -> Task:
@@ -20,6 +21,8 @@ def make_task(name: str, **options: Any) -> Task:
         return _running_sum(**options)
     if name == "arith":
         return _arith(**options)
+    if name == "multiturn_sum":
+        return _multiturn_sum(**options)
     if name == "jsonl":
         if "path" not in options:
             raise UserInputError("task jsonl: needs a data file (path=...)")
@@ -47,3 +50,20 @@ def _arith(
     except (TypeError, ValueError) as exc:
         raise UserInputError(f"task arith: {exc}") from None
     return ArithTask(tokenizer, seed, config, max_new_tokens, max_model_len)
+
+
+def _multiturn_sum(
+    seed: int = 0,
+    tokenizer: Any = None,
+    latency_s: float = 0.0,
+    timeout_s: float = 30.0,
+    max_turns: int = 0,
+    **fields: Any,
+) -> MultiTurnSumTask:
+    try:
+        config = MultiTurnSumConfig(seed=seed, **fields)
+    except (TypeError, ValueError) as exc:
+        raise UserInputError(f"task multiturn_sum: {exc}") from None
+    task = MultiTurnSumTask(config, tokenizer, latency_s, timeout_s)
+    task.max_turns = max_turns or task.max_turns
+    return task

@@ -4,7 +4,9 @@ Invariants: each response token appears in exactly one micro-batch, with its own
 logprob, its group's advantage and a weight normalised over the WHOLE batch, so the sum
 of micro-batch losses is the full-batch loss. Overlong handling (`LossConfig.overlong`)
 acts here: `soft` shapes the rewards before the group advantages, `mask` empties the
-truncated responses after them (they still count in their group's statistics). Samples must carry one behavior logprob per
+truncated responses after them (they still count in their group's statistics). A multi-turn
+sample's observation tokens (`Sample.observed`) stay in the sequence, as context, but out of
+the loss: no weight, no metric, not counted in the token mean. Samples must carry one behavior logprob per
 response token (mixed-version samples included); anything else is a bug upstream.
 """
 
@@ -27,10 +29,23 @@ class TrainSequence:
     behavior_logprobs: list[float]
     advantage: float
     weight: float = 0.0
+    trained: list[bool] | None = None  # per response token; None: all (no observations)
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def loss_mask(self) -> list[bool]:
+        """Which response tokens the loss sees: all but an environment's observations."""
+        return [True] * len(self.response_ids) if self.trained is None else self.trained
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def token_weights(self) -> list[float]:
+        return [self.weight if m else 0.0 for m in self.loss_mask]
 
 
 @dataclass
@@ -64,9 +79,14 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                 if cfg.overlong == "mask" and sample.finish_reason == "length"
                 else sample.response_ids
             )
+            trained = [not o for o in sample.observed[: len(ids)]] if sample.observed else None
             seqs.append(
                 TrainSequence(
-                    list(sample.prompt_ids), list(ids), list(sample.logprobs[: len(ids)]), adv
+                    list(sample.prompt_ids),
+                    list(ids),
+                    list(sample.logprobs[: len(ids)]),
+                    adv,
+                    trained=trained,
                 )
             )
     _assign_weights(seqs, cfg.aggregation)
@@ -83,7 +103,7 @@ def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
 
 
 def _assign_weights(seqs: list[TrainSequence], aggregation: str) -> None:
-    lengths = [len(s.response_ids) for s in seqs]
+    lengths = [s.trained_tokens for s in seqs]
     total_tokens = sum(lengths)
     total_sequences = sum(1 for n in lengths if n)
     if total_tokens == 0:
@@ -128,8 +148,8 @@ def collate(seqs: list[TrainSequence], pad_id: int, device: torch.device | str) 
         span = slice(len(s.prompt_ids) - 1, s.length - 1)
         behavior[r, span] = torch.tensor(s.behavior_logprobs, dtype=torch.float32)
         advantages[r, span] = s.advantage
-        weights[r, span] = s.weight
-        mask[r, span] = True
+        weights[r, span] = torch.tensor(s.token_weights(), dtype=torch.float32)
+        mask[r, span] = torch.tensor(s.loss_mask, dtype=torch.bool)
     return MicroBatch(
         ids.to(device),
         ids[:, 1:].to(device),

@@ -267,8 +267,8 @@ def _packed_batch(
         targets=targets.to(device),
         behavior_logp=per_token([b for s in seqs for b in s.behavior_logprobs]),
         advantages=per_token([s.advantage for s in seqs for _ in s.response_ids]),
-        weights=per_token([s.weight for s in seqs for _ in s.response_ids]),
-        mask=torch.ones(len(targets), dtype=torch.bool, device=device),
+        weights=per_token([w for s in seqs for w in s.token_weights()]),
+        mask=torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.bool).to(device),
     )
 
 

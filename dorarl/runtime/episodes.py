@@ -1,0 +1,117 @@
+"""Multi-turn episodes in the Ray runtime: the environments' event loop and their books.
+
+Environments run as coroutines on one asyncio loop in a daemon thread of the driver's
+process (`EnvLoop`), so an episode waiting on a slow tool holds neither a thread nor an
+engine slot; answers come back through a queue the runtime drains between Ray answers.
+`Episodes` keeps each live episode (its env, its turns, the last turn's engine output)
+under an incarnation number: an episode started again (its engine died) gets a new env,
+and an answer of the old one is dropped. Invariant: every episode that begins either ends
+once (`finish`) or is started again; nothing it did is lost from the sample it becomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from dorarl.engine import RequestOutput
+from dorarl.tasks import Prompt
+from dorarl.tasks.episodes import EpisodeState, reset, step
+
+log = logging.getLogger(__name__)
+
+
+class EnvLoop:
+    """An asyncio loop on a daemon thread; results come back through a queue."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="envs")
+        self._thread.start()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending = 0
+
+    def run(self, coro: Coroutine) -> Any:
+        """Run to the end and wait (the reset before an episode's first turn)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def submit(self, key: Any, coro: Coroutine) -> None:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self.pending += 1
+        future.add_done_callback(lambda f: self._done.put((key, f)))
+
+    def ready(self) -> list[tuple[Any, Any]]:
+        out = []
+        while not self._done.empty():
+            key, future = self._done.get()
+            self.pending -= 1
+            out.append((key, future.result()))  # env failures are caught inside the coroutine
+        return out
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@dataclass
+class _Live:
+    state: EpisodeState
+    incarnation: int
+    last: RequestOutput | None = None
+
+
+class Episodes:
+    def __init__(self, task: Any, loop: EnvLoop | None = None) -> None:
+        self.task = task
+        self.loop = loop or EnvLoop()
+        self._live: dict[str, _Live] = {}
+        self._incarnations: dict[str, int] = {}
+        self.env_errors = 0
+
+    def begin(self, request_id: str, prompt: Prompt) -> list[int]:
+        """A fresh env for the request; the ids of its first turn's prompt."""
+        number = self._incarnations.get(request_id, 0) + 1
+        self._incarnations[request_id] = number
+        live = _Live(EpisodeState(prompt, self.task.make_env()), number)
+        self._live[request_id] = live
+        return self.loop.run(reset(self.task, live.state))
+
+    def turn_ended(self, request_id: str, output: RequestOutput) -> None:
+        live = self._live[request_id]
+        live.last = output
+        key = (request_id, live.incarnation)
+        self.loop.submit(key, step(self.task, live.state, output.turn_ids))
+
+    def ready(self) -> list[tuple[str, list[int] | None]]:
+        """Answered turns of live episodes: (request, next observation ids or None: ended)."""
+        out = []
+        for (rid, number), ids in self.loop.ready():
+            live = self._live.get(rid)
+            if live is not None and live.incarnation == number:
+                out.append((rid, ids))
+        return out
+
+    def last_output(self, request_id: str) -> RequestOutput:
+        last = self._live[request_id].last
+        assert last is not None, f"{request_id}: no turn ended yet"
+        return last
+
+    def finish(
+        self, request_id: str, reason: str | None = None
+    ) -> tuple[EpisodeState, RequestOutput]:
+        live = self._live.pop(request_id)
+        if reason is not None:
+            live.state.end(reason)
+        if live.state.error is not None:
+            self.env_errors += 1
+            log.warning("episode %s ended by its environment: %s", request_id, live.state.error)
+        assert live.last is not None, f"{request_id}: no turn ended yet"
+        return live.state, live.last
+
+    @property
+    def pending(self) -> int:
+        return self.loop.pending

@@ -1,0 +1,127 @@
+"""Episodes of a multi-turn task: one environment per episode, its calls bounded in time.
+
+`EpisodeState` is one episode's bookkeeping (its env, turns, reward, how it ended), shared
+by the runtime and by evaluation. `env_call` runs an env coroutine under the task's
+timeout and turns whatever it raises into one line (`EnvError`), so a broken environment
+ends its episode (reward 0, counted) and never the run. `run_episodes` plays episodes to
+the end on an idle engine (evaluation). Invariant: an episode ends after at most
+`max_turns` turns, with the sum of its steps' rewards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dorarl.tasks.base import Prompt
+from dorarl.tasks.env import Env, EnvStep
+
+
+class MultiTurnTask(Protocol):
+    """What a multi-turn task adds to `Task`."""
+
+    multi_turn: bool
+    max_turns: int
+    env_timeout_s: float
+
+    def make_env(self) -> Env: ...
+
+    def episode_prompt_ids(self, prompt: Prompt) -> list[int]: ...
+
+
+class EnvError(Exception):
+    """An environment call failed or timed out; the message is one line."""
+
+
+async def env_call(awaitable: Any, timeout_s: float, what: str) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, timeout_s)
+    except TimeoutError:
+        raise EnvError(f"{what} timed out after {timeout_s:g} s") from None
+    except Exception as exc:  # a user's environment: any failure ends the episode only
+        line = str(exc).splitlines()[0] if str(exc) else ""
+        raise EnvError(f"{what} raised {type(exc).__name__}: {line}") from None
+
+
+@dataclass
+class EpisodeState:
+    prompt: Prompt
+    env: Env
+    turns: list[tuple[int, int]] = field(default_factory=list)  # (sampled, observed) tokens
+    reward: float = 0.0
+    error: str | None = None
+    done: bool = False
+    end_reason: str = ""  # "env" | "max_turns" | "no_room" | "env_error"
+
+    def record(self, sampled: int, step: EnvStep | None, observed: int) -> None:
+        self.turns.append((sampled, observed))
+        if step is not None:
+            self.reward += float(step.reward)
+
+    def end(self, reason: str, error: str | None = None) -> None:
+        self.done, self.end_reason, self.error = True, reason, error
+        if error is not None:
+            self.reward = 0.0
+
+
+def observation_ids(task: Any, text: str) -> list[int]:
+    return list(task.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+
+async def reset(task: Any, episode: EpisodeState) -> list[int]:
+    """The first turn's prompt: the task's prefix, then the first observation."""
+    prefix = task.episode_prompt_ids(episode.prompt)
+    try:
+        first = await env_call(episode.env.reset(episode.prompt), task.env_timeout_s, "reset")
+    except EnvError as exc:
+        episode.end("env_error", str(exc))
+        return prefix
+    return prefix + observation_ids(task, first)
+
+
+async def step(task: Any, episode: EpisodeState, turn_ids: list[int]) -> list[int] | None:
+    """Judge one turn; the next observation's ids, or None when the episode ended."""
+    if episode.done:  # reset failed: the first turn ends it
+        episode.record(len(turn_ids), None, 0)
+        return None
+    text = task.response_text(turn_ids)
+    try:
+        answer = await env_call(episode.env.step(text), task.env_timeout_s, "step")
+    except EnvError as exc:
+        episode.record(len(turn_ids), None, 0)
+        episode.end("env_error", str(exc))
+        return None
+    if answer.done or len(episode.turns) + 1 >= task.max_turns:
+        episode.record(len(turn_ids), answer, 0)
+        episode.end("env" if answer.done else "max_turns")
+        return None
+    ids = observation_ids(task, answer.observation)
+    episode.record(len(turn_ids), answer, len(ids))
+    return ids
+
+
+def run_episodes(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> dict[str, Any]:
+    """Play one episode per prompt on an idle engine; {request id: (EpisodeState, output)}."""
+    return asyncio.run(_play(engine, task, prompts, params))
+
+
+async def _play(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> dict[str, Any]:
+    episodes = {f"ep{p.prompt_id}": EpisodeState(p, task.make_env()) for p in prompts}
+    firsts = await asyncio.gather(*(reset(task, e) for e in episodes.values()))
+    for (rid, _), ids in zip(episodes.items(), firsts, strict=True):
+        engine.add_request(rid, ids, params)
+    results: dict[str, Any] = {}
+    while engine.has_runnable():
+        ended = [out for out in engine.step() if out.waits_env]
+        nexts = await asyncio.gather(
+            *(step(task, episodes[o.request_id], o.turn_ids) for o in ended)
+        )
+        for out, ids in zip(ended, nexts, strict=True):
+            episode = episodes[out.request_id]
+            if ids is not None and not engine.continue_request(out.request_id, ids):
+                episode.end("no_room")
+                ids = None
+            if ids is None:
+                results[out.request_id] = (episode, engine.end_request(out.request_id))
+    return results
