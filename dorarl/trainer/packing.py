@@ -143,7 +143,8 @@ def plan_packed(
     """
     widths = _candidate_widths(seqs, token_budget)
     plans = [plan_rows(seqs, token_budget, width) for width in widths]
-    return min(plans, key=lambda plan: _plan_cost(plan, attention_width))
+    # On a tie, fewer micro-batches: each forward+backward has a fixed cost of its own.
+    return min(plans, key=lambda plan: (_plan_cost(plan, attention_width), len(plan)))
 
 
 def _candidate_widths(seqs: list[TrainSequence], token_budget: int) -> list[int]:
