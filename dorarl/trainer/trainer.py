@@ -89,6 +89,8 @@ class Trainer:
         self.version = version
         self.optimizer_steps = 0
         self.source_dir = Path(source_dir) if source_dir is not None else None
+        # held in memory: `checkpoint_keep` may prune the folder this trainer resumed from
+        self.tokenizer_files = ckpt.read_tokenizer_files(self.source_dir) if source_dir else {}
         self.reference_path = str(reference_path) if reference_path is not None else None
         self.reference = self._load_reference() if config.loss.kl_coef > 0 else None
         self.split = split_head(self.model)
@@ -323,8 +325,7 @@ class Trainer:
         self, folder: Path, opt_meta: dict[str, Any], extra: dict[str, Any], **more: Any
     ) -> None:
         """Tokenizer files, RNG and trainer_state.json: what every checkpoint has."""
-        if self.source_dir is not None:
-            ckpt.copy_tokenizer_files(self.source_dir, folder)
+        ckpt.write_tokenizer_files(self.tokenizer_files, folder)
         rng_tensors, rng_meta = ckpt.capture_rng()
         ckpt.save_tensors(folder / ckpt.RNG_FILE, rng_tensors)
         state = {
