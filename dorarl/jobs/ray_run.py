@@ -204,6 +204,7 @@ def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) 
         if config.trainer.world_size == 1
         else 0,
         checkpoints=out_dir / "checkpoints",
+        transport=config.transport(),
     )
 
 
@@ -216,7 +217,8 @@ def _step_hook(
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
-        evals.offer(version, runtime.weights_of(version))
+        if version in evals.wanted:  # a copy of the weights only for a version evaluated
+            evals.offer(version, runtime.weights_of(version))
         scalars.log(row)
         signal.observe(row)
         progress.update(row, evals.accuracy_so_far())

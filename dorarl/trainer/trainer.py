@@ -296,11 +296,13 @@ class Trainer:
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """The current weights by HF state-dict name, as CPU copies (not views of live params)."""
-        return {
-            name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()
-        }
+    def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The current weights by HF state-dict name, as CPU copies (not views of live
+        params); `on_device`: the live tensors themselves, for a caller that copies them."""
+        state = self.model.state_dict()
+        if on_device:
+            return {name: t.detach() for name, t in state.items()}
+        return {name: t.detach().to("cpu", copy=True) for name, t in state.items()}
 
     def _param_names(self) -> dict[int, str]:
         return {id(p): name for name, p in self.model.named_parameters()}

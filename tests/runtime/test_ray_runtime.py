@@ -97,9 +97,14 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     assert list((out / "checkpoints").iterdir())
 
 
-@pytest.mark.parametrize(("mode", "k"), [("sync", 0), ("one_step_off", 1)])
-def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k):
-    _, summary, trajectories, _, _ = _run(tmp_path, tiny_model_dir, f"mode={mode}", "steps=3")
+@pytest.mark.parametrize(
+    ("mode", "k", "transport"), [("sync", 0, "object_store"), ("one_step_off", 1, "collective")]
+)  # the other tests run the default transport on the CPU: collective
+def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k, transport):
+    transport = f"weights.transport={transport}"
+    _, summary, trajectories, _, _ = _run(
+        tmp_path, tiny_model_dir, f"mode={mode}", "steps=3", transport
+    )
     _check_invariants(summary, trajectories, k=k)
     stale = {t["train_version"] - t["behavior_version"] for t in trajectories}
     assert stale == ({0} if mode == "sync" else {0, 1})
