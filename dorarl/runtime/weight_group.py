@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,10 +105,18 @@ class WeightGroup:
         """Tell `dst`, waiting for `version`, that this member cannot serve it."""
         self._header(version, HEADER_REFUSED, 0, dst)
 
-    def receive(self, buckets: list[torch.Tensor], version: int, src: int) -> bool:
-        """Receive into `buckets` from `src`; False when `src` refused (nothing received)."""
+    def receive(
+        self,
+        buckets: list[torch.Tensor],
+        version: int,
+        src: int,
+        check: Callable[[], None] | None = None,
+    ) -> bool:
+        """Receive into `buckets` from `src`; False when `src` refused (nothing received).
+        `check`, called while a receive waits, raises once the sender is known to be gone
+        (a dead peer's receive would otherwise wait for the group's timeout)."""
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
-        self.pg.recv([header], src, 0).wait()
+        _wait(self.pg.recv([header], src, 0), check)
         got_version, status, count = header.tolist()
         if status != HEADER_OK:
             return False
@@ -117,12 +126,23 @@ class WeightGroup:
                 f"rank {self.rank} expected version {version} in {len(buckets)}"
             )
         for bucket in buckets:
-            self.pg.recv([bucket], src, 0).wait()
+            _wait(self.pg.recv([bucket], src, 0), check)
         return True
 
     def _header(self, version: int, status: int, count: int, dst: int) -> None:
         header = torch.tensor([version, status, count], dtype=torch.int64, device=self.device)
         self.pg.send([header], dst, 0).wait()
+
+
+POLL_S = 0.005  # how often a waiting receive looks at its sender
+
+
+def _wait(work: Any, check: Callable[[], None] | None) -> None:
+    if check is not None:
+        while not work.is_completed():
+            check()
+            time.sleep(POLL_S)
+    work.wait()
 
 
 def _process_group(address: GroupAddress, rank: int, host: str, store: dist.Store, timeout) -> Any:

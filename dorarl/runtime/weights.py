@@ -146,8 +146,9 @@ class ObjectStoreWeights:
         self.window = window  # a version more than this below the newest is dropped
         spec = spec or TransportSpec()
         self.spec = spec
-        # the trainer keeps window + 1 versions, as this transport does
-        self.serving = WeightServing(spec.kind, spec.dtype, spec.bucket_bytes, window + 1)
+        # The books keep window + 1 versions; a trainer serving them itself keeps one more,
+        # as it can be a step ahead of them (its next version made, not yet heard of).
+        self.serving = WeightServing(spec.kind, spec.dtype, spec.bucket_bytes, window + 2)
         self.trainer: Any = None  # the trainer actor now
         self._trainer: dict[int, Published] = {}
         self._first: ray.ObjectRef | None = None  # the run's first manifest: engines start there
