@@ -44,6 +44,7 @@ QWEN2_05B = dict(
     tie_word_embeddings=True,
 )
 TRANSPORTS = ("object_store", "collective")
+MIN_PARAMS = 16_000_000
 ROWS = ("publish", "trainer->one", "trainer->all", "peer->peer")
 
 
@@ -52,8 +53,8 @@ def qwen2_shapes(params: int | None) -> dict[str, tuple[int, ...]]:
     its layer count, or below one layer and the embeddings its vocabulary, scaled."""
     keys = dict(QWEN2_05B)
     if params is not None:
-        if params < 1_000_000:
-            raise UserInputError(f"--params: at least 1000000, got {params}")
+        if params < MIN_PARAMS:  # one Qwen2-0.5B layer and a small vocabulary
+            raise UserInputError(f"--params: at least {MIN_PARAMS}, got {params}")
         layer = _count(dict(keys, num_hidden_layers=1, vocab_size=1))
         embed = keys["vocab_size"] * keys["hidden_size"]
         layers = round((params - embed) / layer)

@@ -155,7 +155,7 @@ def receive(
         source.release_shared.options(concurrency_group=WEIGHTS_GROUP).remote(version)
         return unflatten(buckets, manifest)
     try:
-        served = group.receive(buckets, version, source_rank, SenderCheck(ref))
+        served = group.receive(buckets, version, source_rank)
     except Exception:
         _raise_if_dead(ref)  # a sender that died mid-transfer is a death, not an error here
         raise
@@ -163,22 +163,6 @@ def receive(
     if not served:
         raise WeightsRefused(f"rank {source_rank} does not serve version {version}")
     return unflatten(buckets, manifest)
-
-
-class SenderCheck:
-    """Raises, while a receive waits, once the sender's call has failed (its actor died or
-    it raised): what it would have sent will never come."""
-
-    def __init__(self, ref: ray.ObjectRef) -> None:
-        self.ref, self.done = ref, False
-
-    def __call__(self) -> None:
-        if self.done:
-            return
-        ready, _ = ray.wait([self.ref], timeout=0)
-        if ready:
-            ray.get(self.ref)  # raises the sender's death or error
-            self.done = True  # it sent everything: the receives complete
 
 
 def _raise_if_dead(ref: ray.ObjectRef) -> None:

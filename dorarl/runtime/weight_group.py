@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,18 +104,12 @@ class WeightGroup:
         """Tell `dst`, waiting for `version`, that this member cannot serve it."""
         self._header(version, HEADER_REFUSED, 0, dst)
 
-    def receive(
-        self,
-        buckets: list[torch.Tensor],
-        version: int,
-        src: int,
-        check: Callable[[], None] | None = None,
-    ) -> bool:
+    def receive(self, buckets: list[torch.Tensor], version: int, src: int) -> bool:
         """Receive into `buckets` from `src`; False when `src` refused (nothing received).
-        `check`, called while a receive waits, raises once the sender is known to be gone
-        (a dead peer's receive would otherwise wait for the group's timeout)."""
+        A sender that dies mid-transfer closes its connections, which fails the receive
+        (at worst after the group's timeout)."""
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
-        _wait(self.pg.recv([header], src, 0), check)
+        self.pg.recv([header], src, 0).wait()
         got_version, status, count = header.tolist()
         if status != HEADER_OK:
             return False
@@ -126,23 +119,12 @@ class WeightGroup:
                 f"rank {self.rank} expected version {version} in {len(buckets)}"
             )
         for bucket in buckets:
-            _wait(self.pg.recv([bucket], src, 0), check)
+            self.pg.recv([bucket], src, 0).wait()
         return True
 
     def _header(self, version: int, status: int, count: int, dst: int) -> None:
         header = torch.tensor([version, status, count], dtype=torch.int64, device=self.device)
         self.pg.send([header], dst, 0).wait()
-
-
-POLL_S = 0.005  # how often a waiting receive looks at its sender
-
-
-def _wait(work: Any, check: Callable[[], None] | None) -> None:
-    if check is not None:
-        while not work.is_completed():
-            check()
-            time.sleep(POLL_S)
-    work.wait()
 
 
 def _process_group(address: GroupAddress, rank: int, host: str, store: dist.Store, timeout) -> Any:
@@ -151,7 +133,8 @@ def _process_group(address: GroupAddress, rank: int, host: str, store: dist.Stor
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, address.world, options)
     options = dist.ProcessGroupGloo._Options()
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host, lazy_init=True)]
+    # every pair connected now, at start-up (gloo's lazy pairs are experimental)
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host, lazy_init=False)]
     options._timeout = timeout
     return dist.ProcessGroupGloo(store, rank, address.world, options)
 

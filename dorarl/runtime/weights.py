@@ -45,8 +45,8 @@ class WeightsConfig:
         metadata={
             "help": "how weights reach the engines: collective (torch.distributed from the "
             "trainer and peer to peer: gloo on the CPU, NCCL between GPUs, CUDA IPC on one "
-            "GPU) | object_store (Ray's) | auto (collective when the trainer and the engines "
-            "are on one kind of device, the faster on the CPU too: README; else object_store)"
+            "GPU) | object_store (Ray's) | auto (collective on cuda, object_store on the "
+            "CPU: README says why)"
         },
     )
     bucket_mb: int = field(
@@ -68,7 +68,7 @@ class WeightsConfig:
         and the engines on one kind of device (gloo or NCCL for all of them)."""
         kinds = {_kind(engine_device), _kind(trainer_device)}
         if self.transport == "auto":
-            return "collective" if len(kinds) == 1 else "object_store"
+            return "collective" if kinds == {"cuda"} else "object_store"
         if self.transport == "collective" and len(kinds) > 1:
             raise ConfigError(
                 f"weights.transport: collective needs the trainer and the engines on one kind "

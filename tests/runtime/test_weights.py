@@ -3,10 +3,11 @@
 from dorarl.runtime.weights import MIB, WeightsConfig
 
 
-def test_auto_is_collective_unless_the_trainer_and_the_engines_differ_in_device():
+def test_auto_is_collective_on_cuda_and_the_object_store_elsewhere():
     auto = WeightsConfig()
-    assert auto.resolve("cpu", "cpu") == "collective" == auto.resolve("cuda", "cuda")
-    assert auto.resolve("cuda", "cpu") == "object_store"
+    assert auto.resolve("cuda", "cuda") == "collective"
+    assert auto.resolve("cpu", "cpu") == "object_store" == auto.resolve("cuda", "cpu")
+    assert WeightsConfig(transport="collective").resolve("cpu", "cpu") == "collective"
     assert WeightsConfig(transport="object_store").resolve("cuda", "cuda") == "object_store"
 
 
