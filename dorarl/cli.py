@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.bench.weights",
         "weight transports (object store, torch.distributed): trainer to one, to all, peer",
     ),
+    "report compare": (
+        "dorarl.jobs.compare",
+        "run folders side by side: held-out accuracy and reward by step and wall time",
+    ),
     "simulate": ("dorarl.simulate.cli", "the controller at cluster scale on a cost model"),
     "model get": (
         "dorarl.models.get",

@@ -111,12 +111,12 @@ def _time_decode(
         engine.add_request(f"decode-{i}", list(prompts[i % len(prompts)]), params)
     times, contexts = [], []
     while engine.has_unfinished():
-        full = len(engine.scheduler.running) == batch and not engine.scheduler.fresh
         started = time.perf_counter()
         engine.step()
-        if full:
-            times.append(time.perf_counter() - started)
-            contexts.append(sum(s.num_computed for s in engine.scheduler.running) / batch)
+        elapsed, work = time.perf_counter() - started, engine.last_step
+        if work.decode_tokens == batch:  # a full-batch decode step (nothing prefilled)
+            times.append(elapsed)
+            contexts.append(work.resident_tokens / batch)
     timed = sorted(times[2:]) or sorted(times)  # the first steps warm caches up
     assert timed, "no full-batch decode step was timed"
     return timed[int(0.9 * (len(timed) - 1))], round(statistics.mean(contexts))
@@ -132,11 +132,10 @@ def _time_prefill(engine: Engine, prompts: Sequence[list[int]]) -> float:
         engine.add_request(f"prefill-{i}", ids, SamplingParams(target_len=1, seed=i))
     per_token = []
     while engine.has_unfinished():
-        before = {s: s.num_computed for q in _queues(engine) for s in q}
         started = time.perf_counter()
         engine.step()
         elapsed = time.perf_counter() - started
-        tokens = sum(max(0, s.num_computed - n) for s, n in before.items())
+        tokens = engine.last_step.decode_tokens + engine.last_step.prefill_tokens
         if tokens > config.max_num_seqs:  # a prefill step, not a final one-token decode
             per_token.append(elapsed / tokens)
     return statistics.median(per_token[1:] or per_token)
@@ -162,11 +161,6 @@ def sample_lengths(
         while engine.has_unfinished():
             lengths.update({o.request_id: len(o.output_ids) for o in engine.step()})
     return [[lengths[f"{g}-{i}"] for i in range(group_size)] for g in range(len(prompts))]
-
-
-def _queues(engine: Engine) -> tuple:
-    s = engine.scheduler
-    return (s.running, s.resumed, s.fresh)
 
 
 # ---- trainer -----------------------------------------------------------------------------

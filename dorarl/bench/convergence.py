@@ -42,6 +42,7 @@ from dorarl.jobs.ray_run import run_ray
 from dorarl.jobs.workload import build_task
 from dorarl.record.pacing import DeviceModel
 from dorarl.report.convergence_plot import plot_convergence
+from dorarl.report.run_curve import read_curve
 from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
 
@@ -125,26 +126,6 @@ def calibrate_pace(
 
 
 # ---- curves ------------------------------------------------------------------------------
-def read_curve(run_dir: Path) -> dict[str, Any]:
-    """Per step: reward and time; per evaluated version: accuracy and the time it was made."""
-    rows = [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-    made_at = {0: 0.0} | {r["new_version"]: r["time_s"] for r in rows}
-    evals = sorted(
-        {r["eval_version"]: r["eval_accuracy"] for r in rows if "eval_version" in r}.items()
-    )
-    return {
-        "steps": [r["step"] + 1 for r in rows],
-        "time_s": [r["time_s"] for r in rows],
-        "reward_mean": [r["reward_mean"] for r in rows],
-        "eval": [{"version": v, "time_s": made_at[v], "accuracy": a} for v, a in evals],
-        "wall_time_s": rows[-1]["time_s"] if rows else 0.0,
-    }
-
-
 def time_to_reach(curve: dict[str, Any], accuracy: float) -> float | None:
     """Wall time at which the first version with held-out accuracy >= `accuracy` was made."""
     for point in curve["eval"]:

@@ -13,7 +13,6 @@ a CPU shared with other jobs the wall clock also measures their load, the CPU cl
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import logging
 import math
@@ -34,12 +33,13 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from dorarl.bench.dense_attention import DenseAttention
 from dorarl.bench.engine_real import RealSpec, load_model, print_real, run_real
+from dorarl.bench.hf_peers import Workload, run_hf_continuous
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import SHAPES
 from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.engine.dense_attention import DenseAttention
 from dorarl.engine.sampler import SampleRow, sample
 from dorarl.errors import UserInputError
 
@@ -97,16 +97,6 @@ BARS = {  # name: (what, target)
 
 
 # --- workload ---------------------------------------------------------------------------
-@dataclass
-class Workload:
-    prompts: list[list[int]]
-    lengths: list[int]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.lengths)
-
-
 def make_workload(spec: BenchSpec) -> Workload:
     """Stratified lognormal lengths (exact quantiles, shuffled), so the tail is always there."""
     n, dist = spec.num_requests, NormalDist()
@@ -217,62 +207,6 @@ def run_hf_static(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> d
         "tokens": work.total_tokens,
         "decoded_tokens": padded,
     }
-
-
-def run_hf_continuous(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict[str, Any]:
-    """transformers' continuous batching manager with per-request forced lengths."""
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    # Its CPU path logs an ERROR when psutil is missing; the figures do not depend on psutil.
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
-
-    gen = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=-1)
-    pages = math.ceil((spec.prompt_len + max(work.lengths) + 1) / spec.block_size)
-    cb = continuous_batching_config(
-        ContinuousBatchingConfig,
-        max_requests_per_batch=spec.max_batch,
-        page_size=spec.block_size,
-        num_blocks=spec.max_batch * pages,
-        max_batch_tokens=spec.prefill_chunk + spec.max_batch,
-    )
-    with torch.inference_mode():
-        manager = model.init_continuous_batching(
-            generation_config=gen, continuous_batching_config=cb
-        )
-        manager.start()
-        try:
-            tokens, took = _timed(lambda: _drain_hf_manager(manager, work))
-        finally:
-            manager.stop(block=True)
-    if tokens != work.total_tokens:
-        raise RuntimeError(f"hf_continuous produced {tokens} tokens, expected {work.total_tokens}")
-    return {"wall_s": took.wall, "cpu_s": took.cpu, "tokens": tokens}
-
-
-def continuous_batching_config(cls: Any, page_size: int, **settings: Any) -> Any:
-    """Build transformers' ContinuousBatchingConfig across versions: the KV page size is
-    `page_size` in recent releases and is not a parameter at all in 5.17 (then its default)."""
-    accepted = inspect.signature(cls).parameters
-    for name in ("page_size", "block_size"):
-        if name in accepted:
-            settings[name] = page_size
-            break
-    return cls(**{k: v for k, v in settings.items() if k in accepted})
-
-
-def _drain_hf_manager(manager: Any, work: Workload) -> int:
-    for i, (prompt, n) in enumerate(zip(work.prompts, work.lengths, strict=True)):
-        manager.add_request(prompt, request_id=f"r{i}", max_new_tokens=n)
-    done: dict[str, int] = {}
-    while len(done) < len(work.prompts):
-        result = manager.get_result(timeout=5)
-        if result is None and not manager.is_running():
-            raise RuntimeError("the continuous batching thread stopped")
-        if result is not None and result.is_finished():
-            if result.error:
-                raise RuntimeError(f"request {result.request_id} failed: {result.error}")
-            done[result.request_id] = len(result.generated_tokens)
-    return sum(done.values())
 
 
 class Floor:
@@ -584,9 +518,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--real-only", action="store_true", help="with --model/--shape: skip the tiny-model bench"
     )
+    parser.add_argument(
+        "--device",
+        help="cuda | cpu: bench --shape (default qwen2-0.5b on cuda, tiny on cpu) on that "
+        "device against HF, at batches 8-128, with the bandwidth floor (engine_device.py)",
+    )
+    parser.add_argument(
+        "--engine-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype) for every "
+        "engine of the bench, e.g. cuda_graphs=off",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     console, log = Console(), Console(stderr=True)
+    if args.device:
+        return _device_main(args, console, log)
     if args.real_only and not (args.model or args.shape):
         raise UserInputError("--real-only needs --model DIR or --shape NAME")
     report = (
@@ -614,3 +563,25 @@ def _header_only() -> dict[str, Any]:
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
+
+
+def _device_main(args: argparse.Namespace, console: Console, log: Console) -> int:
+    from dorarl.bench.engine_device import device_report, parse_engine_set, print_device_report
+
+    if args.model or args.real_only:
+        raise UserInputError("--device benches random weights of --shape; drop --model/--real-only")
+    shape = args.shape or ("qwen2-0.5b" if args.device.startswith("cuda") else "tiny")
+    engine_set = parse_engine_set(args.engine_set)
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / "engine.partial.json"  # what a run cut short had measured
+
+    def save(bench: dict) -> None:
+        partial.write_text(json.dumps(bench, indent=2))
+
+    report = device_report(shape, args.device, args.quick, log, engine_set, save)
+    report["quick"] = args.quick
+    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
+    partial.unlink(missing_ok=True)
+    print_device_report(report["device_bench"], console)
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0

@@ -3,8 +3,10 @@
 Static batches of B greedy requests (B = 32 and 64, random prompts, exactly `new_tokens` new
 tokens each) decoded by our engine and by HF `generate` in the same run, with the floor: the
 time of the decode step's own matrix multiplications (q|k|v, o, gate|up and down of every
-layer and the lm_head, on the model's weights at M = B rows), timed right after each engine
-decode step so that both see the same outside load. Wall and this process's CPU clock both.
+layer and the lm_head, on the model's weights at M = B rows, on the kernel the engine runs
+them on), timed right after each engine decode step so that both see the same outside load.
+The same products on F.linear (what HF runs) are timed after every 4th step beside it. Wall
+and this process's CPU clock both.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from transformers import (
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import random_llama
 from dorarl.engine import Engine, EngineConfig, SamplingParams
+from dorarl.engine.linear import Linear
 from dorarl.engine.model_spec import read_hf_config
 from dorarl.engine.weights import ModelWeights
 
@@ -44,6 +47,9 @@ class RealSpec:
     prompt_len: int = 32
     new_tokens: int = 48
     seed: int = 0
+    # 32-token KV blocks: on CPU, decode attention's cost is mostly per block (one small
+    # product per block and kv head), so 32 beats the engine's default 16 at every context.
+    block_size: int = 32
 
 
 def load_model(model_dir: Path | None, shape: str | None, seed: int = 0) -> PreTrainedModel:
@@ -84,21 +90,35 @@ class Clock:
 
 
 class StepMatmuls:
-    """The decode step's matrix multiplications on the engine's own weights, at M = batch rows."""
+    """The decode step's matrix multiplications on the engine's own weights, at M = batch rows:
+    on the engine's kernel (its `Linear`s), or with `plain` on F.linear with the same weights."""
 
-    def __init__(self, weights: ModelWeights, batch: int, hidden: int, intermediate: int) -> None:
+    def __init__(
+        self, weights: ModelWeights, batch: int, hidden: int, intermediate: int, plain: bool
+    ) -> None:
         self.weights = weights
+        self.plain = plain
         self.x = torch.randn(batch, hidden, dtype=weights.embed.dtype)
         self.h = torch.randn(batch, intermediate, dtype=weights.embed.dtype)
+
+    @property
+    def kernel(self) -> str:
+        return "torch" if self.plain else self.weights.kernel
+
+    def _product(self, linear: Linear, x: torch.Tensor) -> None:
+        if self.plain:
+            F.linear(x, linear.weight, linear.bias)
+        else:
+            linear(x)
 
     @torch.inference_mode()
     def __call__(self) -> None:
         for layer in self.weights.layers:
-            F.linear(self.x, layer.qkv_w)
-            F.linear(self.x, layer.o_w)
-            F.linear(self.x, layer.gate_up_w)
-            F.linear(self.h, layer.down_w)
-        F.linear(self.x, self.weights.lm_head)
+            self._product(layer.qkv, self.x)
+            self._product(layer.o, self.x)
+            self._product(layer.gate_up, self.x)
+            self._product(layer.down, self.h)
+        self._product(self.weights.lm_head, self.x)
 
 
 def _prompts(batch: int, spec: RealSpec, vocab: int) -> list[list[int]]:
@@ -116,19 +136,21 @@ def run_engine_batch(
         max_num_seqs=batch,
         max_model_len=max_len,
         # Room for the whole batch at once, prefilled in one step as HF generate does.
-        num_blocks=batch * (-(-max_len // 16) + 1),
-        block_size=16,
+        num_blocks=batch * (-(-max_len // spec.block_size) + 1),
+        block_size=spec.block_size,
         prefill_chunk_size=batch * spec.prompt_len,
     )
     engine = Engine.from_hf_config(model.config, config, model.state_dict())
-    matmuls = StepMatmuls(
-        engine.model.weights, batch, engine.spec.hidden_size, engine.spec.intermediate_size
+    s = engine.spec
+    matmuls, plain = (
+        StepMatmuls(engine.model.weights, batch, s.hidden_size, s.intermediate_size, p)
+        for p in (False, True)
     )
-    matmuls()  # warm up
+    matmuls(), plain()  # warm up
     params = SamplingParams(temperature=0.0, target_len=spec.new_tokens)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, params)
-    steps, decode, floor = Clock.new(), Clock.new(), Clock.new()
+    steps, decode, floor, floor_plain = Clock.new(), Clock.new(), Clock.new(), Clock.new()
     outputs: dict[str, list[int]] = {}
     while engine.has_unfinished():
         prefilling = engine.stats().tokens_generated < batch
@@ -136,6 +158,8 @@ def run_engine_batch(
         outputs.update({out.request_id: out.output_ids for out in done})
         if not prefilling:
             floor.time(matmuls)  # right after the step it is the floor of: same load
+            if len(decode.wall) % 4 == 1:
+                floor_plain.time(plain)
     total = {k: steps.total()[k] + decode.total()[k] for k in ("wall_s", "cpu_s")}
     tokens = batch * spec.new_tokens
     return {
@@ -145,9 +169,12 @@ def run_engine_batch(
             "tokens_per_s": tokens / total["wall_s"],
             "tokens_per_cpu_s": tokens / total["cpu_s"],
             "decode_steps": len(decode.wall),
+            "prefill": steps.total(),
             "step": decode.median_ms(),
+            "kernel": engine.kernel,
         },
-        "floor": {"step": floor.median_ms()},
+        "floor": {"step": floor.median_ms(), "kernel": matmuls.kernel},
+        "floor_torch": {"step": floor_plain.median_ms(), "kernel": plain.kernel},
         "outputs": [outputs[f"r{i}"] for i in range(batch)],
     }
 
@@ -200,7 +227,7 @@ def run_real(
         prompts = _prompts(batch, spec, vocab)
         console.log(f"real model: engine, batch {batch}")
         ours = run_engine_batch(model, prompts, spec)
-        entry = {"engine": ours["engine"], "floor": ours["floor"]}
+        entry = {key: ours[key] for key in ("engine", "floor", "floor_torch")}
         if not skip_hf:
             console.log(f"real model: hf generate, batch {batch}")
             theirs = run_hf_batch(model, prompts, spec)
@@ -241,21 +268,29 @@ def real_bars(batches: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return bars
 
 
+def _contender_name(name: str, row: dict[str, Any]) -> str:
+    if name.startswith("floor"):
+        kernel = "F.linear" if row["kernel"] == "torch" else row["kernel"]
+        return f"matmuls on {kernel}" + (" (floor)" if name == "floor" else "")
+    return name
+
+
 def print_real(report: dict[str, Any], console: Console) -> None:
     table = Table(
         title=f"real model ({report['parameters'] / 1e6:.1f}M params, {report['arch']}): "
-        f"prompt {report['spec']['prompt_len']}, {report['spec']['new_tokens']} new tokens, greedy"
+        f"prompt {report['spec']['prompt_len']}, {report['spec']['new_tokens']} new tokens, greedy, "
+        f"KV blocks of {report['spec']['block_size']}"
     )
     for col in ("batch", "contender", "tokens/s", "tokens/cpu-s", "ms/step", "cpu ms/step"):
         table.add_column(col, justify="right")
     for batch, entry in report["batches"].items():
-        for name in ("engine", "hf_static", "floor"):
+        for name in ("engine", "hf_static", "floor", "floor_torch"):
             if name not in entry:
                 continue
             row = entry[name]
             table.add_row(
                 batch,
-                "matmuls (floor)" if name == "floor" else name,
+                _contender_name(name, row),
                 fmt_or_dash(row.get("tokens_per_s"), ",.1f"),
                 fmt_or_dash(row.get("tokens_per_cpu_s"), ",.1f"),
                 fmt_or_dash(row["step"]["ms"], ",.1f"),

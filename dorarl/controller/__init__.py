@@ -8,6 +8,7 @@ from dorarl.controller.commands import (
     TRAINER,
     Command,
     Dispatch,
+    FilterGroup,
     Finish,
     Interrupt,
     LoadWeights,
@@ -19,7 +20,13 @@ from dorarl.controller.commands import (
     parse_request_id,
     request_id,
 )
-from dorarl.controller.config import MODES, ControllerConfig, Mode, OrchestratorConfig
+from dorarl.controller.config import (
+    MODES,
+    ControllerConfig,
+    Mode,
+    OrchestratorConfig,
+    RolloutConfig,
+)
 from dorarl.controller.controller import Controller
 from dorarl.controller.errors import ProtocolError
 from dorarl.controller.events import (
@@ -41,6 +48,7 @@ __all__ = [
     "ControllerConfig",
     "Dispatch",
     "Event",
+    "FilterGroup",
     "Finish",
     "InstanceStats",
     "Interrupt",
@@ -52,6 +60,7 @@ __all__ = [
     "OrchestratorConfig",
     "ProtocolError",
     "Resume",
+    "RolloutConfig",
     "SampleDone",
     "SetTimer",
     "Start",

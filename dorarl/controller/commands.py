@@ -100,6 +100,19 @@ class Train:
 
 
 @dataclass(frozen=True, slots=True)
+class FilterGroup:
+    """Dynamic sampling: the completed group `group_id` (of `version`) is not trained on,
+    its rewards being all equal (zero advantage). It was filtered while `step` was the
+    newest version, i.e. during the training step that makes `step + 1`. The driver closes
+    the group and records it; the machinery has nothing to do (every sample is finished).
+    No answer."""
+
+    group_id: int
+    version: int
+    step: int
+
+
+@dataclass(frozen=True, slots=True)
 class SetTimer:
     """Deliver `Timer(now)` at or after time `at` (seconds since start)."""
 
@@ -114,5 +127,14 @@ class Finish:
 
 
 Command = (
-    Dispatch | LoadWeights | Migrate | Interrupt | Resume | Offload | Train | SetTimer | Finish
+    Dispatch
+    | LoadWeights
+    | Migrate
+    | Interrupt
+    | Resume
+    | Offload
+    | Train
+    | FilterGroup
+    | SetTimer
+    | Finish
 )

@@ -55,6 +55,34 @@ class OrchestratorConfig:
 
 
 @dataclass(kw_only=True)
+class RolloutConfig:
+    """What rollout hands the trainer (`dorarl train` and `dorarl simulate` take these as
+    `rollout.*`): DAPO's dynamic sampling (docs/design.md, section 5, "Filtered groups")."""
+
+    filter_groups: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: a completed group whose rewards are all equal "
+            "(zero advantage) is not trained on, and more prompts are dispatched to fill "
+            "the batch with tbs informative groups"
+        },
+    )
+    max_filtered_per_step: int = field(
+        default=64,
+        metadata={
+            "help": "filter_groups: groups filtered at most per step (between two published "
+            "versions); once reached, uniform groups are trained on, so a step always forms"
+        },
+    )
+
+    def validate(self) -> None:
+        if self.max_filtered_per_step < 1:
+            raise ConfigError(
+                f"max_filtered_per_step: must be >= 1, got {self.max_filtered_per_step}"
+            )
+
+
+@dataclass(kw_only=True)
 class ControllerConfig:
     mode: Mode = field(
         default="dora", metadata={"help": "sync | one_step_off | partial_rollout | dora"}
@@ -92,6 +120,7 @@ class ControllerConfig:
         metadata={"help": "cap on dispatched groups (dataset passes); None: unbounded"},
     )
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -118,13 +147,31 @@ class ControllerConfig:
                 f"group_size: {self.group_size} samples do not fit in "
                 f"{self.instances} x {self.slots} slots"
             )
-        needed = (self.steps - self.initial_version) * self.tbs
-        if self.max_groups is not None and self.max_groups < needed:
-            raise ConfigError(f"max_groups: {self.max_groups} < steps to run x tbs = {needed}")
-        try:
-            self.orchestrator.validate()
-        except ConfigError as exc:
-            raise ConfigError(f"orchestrator.{exc}") from None
+        self._check_max_groups()
+        for section in ("orchestrator", "rollout"):
+            try:
+                getattr(self, section).validate()
+            except ConfigError as exc:
+                raise ConfigError(f"{section}.{exc}") from None
+        if self.rollout.filter_groups and self.group_size < 2:
+            raise ConfigError(
+                "rollout.filter_groups: needs group_size >= 2 (a group of one always has "
+                "zero advantage, so every group would be filtered)"
+            )
+
+    def _check_max_groups(self) -> None:
+        """Enough groups for every step, filtered ones included: each step takes tbs and
+        at most `max_filtered_per_step` more are filtered while it is gathered."""
+        if self.max_groups is None:
+            return
+        per_step = self.tbs
+        what = "tbs"
+        if self.rollout.filter_groups:
+            per_step += self.rollout.max_filtered_per_step
+            what = "(tbs + rollout.max_filtered_per_step)"
+        needed = (self.steps - self.initial_version) * per_step
+        if self.max_groups < needed:
+            raise ConfigError(f"max_groups: {self.max_groups} < steps to run x {what} = {needed}")
 
     @property
     def effective_K(self) -> int:

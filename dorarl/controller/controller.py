@@ -24,6 +24,12 @@ where out(<= w) counts outstanding (dispatched, not consumed) groups of version 
   weight source. A busy trainer always answers TrainDone.
 - Versions: instances host window versions (newest-K .. newest); work exists only there
   (INV), and out-of-window instances are re-assigned at the TrainDone that pushed them out.
+- Dynamic sampling (`rollout.filter_groups`, `filtering.py`): a complete group of equal
+  rewards may be filtered instead of queued. It leaves `out` for good, which only lowers
+  every prefix, so INV, admission and the batch rule above hold for what is trained, and
+  every dispatched group is consumed once or filtered once, never both. At most
+  `rollout.max_filtered_per_step` are filtered while one version is the newest; after that
+  every completion is queued, so the no-deadlock argument applies unchanged.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from dorarl.controller.events import (
     TrainDone,
     WeightsLoaded,
 )
+from dorarl.controller.filtering import GroupFilter
 from dorarl.controller.invariants import violations
 from dorarl.controller.lockstep import LockstepOrchestrator
 from dorarl.controller.orchestrator import Orchestrator
@@ -69,6 +76,7 @@ class Controller:
         self.ledger = Ledger(config)
         self.rollout = RolloutManager(self.ledger)
         self.orchestrator = _make_orchestrator(config, self.ledger, self.rollout)
+        self.filter = GroupFilter(self.ledger)
         self.finished = False
         self._handlers = {
             Start: self._on_start,
@@ -131,7 +139,8 @@ class Controller:
             "dispatched": ledger.dispatched,
             "completed": ledger.completed,
             "consumed": ledger.consumed,
-            "queued": ledger.completed - ledger.consumed,
+            "filtered": ledger.filtered,
+            "queued": ledger.queued,
             "in_flight": ledger.dispatched - ledger.completed,
             "steps_started": ledger.t - self.config.initial_version,
             "steps_done": ledger.steps_done,
@@ -163,8 +172,9 @@ class Controller:
         if req is None:
             return []
         inst = self.ledger.instances[req.instance_id]
-        self.ledger.finish_sample(rid, event.num_tokens)
-        return self.orchestrator.on_sample_done(inst)
+        group = self.ledger.finish_sample(rid, event.num_tokens, event.reward)
+        filtered = self.filter.complete(group) if group is not None else []
+        return filtered + self.orchestrator.on_sample_done(inst)
 
     def _on_stats(self, event: InstanceStats) -> list[Command]:
         inst = self.ledger.instances[event.instance_id]
@@ -210,7 +220,7 @@ class Controller:
         ledger, cfg = self.ledger, self.config
         if ledger.training or ledger.t >= cfg.steps:
             return []
-        if ledger.completed - ledger.consumed < cfg.tbs:
+        if ledger.queued < cfg.tbs:
             return []
         out, done = ledger.out_counts(), ledger.done_counts()
         if not batch_ready(out, done, cfg.effective_K, ledger.t, cfg.tbs):

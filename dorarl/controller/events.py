@@ -20,13 +20,15 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class SampleDone:
-    """One sample (request `request_id(group_id, sample_index)`) finished on `instance_id`."""
+    """One sample (request `request_id(group_id, sample_index)`) finished on `instance_id`,
+    scored `reward` (what dynamic sampling, `rollout.filter_groups`, decides on)."""
 
     group_id: int
     sample_index: int
     instance_id: int
     num_tokens: int
     now: float
+    reward: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

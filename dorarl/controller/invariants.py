@@ -3,7 +3,9 @@
 `violations(ledger)` returns human-readable breaches, empty when all hold: the admission
 invariant (INV, hence Eq. 1 for any future step), ready instances host window versions
 only (a weight source may finish an in-flight transfer first), every in-flight request sits on an instance of its own version (so no version with
-work has zero instances), slot capacity, and the derived counters match a recount.
+work has zero instances), slot capacity, and the derived counters match a recount: every
+dispatched group is outstanding, consumed or filtered (exactly one), and the completion
+queues hold exactly the complete outstanding groups, each once.
 """
 
 from __future__ import annotations
@@ -84,6 +86,24 @@ def _counters(ledger: Ledger) -> list[str]:
                 inst = ledger.instances[i]
                 if not inst.ready or inst.version != version or ledger.free_slots(inst) != n:
                     problems.append(f"instance {i} filed under v{version} with {n} free slots")
-    if ledger.dispatched - ledger.consumed != len(ledger.groups):
-        problems.append("dispatched - consumed != outstanding groups")
+    if ledger.dispatched - ledger.consumed - ledger.filtered != len(ledger.groups):
+        problems.append("dispatched - consumed - filtered != outstanding groups")
+    return problems + _queues(ledger)
+
+
+def _queues(ledger: Ledger) -> list[str]:
+    queued = [gid for queue in ledger.done.values() for gid in queue]
+    complete = {gid for gid, g in ledger.groups.items() if g.remaining == 0}
+    problems = []
+    if len(queued) != len(set(queued)) or set(queued) != complete:
+        problems.append(
+            f"queued groups {sorted(queued)} != complete outstanding {sorted(complete)}"
+        )
+    if len(queued) != ledger.queued:
+        problems.append(f"{len(queued)} groups queued, counters say {ledger.queued}")
+    cap = ledger.config.rollout.max_filtered_per_step
+    if ledger.filtered_since_publish > cap:
+        problems.append(
+            f"{ledger.filtered_since_publish} groups filtered at v{ledger.newest} > {cap}"
+        )
     return problems

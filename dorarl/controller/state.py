@@ -3,7 +3,8 @@
 Every mutation goes through a method here so the derived counters (outstanding groups per
 version, free slots per version on ready instances, instances per version) stay exact.
 A request always sits on exactly one instance until its SampleDone; a group is outstanding
-from its first Dispatch until a Train consumes it.
+from its first Dispatch until a Train consumes it or, complete with all-equal rewards under
+dynamic sampling, it is filtered; never both (`consume` and `filter` pop it from `groups`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ class GroupState:
     version: int
     remaining: int
     tokens: int = 0
+    reward: float | None = None  # the first sample's reward
+    mixed: bool = False  # some sample's reward differs from the first's
+
+    def add_reward(self, reward: float) -> None:
+        if self.reward is None:
+            self.reward = reward
+        elif reward != self.reward:
+            self.mixed = True
 
 
 class Ledger:
@@ -80,7 +89,8 @@ class Ledger:
         self.next_prompt = config.first_prompt
         self.resume_prompts = deque(config.resume_prompts)  # first, before new prompts
         self.trainer_loads = 0
-        self.dispatched = self.completed = self.consumed = 0
+        self.dispatched = self.completed = self.consumed = self.filtered = 0
+        self.filtered_since_publish = 0  # dynamic sampling's per-step budget in use
         for inst in self.instances:
             self.hosts[start][inst.instance_id] = None
             self._index(inst)
@@ -111,6 +121,11 @@ class Ledger:
 
     def free_slots(self, inst: InstanceState) -> int:
         return self.slots - len(inst.requests)
+
+    @property
+    def queued(self) -> int:
+        """Complete groups waiting for a training step."""
+        return self.completed - self.consumed - self.filtered
 
     # ---- groups and requests -------------------------------------------------------------
     def new_group(self, version: int) -> GroupState:
@@ -146,8 +161,9 @@ class Ledger:
         resume list: what a run resumed from a checkpoint taken now must dispatch first."""
         return [g.prompt_index for g in self.groups.values()] + list(self.resume_prompts)
 
-    def finish_sample(self, rid: str, tokens: int) -> GroupState | None:
-        """Record a finished sample; returns its group when that completes the group."""
+    def finish_sample(self, rid: str, tokens: int, reward: float = 0.0) -> GroupState | None:
+        """Record a finished sample; returns its group when that completes the group, for
+        the caller to `queue` it for training or `filter` it."""
         req = self.requests.pop(rid, None)
         if req is None:
             return None  # already finished (duplicate report)
@@ -158,11 +174,24 @@ class Ledger:
         group = self.groups[req.group_id]
         group.remaining -= 1
         group.tokens += tokens
+        group.add_reward(reward)
         if group.remaining:
             return None
-        self.done[group.version].append(group.group_id)
         self.completed += 1
         return group
+
+    def queue(self, group: GroupState) -> None:
+        """A complete group waits for a training step (in its version's completion order)."""
+        self.done[group.version].append(group.group_id)
+
+    def filter(self, group: GroupState) -> None:
+        """A complete group leaves without a training step (dynamic sampling): it is no
+        longer outstanding, so it frees admission room and needs no step."""
+        require(group.remaining == 0, f"group {group.group_id} filtered before it completed")
+        del self.groups[group.group_id]
+        self._leave(group.version)
+        self.filtered += 1
+        self.filtered_since_publish += 1
 
     def move(self, rid: str, dst: InstanceState) -> None:
         req = self.requests[rid]
@@ -190,6 +219,7 @@ class Ledger:
         self.newest = version
         self.training = False
         self.steps_done += 1
+        self.filtered_since_publish = 0
 
     def park(self, rid: str, parked: bool) -> None:
         """Partial rollout: an interrupted request waits (True) or runs again (False)."""
@@ -218,11 +248,15 @@ class Ledger:
             # batches are picked from the head of each version's completion queue
             require(self.done[group.version][0] == gid, "batch not taken oldest first")
             self.done[group.version].popleft()
-            self.out[group.version] -= 1
-            if not self.out[group.version]:
-                del self.out[group.version]
-                del self.done[group.version]
+            self._leave(group.version)
         self.consumed += len(group_ids)
+
+    def _leave(self, version: int) -> None:
+        """One group of `version` is no longer outstanding."""
+        self.out[version] -= 1
+        if not self.out[version]:
+            del self.out[version]
+            self.done.pop(version, None)
 
     # ---- instances -----------------------------------------------------------------------
     def assign(self, inst: InstanceState, version: int) -> None:

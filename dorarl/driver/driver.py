@@ -8,7 +8,8 @@ until the controller says Finish (or the run is asked to stop), and `poll` feeds
 runtime observed back through `sample_done`, `migration_done`, `train_done` or `deliver`.
 
 Invariants kept here for every runtime: a request completes at most once (a second report
-of it is refused, so a sample is never counted twice); a Train gets complete groups only
+of it is refused, so a sample is never counted twice); a Train gets complete groups only,
+and so does a FilterGroup, each group leaving the assembly once, by one or the other
 (`GroupAssembly` raises otherwise); nothing is dispatched once a stop was asked for (a
 stopped run's undispatched groups are the controller's resume position).
 """
@@ -25,6 +26,7 @@ from dorarl.controller import (
     ControllerConfig,
     Dispatch,
     Event,
+    FilterGroup,
     Finish,
     Interrupt,
     LoadWeights,
@@ -124,7 +126,14 @@ class Driver:
         self.groups.add(sample)
         tokens = len(sample.response_ids)
         self.deliver(
-            SampleDone(sample.group_id, sample.sample_index, instance_id, tokens, self.now())
+            SampleDone(
+                sample.group_id,
+                sample.sample_index,
+                instance_id,
+                tokens,
+                self.now(),
+                sample.reward,
+            )
         )
         return True
 
@@ -160,6 +169,7 @@ class Driver:
             Resume: self._resume,
             Offload: ex.offload,
             Train: self._train,
+            FilterGroup: self._filter,
             SetTimer: lambda c: ex.set_timer(c.at),
             Finish: self._finish,
         }
@@ -208,6 +218,11 @@ class Driver:
         groups = [self.groups.take(gid) for gid in c.group_ids]
         self.recorder.consumed(groups, c.version)
         self.executor.train(c.version, groups)
+
+    def _filter(self, c: FilterGroup) -> None:
+        """Dynamic sampling: the group closes untrained (complete: `take` checks it); the
+        machinery holds nothing of it, so only the books and the recorder hear of it."""
+        self.recorder.filtered(self.groups.take(c.group_id), c.step)
 
     def _finish(self, c: Finish) -> None:
         log.info("run finished at %.1fs: %s", self.now(), c.reason)

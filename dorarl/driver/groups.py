@@ -1,9 +1,10 @@
 """Group assembly: the samples of each dispatched group until a Train takes the group.
 
 A group opens at its first Dispatch (prompt, version and, for forced lengths, each
-sample's target length) and closes when a Train takes it. Invariant: a taken group has
-exactly one sample per index 0..G-1; a second sample for an index, or a Train of a group
-that lacks one, raises `ProtocolError` (a runtime bug, never silently trained on).
+sample's target length) and closes when a Train takes it, or a FilterGroup (dynamic
+sampling) does. Invariant: a taken group has exactly one sample per index 0..G-1 and is
+taken once; a second sample for an index, or taking a group that lacks one (or is gone),
+raises `ProtocolError` (a runtime bug, never silently trained on).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class GroupAssembly:
         group = self._open.get(group_id)
         have = len(group.samples) if group is not None else 0
         if group is None or have != self.group_size:
-            raise ProtocolError(f"Train: group {group_id} has {have}/{self.group_size} samples")
+            raise ProtocolError(f"group {group_id} has {have}/{self.group_size} samples to take")
         del self._open[group_id]
         samples = [group.samples[i] for i in sorted(group.samples)]
         return Group(group_id, samples[0].prompt_id, group.version, samples)

@@ -1,10 +1,10 @@
 """The rollout engine: paged-KV continuous batching with exact logprobs, migration and offload.
 
 Public API: `Engine`, `EngineConfig`, `SamplingParams`, `RequestOutput`, `RequestSnapshot`,
-`EngineStats`. Layout: token_ids (user token ids, checked), sequence (request state),
-block_manager (block ids, torch-free), scheduler (who runs, torch-free), kv_cache (pool
-tensors), attention, model, sampler, model_runner (batch -> tensors -> tokens), engine
-(schedule, run, postprocess).
+`EngineStats`, `StepWork`. Layout: token_ids (user token ids, checked), sequence (request
+state), block_manager (block ids, torch-free), scheduler (who runs, torch-free), kv_cache
+(pool tensors), attention, linear (the matmul kernel), model, sampler, model_runner (batch ->
+tensors -> tokens), engine (schedule, run, postprocess).
 Importing the package, `SamplingParams`, the outputs or the scheduler does not import torch.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dorarl.engine.config import EngineConfig, SamplingParams
     from dorarl.engine.engine import Engine
-    from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+    from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, StepWork
 
 # Lazy exports: the controller and simulator use the plain types without importing torch.
 _HOMES = {
@@ -26,6 +26,7 @@ _HOMES = {
     "EngineStats": "dorarl.engine.outputs",
     "RequestOutput": "dorarl.engine.outputs",
     "RequestSnapshot": "dorarl.engine.outputs",
+    "StepWork": "dorarl.engine.outputs",
 }
 
 
@@ -42,4 +43,5 @@ __all__ = [
     "RequestOutput",
     "RequestSnapshot",
     "SamplingParams",
+    "StepWork",
 ]

@@ -153,18 +153,19 @@ class PagedAttention:
         kv_heads = self.cache.shape.num_kv_heads
         per_kv = heads // kv_heads
         keys, values = self.cache.block_range(layer, d.lo, d.hi)  # [blocks, kv_heads, bs, dim]
-        qd = q[: d.batch].reshape(d.batch, kv_heads, per_kv, dim) * (1.0 / math.sqrt(dim))
+        qd = torch.mul(q[: d.batch].unflatten(1, (kv_heads, per_kv)), 1.0 / math.sqrt(dim))
         scores = torch.matmul(qd.index_select(0, d.owner), keys.transpose(-1, -2))
         scores.add_(d.mask)  # [blocks, kv_heads, per_kv, bs]
-        row_max = torch.full((d.batch, kv_heads, per_kv), -math.inf, dtype=q.dtype)
-        row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax")
+        # Every decode row owns a block, so each entry of row_max gets a value.
+        row_max = torch.empty((d.batch, kv_heads, per_kv), dtype=q.dtype, device=q.device)
+        row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax", include_self=False)
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
-        # Per-block partials, plus one zero partial (index hi - lo) that pads logical tables.
-        block_total = F.pad(probs.sum(-1), (0, 0, 0, 0, 0, 1))
-        block_out = F.pad(torch.matmul(probs, values), (0, 0, 0, 0, 0, 0, 0, 1))
-        total = _logical_tree_sum(block_total, d.logical, d.batch, d.width)
-        out = _logical_tree_sum(block_out, d.logical, d.batch, d.width)
-        return out.div_(total.unsqueeze(-1)).view(d.batch, heads * dim)
+        # Per-block partials (weighted value sum | sum of exp), plus one zero partial (index
+        # hi - lo) that pads the logical tables: one tree sum serves both.
+        partials = torch.cat((torch.matmul(probs, values), probs.sum(-1, keepdim=True)), -1)
+        partials = F.pad(partials, (0, 0, 0, 0, 0, 0, 0, 1))
+        total = _logical_tree_sum(partials, d.logical, d.batch, d.width)
+        return torch.div(total[..., :dim], total[..., dim:]).view(d.batch, heads * dim)
 
     def _prefill(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillPlan

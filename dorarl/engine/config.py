@@ -6,14 +6,24 @@ errors are `UserInputError`s naming the request, because they arrive with a requ
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from dorarl.config import ConfigError
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.errors import UserInputError
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LinearKernel = Literal["auto", "onednn", "torch"]  # dorarl/engine/linear.py
+LINEAR_KERNELS = get_args(LinearKernel)
+# The fast paths of issue 13 (dorarl/engine/backends.py resolves `auto` for the device).
+Attention = Literal["auto", "triton", "torch"]
+Sampler = Literal["auto", "device", "host"]
+# YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
+CudaGraphs = Literal["auto", "on", "off", True, False]
 
 
 @dataclass(kw_only=True)
@@ -38,7 +48,38 @@ class EngineConfig:
         default=0.95, metadata={"help": "offload running requests above this share of used blocks"}
     )
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
-    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16"},
+    )
+    attention: Attention = field(
+        default="auto",
+        metadata={
+            "help": "auto (triton on cuda, torch on cpu) | triton (paged Triton kernels; on cpu "
+            "only in Triton's interpreter, TRITON_INTERPRET=1) | torch (attention.py)"
+        },
+    )
+    sampler: Sampler = field(
+        default="auto",
+        metadata={
+            "help": "auto (device on cuda, host on cpu) | device (batched tensor ops, one host "
+            "sync) | host (sampler.py); the same streams either way"
+        },
+    )
+    cuda_graphs: CudaGraphs = field(
+        default="auto",
+        metadata={
+            "help": "auto (on where the device is cuda and attention is triton) | on | off: "
+            "decode steps replay CUDA graphs captured per batch bucket at start"
+        },
+    )
+    linear_kernel: LinearKernel = field(
+        default="auto",
+        metadata={
+            "help": "matmul kernel: auto (oneDNN prepacked on CPU float32 where it runs, else "
+            "F.linear) | onednn | torch (F.linear)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
 
     def __post_init__(self) -> None:
@@ -70,11 +111,47 @@ class EngineConfig:
             )
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        if self.linear_kernel not in LINEAR_KERNELS:
+            raise ConfigError(
+                f"engine.linear_kernel: must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}"
+            )
+        self._check_fast_paths()
         # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
         if self.kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(
                 f"engine.num_blocks: {self.kv_blocks} blocks of {self.block_size} tokens cannot hold "
                 f"one request of max_model_len={self.max_model_len} tokens"
+            )
+
+    def _check_fast_paths(self) -> None:
+        """The choices of issue 13's fast paths that cannot work here, refused up front."""
+        if isinstance(self.cuda_graphs, bool):
+            self.cuda_graphs = "on" if self.cuda_graphs else "off"
+        for key, allowed in (
+            ("attention", get_args(Attention)),
+            ("sampler", get_args(Sampler)),
+            ("cuda_graphs", ("auto", "on", "off")),
+        ):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(
+                    f"engine.{key}: must be one of {allowed}, got {getattr(self, key)!r}"
+                )
+        on_cuda = self.device.startswith("cuda")
+        if self.attention == "triton" and importlib.util.find_spec("triton") is None:
+            raise ConfigError("engine.attention: triton is not installed (pip install -e '.[gpu]')")
+        if self.attention == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ConfigError(
+                f"engine.attention: triton needs engine.device=cuda (got {self.device!r}) or "
+                "Triton's interpreter on the CPU (TRITON_INTERPRET=1, slow: for tests)"
+            )
+        if self.cuda_graphs == "on" and not on_cuda:
+            raise ConfigError(
+                f"engine.cuda_graphs: on needs engine.device=cuda, got {self.device!r}"
+            )
+        if self.cuda_graphs == "on" and self.attention == "torch":
+            raise ConfigError(
+                "engine.cuda_graphs: on needs engine.attention=triton or auto (the graphs "
+                "capture the Triton decode step)"
             )
 
 

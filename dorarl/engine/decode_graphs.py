@@ -22,10 +22,11 @@ copied into the same storage (`load_weights_in_place`), never swapped for new te
 then no recapture is needed. Without a GPU (`graphs=False`) `run` executes the same
 forward over the same static buffers eagerly, which is what the CPU tests check.
 
-Wiring (issue 13): the engine, on cuda, builds `KVCache` with `kv_blocks + 1` blocks and
+Wiring (issue 13, done in `engine.py` and `device_runner.py`): the engine, on cuda,
+builds `KVCache` with `kv_blocks + 1` blocks and
 passes the last as `scratch_block`; builds `DecodeGraphs(forward, cache, max_num_seqs,
 ceil(max_model_len / block_size), scratch_block)` and calls `capture()` at start-up; in
-`ModelRunner.run`, a batch of decode rows only goes to `graphs.run(token_ids, rows)` (a
+`DeviceRunner.run`, a batch of decode rows only goes to `graphs.run(token_ids, rows)` (a
 batch with prefill chunks runs eagerly on `TritonPagedAttention`); `Engine.load_weights`
 packs the new tensors and calls `load_weights_in_place(self.model.weights, packed)`.
 """
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from dorarl.engine.kv_cache import KVCache
+from dorarl.engine.linear import Linear
 from dorarl.engine.triton_attention import PagedStep, StepRows, TritonPagedAttention
 from dorarl.engine.weights import ModelWeights
 
@@ -191,9 +193,19 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _tensors(w: ModelWeights) -> Iterator[torch.Tensor]:
     yield w.embed
     for layer in w.layers:
-        yield from (t for t in vars(layer).values() if t is not None)
+        for part in vars(layer).values():
+            yield from _parts(part)
     yield w.norm
-    yield w.lm_head
+    yield from _parts(w.lm_head)
+
+
+def _parts(part: torch.Tensor | Linear | None) -> Iterator[torch.Tensor]:
+    """The tensors a layer field holds: itself, or a product's weight, bias and packed copy
+    (the packed copy exists on CPU only, where no graph is captured)."""
+    if isinstance(part, Linear):
+        yield from (t for t in (part.weight, part.bias, part.packed) if t is not None)
+    elif part is not None:
+        yield part
 
 
 def load_weights_in_place(live: ModelWeights, new: ModelWeights) -> None:

@@ -18,13 +18,16 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
+from dorarl.engine.backends import resolve_backends
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
+from dorarl.engine.device_runner import build_device_runner, install_in_place, owned
 from dorarl.engine.kv_cache import KVCache, KVShape
+from dorarl.engine.linear import choose_kernel
 from dorarl.engine.model import Transformer
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
-from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot
+from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.token_ids import checked_token_ids
@@ -56,26 +59,36 @@ class Engine:
         self.hf_config = hf_config
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
-        self.dtype: torch.dtype = getattr(torch, config.dtype)
+        self.backends = resolve_backends(config)
+        self.dtype: torch.dtype = self.backends.dtype
         self.version = version
+        self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
         self.model = self._build_model(named_weights, where)
         shape = KVShape(
             self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
         )
-        self.kv = KVCache(shape, config.kv_blocks, config.host_blocks, self.device, self.dtype)
+        # With graphs, one more block than the block manager hands out: padding rows' scratch.
+        pool_blocks = config.kv_blocks + int(self.backends.cuda_graphs)
+        self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
         self.blocks = BlockManager(config.kv_blocks, config.host_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )
         self.runner = ModelRunner(self.model, self.kv)
+        self.graphs = None
+        if self.backends.fast:  # issue 13's paths; the CPU default keeps ModelRunner alone
+            self.runner, self.graphs = build_device_runner(self.model, self.runner, config)
         self._seqs: dict[str, Sequence] = {}
         self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
+        self.last_step = StepWork()  # what the latest `step` computed
 
     def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
         check_named(self.spec, named_weights, f"{where}: weights")
-        weights = pack(self.spec, named_weights, self.device, self.dtype)
+        if self.backends.cuda_graphs:
+            named_weights = owned(named_weights, self.device, self.dtype)
+        weights = pack(self.spec, named_weights, self.device, self.dtype, self.kernel)
         cos, sin = rope_tables(self.hf_config, self.spec, self.config.max_model_len)
         return Transformer(
             self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
@@ -159,7 +172,8 @@ class Engine:
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished requests."""
+        """Run one batch: schedule, move KV, forward + sample, postprocess. Returns finished
+        requests; `last_step` then says what it computed."""
         batch = self.scheduler.schedule()
         assert not (batch.empty and self.scheduler.num_unfinished), (
             "scheduler stalled with unfinished requests"
@@ -167,7 +181,14 @@ class Engine:
         self._move_kv(batch)
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
-        return self._postprocess(batch, sampled)
+        finished = self._postprocess(batch, sampled)
+        self.last_step = StepWork(
+            rows=len(batch.decode) + len(batch.prefill),
+            decode_tokens=len(batch.decode),
+            prefill_tokens=sum(n for _, n in batch.prefill),
+            resident_tokens=sum(seq.num_computed for seq in self.scheduler.running),
+        )
+        return finished
 
     def _move_kv(self, batch: Batch) -> None:
         # Offloads first: a restore may reuse device blocks an offload just vacated.
@@ -343,7 +364,11 @@ class Engine:
         and their new tokens carry the new version; callers that need one version per
         trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
-        self.model.weights = pack(self.spec, named_tensors, self.device, self.dtype)
+        packed = pack(self.spec, named_tensors, self.device, self.dtype, self.kernel)
+        if self.graphs is None:
+            self.model.weights = packed
+        else:  # captured graphs read the live tensors' addresses: copy into them
+            install_in_place(self.graphs, self.model, packed)
         if self._seqs:
             logger.warning(
                 "version %d -> %d with %d requests in flight",
@@ -354,7 +379,8 @@ class Engine:
         self.version = version
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The current weights by Hugging Face name (read-only views)."""
+        """The current weights by Hugging Face name (read-only views; with CUDA graphs a
+        later `load_weights` copies into the same storage, so copy what you keep)."""
         return unpack(self.spec, self.model.weights)
 
 

@@ -41,6 +41,9 @@ class KVCache:
         # Flat per-layer views: rows of head_dim for writes, tiles of a block for gathers.
         self.rows = self.pool.view(2, s.num_layers, -1, s.head_dim)
         self.tiles = self.pool.view(2, s.num_layers, -1, s.block_size, s.head_dim)
+        # Each layer's views made once, not on every step of every layer.
+        self._layer_rows = [self.rows[:, i] for i in range(s.num_layers)]
+        self._layer_kv = [(self.pool[0, i], self.pool[1, i]) for i in range(s.num_layers)]
 
     @property
     def device(self) -> torch.device:
@@ -52,13 +55,13 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> None:
         """Store new tokens' k, v ([tokens, kv_heads, dim]) at flat row ids ([tokens * kv_heads])."""
-        d = self.shape.head_dim
-        self.rows[0, layer].index_copy_(0, rows, k.reshape(-1, d))
-        self.rows[1, layer].index_copy_(0, rows, v.reshape(-1, d))
+        kv = torch.stack((k, v)).view(2, -1, self.shape.head_dim)
+        self._layer_rows[layer].index_copy_(1, rows, kv)  # k and v in one copy
 
     def block_range(self, layer: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of pool blocks [lo, hi) as views `[blocks, kv_heads, block_size, dim]`."""
-        return self.pool[0, layer, lo:hi], self.pool[1, layer, lo:hi]
+        keys, values = self._layer_kv[layer]
+        return keys[lo:hi], values[lo:hi]
 
     def gather(
         self, layer: int, tiles: torch.Tensor, batch: int

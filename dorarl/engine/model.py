@@ -3,8 +3,11 @@
 Tokens of all sequences in a step form one `[tokens, hidden]` matrix, so every matmul is
 batched across requests; attention is delegated to a backend (the paged pool in the
 engine, a dense cache in the benchmark floor). Numerics follow Hugging Face's modules:
-RMSNorm in float32, rotate-half RoPE from precomputed tables, SiLU-gated MLP; Qwen3's
-per-head q/k RMSNorm before RoPE where the weights carry it (`norm_qk_heads`).
+RMSNorm in float32, rotate-half RoPE from precomputed tables, SiLU-gated MLP; the residual
+adds ride in the o and down products (`Linear.add_to`); Qwen3's per-head q/k RMSNorm before
+RoPE where the weights carry it (`norm_qk_heads`). A layer is `_attention` then `_mlp`,
+each reading and returning the residual stream, so a model family's extra step goes in
+one place.
 """
 
 from __future__ import annotations
@@ -25,15 +28,22 @@ class AttentionBackend(Protocol):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one fused op, bit-equal to the two below
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
     return weight * normed.to(x.dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on `[tokens, heads, dim]` with cos, sin `[tokens, 1, dim]`."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated, so `rotate` needs no negation per layer."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on `[tokens, heads, dim]` with cos, `signed_sin` `[tokens, 1, dim]`:
+    x cos + (-x2, x1) sin, bit for bit, as (x2, x1) (-sin1, sin2)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 class Transformer:
@@ -42,7 +52,8 @@ class Transformer:
     ) -> None:
         self.spec = spec
         self.weights = weights
-        self.cos, self.sin = cos, sin  # [max_len, head_dim], on the device, in the model dtype
+        # [max_len, head_dim], on the device, in the model dtype
+        self.cos, self.sin_signed = cos, signed_sin(sin)
 
     @torch.inference_mode()
     def forward(
@@ -54,39 +65,37 @@ class Transformer:
     ) -> torch.Tensor:
         """Logits `[rows, vocab]` in float32 for `sample_rows` (all rows when None)."""
         w = self.weights
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        rope = self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
         x = F.embedding(input_ids, w.embed)
         for i, layer in enumerate(w.layers):
-            x = x + self._attention(
-                i, layer, rms_norm(x, layer.input_norm, self.spec.rms_norm_eps), cos, sin, attention
-            )
-            x = x + self._mlp(layer, rms_norm(x, layer.post_norm, self.spec.rms_norm_eps))
+            x = self._attention(i, layer, x, rope, attention)
+            x = self._mlp(layer, x)
         if sample_rows is not None:
             x = x.index_select(0, sample_rows)
-        return F.linear(rms_norm(x, w.norm, self.spec.rms_norm_eps), w.lm_head).float()
+        return w.lm_head(rms_norm(x, w.norm, self.spec.rms_norm_eps)).float()
 
     def _attention(
         self,
         index: int,
         layer: LayerWeights,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
         attention: AttentionBackend,
     ) -> torch.Tensor:
         s = self.spec
-        qkv = F.linear(h, layer.qkv_w, layer.qkv_b).view(h.shape[0], -1, s.head_dim)
+        h = rms_norm(x, layer.input_norm, s.rms_norm_eps)
+        qkv = layer.qkv(h).view(h.shape[0], -1, s.head_dim)
         if layer.q_norm is not None:
             qkv = norm_qk_heads(qkv, layer, s)
-        qk = rotate(qkv[:, : s.num_heads + s.num_kv_heads], cos, sin)
+        qk = rotate(qkv[:, : s.num_heads + s.num_kv_heads], *rope)
         q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
         v = qkv[:, s.num_heads + s.num_kv_heads :]
-        return F.linear(attention(index, q, k, v), layer.o_w, layer.o_b)
+        return layer.o.add_to(x, attention(index, q, k, v))
 
-    @staticmethod
-    def _mlp(layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down_w, layer.down_b)
+    def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        return layer.down.add_to(x, F.silu(gate) * up)
 
 
 def norm_qk_heads(qkv: torch.Tensor, layer: LayerWeights, spec: ModelSpec) -> torch.Tensor:

@@ -33,7 +33,7 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     attention: PagedAttention
-    sample_rows: torch.Tensor
+    sample_rows: torch.Tensor | None  # None: every row samples (a decode-only step)
     samplers: list[Sequence]  # the sequence of each sampled row
 
 
@@ -79,7 +79,9 @@ class ModelRunner:
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=pos,
             attention=attention,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            sample_rows=None
+            if len(sample_rows) == len(ids)
+            else torch.tensor(sample_rows, dtype=torch.long, device=dev),
             samplers=samplers,
         )
 

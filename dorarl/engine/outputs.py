@@ -1,6 +1,6 @@
-"""What leaves an engine: finished requests, request snapshots, and load statistics.
+"""What leaves an engine: finished requests, request snapshots, step work and load statistics.
 
-All three are plain picklable dataclasses (lists, ints, floats, one CPU tensor), cheap to
+All four are plain picklable dataclasses (lists, ints, floats, one CPU tensor), cheap to
 send through Ray's object store. A snapshot's KV covers its first `num_computed` tokens in
 the layout `[2 (k, v), num_layers, num_kv_heads, num_computed, head_dim]` on the CPU; the
 random stream of the request is (seed, len(output_ids)), so no generator state is needed.
@@ -61,6 +61,21 @@ class RequestSnapshot:
     def tokens_only(self) -> RequestSnapshot:
         """The same request without its KV: continuing it re-prefills (any version)."""
         return dataclasses.replace(self, num_computed=0, kv=None)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one engine step computed: the work a device cost model (or a pacer) charges for."""
+
+    rows: int = 0  # sequences in the step's batch (busy slots)
+    decode_tokens: int = 0  # rows that decoded one token
+    prefill_tokens: int = 0  # prompt (or re-prefill) tokens computed in chunks
+    resident_tokens: int = 0  # tokens with KV in the device pool after the step
+
+    @property
+    def extra_tokens(self) -> int:
+        """Tokens beyond one per row: what the step costs over a plain decode step."""
+        return self.decode_tokens + self.prefill_tokens - self.rows
 
 
 @dataclass

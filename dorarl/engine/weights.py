@@ -1,9 +1,10 @@
 """Model weights: checked against the spec, packed for the forward pass, unpacked by HF name.
 
-The forward pass uses fused q|k|v and gate|up matrices (fewer, larger matmuls); the outside
-world only sees Hugging Face state-dict names. `pack` builds new tensors and never writes
-into the live ones, so a failed update leaves the engine's weights untouched. Files are
-read with safetensors only (never pickle).
+The forward pass uses fused q|k|v and gate|up matrices (fewer, larger matmuls), each a
+`Linear` on the engine's matmul kernel (dorarl/engine/linear.py); the outside world only sees
+Hugging Face state-dict names. `pack` builds new tensors and never writes into the live ones,
+so a failed update leaves the engine's weights untouched. Files are read with safetensors
+only (never pickle).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from dorarl.engine.linear import Linear
 from dorarl.engine.model_spec import ModelSpec
 from dorarl.errors import UserInputError
 
@@ -24,15 +26,11 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor | None
-    o_w: torch.Tensor
-    o_b: torch.Tensor | None
+    qkv: Linear
+    o: Linear
     post_norm: torch.Tensor
-    gate_up_w: torch.Tensor
-    gate_up_b: torch.Tensor | None
-    down_w: torch.Tensor
-    down_b: torch.Tensor | None
+    gate_up: Linear
+    down: Linear
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (qk_norm families)
     k_norm: torch.Tensor | None = None
 
@@ -42,7 +40,12 @@ class ModelWeights:
     embed: torch.Tensor
     layers: list[LayerWeights]
     norm: torch.Tensor
-    lm_head: torch.Tensor  # the embedding itself when tied
+    lm_head: Linear  # its weight is the embedding itself when tied
+
+    @property
+    def kernel(self) -> str:
+        """The matmul kernel every product runs on: onednn | torch."""
+        return self.lm_head.kernel
 
 
 def check_named(spec: ModelSpec, named: dict[str, torch.Tensor], where: str) -> None:
@@ -73,9 +76,14 @@ def check_named(spec: ModelSpec, named: dict[str, torch.Tensor], where: str) -> 
 
 
 def pack(
-    spec: ModelSpec, named: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+    spec: ModelSpec,
+    named: dict[str, torch.Tensor],
+    device: torch.device,
+    dtype: torch.dtype,
+    kernel: str = "torch",
 ) -> ModelWeights:
-    """Fresh device tensors in the forward pass's layout (call `check_named` first)."""
+    """Fresh device tensors in the forward pass's layout, on matmul `kernel` (onednn | torch;
+    call `check_named` first)."""
 
     def get(name: str) -> torch.Tensor:
         return named[name].detach().to(device=device, dtype=dtype).contiguous()
@@ -83,27 +91,30 @@ def pack(
     def cat(*names: str) -> torch.Tensor:
         return torch.cat([named[n].detach().to(device=device, dtype=dtype) for n in names])
 
-    layers = [_pack_layer(spec, f"model.layers.{i}.", get, cat) for i in range(spec.num_layers)]
+    def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+        return Linear(weight, bias, kernel)
+
+    layers = [
+        _pack_layer(spec, f"model.layers.{i}.", get, cat, linear) for i in range(spec.num_layers)
+    ]
     embed = get("model.embed_tokens.weight")
-    lm_head = embed if spec.tie_word_embeddings else get("lm_head.weight")
+    lm_head = linear(embed if spec.tie_word_embeddings else get("lm_head.weight"), None)
     return ModelWeights(embed, layers, get("model.norm.weight"), lm_head)
 
 
-def _pack_layer(spec: ModelSpec, p: str, get, cat) -> LayerWeights:
+def _pack_layer(spec: ModelSpec, p: str, get, cat, linear) -> LayerWeights:
     a, m = f"{p}self_attn.", f"{p}mlp."
+    qkv_b = cat(*(f"{a}{x}_proj.bias" for x in "qkv")) if spec.qkv_bias else None
+    gate_up_b = cat(f"{m}gate_proj.bias", f"{m}up_proj.bias") if spec.mlp_bias else None
     return LayerWeights(
         input_norm=get(f"{p}input_layernorm.weight"),
-        qkv_w=cat(f"{a}q_proj.weight", f"{a}k_proj.weight", f"{a}v_proj.weight"),
-        qkv_b=cat(f"{a}q_proj.bias", f"{a}k_proj.bias", f"{a}v_proj.bias")
-        if spec.qkv_bias
-        else None,
-        o_w=get(f"{a}o_proj.weight"),
-        o_b=get(f"{a}o_proj.bias") if spec.o_bias else None,
+        qkv=linear(cat(*(f"{a}{x}_proj.weight" for x in "qkv")), qkv_b),
+        o=linear(get(f"{a}o_proj.weight"), get(f"{a}o_proj.bias") if spec.o_bias else None),
         post_norm=get(f"{p}post_attention_layernorm.weight"),
-        gate_up_w=cat(f"{m}gate_proj.weight", f"{m}up_proj.weight"),
-        gate_up_b=cat(f"{m}gate_proj.bias", f"{m}up_proj.bias") if spec.mlp_bias else None,
-        down_w=get(f"{m}down_proj.weight"),
-        down_b=get(f"{m}down_proj.bias") if spec.mlp_bias else None,
+        gate_up=linear(cat(f"{m}gate_proj.weight", f"{m}up_proj.weight"), gate_up_b),
+        down=linear(
+            get(f"{m}down_proj.weight"), get(f"{m}down_proj.bias") if spec.mlp_bias else None
+        ),
         q_norm=get(f"{a}q_norm.weight") if spec.qk_norm else None,
         k_norm=get(f"{a}k_norm.weight") if spec.qk_norm else None,
     )
@@ -116,7 +127,7 @@ def unpack(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:
         named.update(_unpack_layer(spec, f"model.layers.{i}.", layer))
     named["model.norm.weight"] = weights.norm
     if not spec.tie_word_embeddings:
-        named["lm_head.weight"] = weights.lm_head
+        named["lm_head.weight"] = weights.lm_head.weight
     return named
 
 
@@ -127,18 +138,18 @@ def _unpack_layer(spec: ModelSpec, p: str, w: LayerWeights) -> dict[str, torch.T
     named = {
         f"{p}input_layernorm.weight": w.input_norm,
         f"{p}post_attention_layernorm.weight": w.post_norm,
-        f"{a}o_proj.weight": w.o_w,
-        f"{m}down_proj.weight": w.down_w,
+        f"{a}o_proj.weight": w.o.weight,
+        f"{m}down_proj.weight": w.down.weight,
     }
-    named |= _split([f"{a}{x}_proj.weight" for x in "qkv"], w.qkv_w, qkv)
-    named |= _split([f"{m}gate_proj.weight", f"{m}up_proj.weight"], w.gate_up_w, gate_up)
-    if w.qkv_b is not None:
-        named |= _split([f"{a}{x}_proj.bias" for x in "qkv"], w.qkv_b, qkv)
-    if w.o_b is not None:
-        named[f"{a}o_proj.bias"] = w.o_b
-    if w.gate_up_b is not None and w.down_b is not None:
-        named |= _split([f"{m}gate_proj.bias", f"{m}up_proj.bias"], w.gate_up_b, gate_up)
-        named[f"{m}down_proj.bias"] = w.down_b
+    named |= _split([f"{a}{x}_proj.weight" for x in "qkv"], w.qkv.weight, qkv)
+    named |= _split([f"{m}gate_proj.weight", f"{m}up_proj.weight"], w.gate_up.weight, gate_up)
+    if w.qkv.bias is not None:
+        named |= _split([f"{a}{x}_proj.bias" for x in "qkv"], w.qkv.bias, qkv)
+    if w.o.bias is not None:
+        named[f"{a}o_proj.bias"] = w.o.bias
+    if w.gate_up.bias is not None and w.down.bias is not None:
+        named |= _split([f"{m}gate_proj.bias", f"{m}up_proj.bias"], w.gate_up.bias, gate_up)
+        named[f"{m}down_proj.bias"] = w.down.bias
     if w.q_norm is not None and w.k_norm is not None:
         named[f"{a}q_norm.weight"], named[f"{a}k_norm.weight"] = w.q_norm, w.k_norm
     return named

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from dorarl.config import ConfigError
-from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig
+from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint, read_resume_point
@@ -226,6 +226,7 @@ class TrainConfig:
     sampling: SamplingSection = field(default_factory=SamplingSection)
     forced_lengths: ForcedLengthsSection = field(default_factory=ForcedLengthsSection)
     orchestrator: OrchestratorConfig = field(default_factory=OrchestratorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalSection = field(default_factory=EvalSection)
     record: RecordSection = field(default_factory=RecordSection)
     ray: RaySection = field(default_factory=RaySection)
@@ -292,7 +293,8 @@ class TrainConfig:
 
     def controller_config(self) -> ControllerConfig:
         """The controller's view: its knobs carry the names they have here (K, steps, instances,
-        rbs, tbs, group_size, orchestrator.*), so its errors name the keys a user typed."""
+        rbs, tbs, group_size, orchestrator.*, rollout.*), so its errors name the keys a user
+        typed."""
         point = self.resume_point()
         return ControllerConfig(
             mode=self.mode,
@@ -304,6 +306,7 @@ class TrainConfig:
             slots=self.engine.max_num_seqs,
             steps=self.steps,
             orchestrator=self.orchestrator,
+            rollout=self.rollout,
             **(point.controller_keys() if point else {}),
         )
 

@@ -90,6 +90,8 @@ class TrainProgress:
             f"reward {row['reward_mean']:.3f}  {row['tokens_per_s']:.0f} tok/s  "
             f"step {row['step_time_s']:.1f}s  stale {staleness_histogram(row['staleness'])}"
         )
+        if row.get("filtered_groups"):
+            text += f"  filtered {row['filtered_groups']}"
         if accuracy:
             last = max(accuracy)
             text += f"  eval v{last}: {accuracy[last]:.3f}"

@@ -107,13 +107,20 @@ def roll_back(out_dir: Path, version: int) -> dict[str, int]:
             out_dir / "metrics.jsonl", aside, lambda r: r["new_version"] <= version
         ),
         "trajectories": _split_rows(
-            out_dir / "trajectories.jsonl", aside, lambda r: r["train_version"] < version
+            out_dir / "trajectories.jsonl", aside, lambda r: _history_version(r) < version
         ),
         "checkpoints": _move_newer_checkpoints(out_dir / CHECKPOINTS, aside, version),
     }
     if moved["metrics"] and (out_dir / "tensorboard").is_dir():
         _rebuild_tensorboard(out_dir, aside)
     return moved
+
+
+def _history_version(row: dict[str, Any]) -> int:
+    """The version a trajectory row belongs to: the one it trained, or for a filtered group
+    the newest when it was filtered (a checkpoint of V holds as untrained every group
+    still outstanding when V was published, filtered later or not)."""
+    return row["filtered_step"] if row.get("filtered") else row["train_version"]
 
 
 def _split_rows(path: Path, aside: Path, keep: Any) -> int:

@@ -1,9 +1,11 @@
-"""The recorder's own account of every group: running, complete, consumed or dropped.
+"""The recorder's own account of every group: running, complete, consumed, filtered or dropped.
 
 Kept apart from the controller's ledger on purpose, so tests can check one against the
-other. Invariant: a group is consumed once and only when complete; anything else (a
-sample of an unknown group, a consumption of a running or unknown group, a group a
-runtime could not keep) is counted under `dropped` with its reason.
+other. Invariant: a group ends consumed once or filtered once (dynamic sampling), never
+both, and only when complete; anything else (a sample of an unknown group, a consumption
+or filtering of a running, unknown, consumed or filtered group, a group a runtime could
+not keep) is counted under `dropped` with its reason. So in a sound run, at every moment,
+dispatched = consumed + filtered + running + complete, and dropped is 0.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from collections import Counter
 
 class GroupAccount:
     def __init__(self) -> None:
-        self.state: dict[int, str] = {}  # group -> running | complete | consumed | dropped
+        self.state: dict[
+            int, str
+        ] = {}  # group -> running | complete | consumed | filtered | dropped
         self._remaining: dict[int, int] = {}  # group -> samples dispatched, not finished
-        self.counts: Counter = Counter()  # dispatched, completed, consumed
+        self.counts: Counter = Counter()  # dispatched, completed, consumed, filtered
         self.dropped: Counter = Counter()  # reason -> groups
 
     def dispatched(self, group_id: int, samples: int) -> None:
@@ -37,11 +41,19 @@ class GroupAccount:
                 self.counts["completed"] += 1
 
     def consumed(self, group_id: int) -> None:
+        self._end(group_id, "consumed")
+
+    def filtered(self, group_id: int) -> None:
+        self._end(group_id, "filtered")
+
+    def _end(self, group_id: int, how: str) -> None:
+        """A complete group is consumed or filtered; from any other state (running, unknown,
+        or ended already) it is also counted under `dropped`, with the state it was in."""
         state = self.state.get(group_id)
         if state != "complete":
-            self.dropped[f"consumed_while_{state or 'unknown'}"] += 1
-        self.state[group_id] = "consumed"
-        self.counts["consumed"] += 1
+            self.dropped[f"{how}_while_{state or 'unknown'}"] += 1
+        self.state[group_id] = how
+        self.counts[how] += 1
 
     def lost(self, group_id: int, reason: str) -> None:
         if self.state.get(group_id) != "dropped":

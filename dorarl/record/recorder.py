@@ -4,8 +4,9 @@ It reads the controller's event/command stream (`observe`) and takes from the ru
 what the stream lacks: consumed groups, trainer metrics, measured overheads, re-prefill
 work, requests the runtime lost. Times are seconds since run start, given by the runtime.
 Its group and slot accounting is its own (not the controller's), so tests can check one
-against the other. Every dispatched group ends consumed once, complete, or in flight;
-anything else is reported under `dropped` with a reason. The pieces: `GroupAccount`
+against the other. Every dispatched group ends consumed once, filtered once (dynamic
+sampling: its rewards were all equal), complete, or in flight; anything else is reported
+under `dropped` with a reason. The pieces: `GroupAccount`
 (groups.py), `SlotUsage` (slots.py), `VersionLanes` (versions.py), `RunFiles` (files.py)
 and the trace (trace.py); this module turns them into step rows and the summary.
 """
@@ -59,6 +60,7 @@ class _Step:
     rewards: list[float] = field(default_factory=list)
     staleness: Counter = field(default_factory=Counter)
     overhead: dict[str, float] = field(default_factory=dict)
+    filtered: int = 0
     reprefill: int = 0
     migrations: int = 0
     offloads: int = 0
@@ -123,6 +125,16 @@ class Recorder:
         """The runtime hands the groups of the `Train` it is executing (rewards filled in)."""
         for group in groups:
             self._consume_group(group, version)
+
+    def filtered(self, group: Group, step: int) -> None:
+        """The runtime hands a group the controller filtered (`FilterGroup`) while `step`
+        was the newest version: counted in that step's row, its samples marked in
+        trajectories.jsonl, never trained."""
+        self.groups.filtered(group.group_id)
+        self._step.filtered += 1
+        if self.files.writes_trajectories:
+            for sample in group.samples:
+                self.files.trajectory_row(self._filtered_trajectory(sample, group, step))
 
     def step_metrics(self, metrics: Mapping[str, Any]) -> None:
         """Extra metrics of the step in progress (trainer metrics, `eval_accuracy`, ...)."""
@@ -214,6 +226,7 @@ class Recorder:
             cmd.Resume: lambda c, now: self.usage.resumed(c.request_ids, c.instance_id, now),
             cmd.Offload: self._on_offload,
             cmd.Train: self._on_train,
+            cmd.FilterGroup: lambda c, now: None,  # the runtime hands the group (`filtered`)
             cmd.SetTimer: lambda c, now: None,
             cmd.Finish: lambda c, now: None,
         }
@@ -259,22 +272,34 @@ class Recorder:
                 self.files.trajectory_row(self._trajectory(sample, group, version))
 
     def _trajectory(self, sample: Sample, group: Group, version: int) -> dict[str, Any]:
+        return self._sample_row(sample, group, {"train_version": version})
+
+    def _filtered_trajectory(self, sample: Sample, group: Group, step: int) -> dict[str, Any]:
+        """A filtered group's sample: no train version, the step it was filtered at."""
+        return self._sample_row(sample, group, {"filtered": True, "filtered_step": step})
+
+    def _sample_row(self, sample: Sample, group: Group, fate: dict[str, Any]) -> dict[str, Any]:
         versions = sample.versions
         if self.run.mode == "partial_rollout" or (len(versions) and versions[0] != versions[-1]):
             behavior: int | list[int] = list(versions)
         else:
             behavior = versions[0] if len(versions) else group.version
-        return {
-            "group_id": group.group_id,
-            "sample_index": sample.sample_index,
-            "prompt_id": sample.prompt_id,
-            "behavior_version": behavior,
-            "train_version": version,
-            "response_tokens": len(sample.response_ids),
-            "reward": sample.reward,
-            "migrations": sample.migrations,
-            "offloads": sample.offloads,
-        } | (self.texts(sample) if self.texts is not None else {})
+        return (
+            {
+                "group_id": group.group_id,
+                "sample_index": sample.sample_index,
+                "prompt_id": sample.prompt_id,
+                "behavior_version": behavior,
+            }
+            | fate
+            | {
+                "response_tokens": len(sample.response_ids),
+                "reward": sample.reward,
+                "migrations": sample.migrations,
+                "offloads": sample.offloads,
+            }
+            | (self.texts(sample) if self.texts is not None else {})
+        )
 
     def _step_line(self, now: float, new_version: int) -> dict[str, Any]:
         step, run = self._step, self.run
@@ -295,6 +320,7 @@ class Recorder:
             "rollout_only_s": train_start - step.start,
             "train_time_s": now - train_start,
             "consumed_groups": step.groups,
+            "filtered_groups": step.filtered,
             "consumed_tokens": step.tokens,
             "tokens_per_s": step.tokens / duration if duration > 0 else 0.0,
             "reward_mean": sum(step.rewards) / len(step.rewards) if step.rewards else 0.0,
@@ -335,6 +361,7 @@ class Recorder:
             "dispatched": counts["dispatched"],
             "completed": counts["completed"],
             "consumed": counts["consumed"],
+            "filtered": counts["filtered"],
             "in_flight_at_end": states["running"],
             "queued_at_end": states["complete"],
             "dropped": dict(dropped),

@@ -11,7 +11,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_convergence(curves: dict[str, dict[str, Any]], out: str | Path) -> Path:
+def plot_convergence(
+    curves: dict[str, dict[str, Any]],
+    out: str | Path,
+    time_label: str = "wall time on emulated devices (s)",
+) -> Path:
     """2 x 2: accuracy by step | accuracy by wall time; reward by step | reward by wall time."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharey="row")
     for k, (name, c) in enumerate(curves.items()):
@@ -27,7 +31,7 @@ def plot_convergence(curves: dict[str, dict[str, Any]], out: str | Path) -> Path
     for ax in axes[1]:
         ax.set_xlabel("")
     axes[1][0].set_xlabel("training step (version)")
-    axes[1][1].set_xlabel("wall time on emulated devices (s)")
+    axes[1][1].set_xlabel(time_label)
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")

@@ -48,7 +48,7 @@ class RunReport:
     steps: int
     started_at: float
     ended_at: float
-    busy_slots: list[int] = field(default_factory=list)  # running requests at each step
+    busy_slots: list[int] = field(default_factory=list)  # requests in each step's batch
     pace: PaceStats | None = None  # real compute against device time (paced workers)
 
 
@@ -105,8 +105,8 @@ class EngineWorker:
         busy: list[int] = []
         steps = 0
         while steps < max_steps and self.engine.has_unfinished():
-            busy.append(len(self.engine.scheduler.running))
             finished.extend(self._step())
+            busy.append(self.engine.last_step.rows)
             steps += 1
             if finished and until_finished:
                 break
@@ -116,17 +116,13 @@ class EngineWorker:
         )
 
     def _step(self) -> list[RequestOutput]:
-        """One engine step; paced, it lasts the device time of the work it did."""
+        """One engine step; paced, it lasts the device time of the work it reports."""
         if self.pacer is None:
             return self.engine.step()
         started = time.perf_counter()
-        scheduler = self.engine.scheduler
-        before = {seq: seq.num_computed for q in _queues(scheduler) for seq in q}
         outputs = self.engine.step()
-        done = [max(0, seq.num_computed - n) for seq, n in before.items()]
-        prefill = sum(done) - sum(1 for n in done if n)  # tokens beyond one per row
-        resident = sum(seq.num_computed for seq in scheduler.running)
-        self.pacer.finish(started, self.pace.engine_step_s(prefill, resident))
+        work = self.engine.last_step
+        self.pacer.finish(started, self.pace.engine_step_s(work.extra_tokens, work.resident_tokens))
         return outputs
 
     def export(self, request_ids: list[str]) -> tuple[list[str], list[RequestSnapshot]]:
@@ -235,8 +231,3 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
-
-
-def _queues(scheduler) -> tuple:
-    """Every unfinished sequence of the engine: running, in progress and fresh."""
-    return (scheduler.running, scheduler.resumed, scheduler.fresh)

@@ -7,6 +7,7 @@ application (presets, validation, what-if grids) is `dorarl.simulate`.
 """
 
 from dorarl.sim.cost import PRESETS, CostModel, kv_bytes_per_token, local
+from dorarl.sim.rewards import RewardModel
 from dorarl.sim.runtime import Deadlock, ProtocolError, RunResult, SimRuntime
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "CostModel",
     "Deadlock",
     "ProtocolError",
+    "RewardModel",
     "RunResult",
     "SimRuntime",
     "kv_bytes_per_token",

@@ -35,6 +35,7 @@ from dorarl.record import Recorder
 from dorarl.sim.clock import EventQueue
 from dorarl.sim.cost import CostModel
 from dorarl.sim.instance import SimInstance, SimRequest
+from dorarl.sim.rewards import RewardModel
 from dorarl.sim.samples import sample_of
 
 
@@ -53,10 +54,17 @@ class _Arrival:
 
 class SimCluster:
     def __init__(
-        self, config: ControllerConfig, cost: CostModel, prompt_len: int, recorder: Recorder
+        self,
+        config: ControllerConfig,
+        cost: CostModel,
+        prompt_len: int,
+        recorder: Recorder,
+        rewards: RewardModel | None = None,
+        seed: int = 0,
     ) -> None:
         self.config, self.cost, self.prompt_len = config, cost, prompt_len
         self.recorder = recorder
+        self.rewards, self.seed = rewards or RewardModel(), seed
         self.driver: Driver | None = None  # set by the runtime: where answers go
         threshold = config.orchestrator.kv_offload_threshold
         self.instances = [
@@ -100,6 +108,10 @@ class SimCluster:
             known.update(inst.active, inst.offloaded)
         return known
 
+    def _reward(self, req: SimRequest) -> float:
+        rewards = self.rewards.group_rewards(self.seed, req.group_id, self.config.group_size)
+        return rewards[req.sample_index]
+
     @property
     def _driver(self) -> Driver:
         assert self.driver is not None, "SimCluster.driver is set by its runtime"
@@ -123,7 +135,8 @@ class SimCluster:
             return
         inst.advance(self.now)
         for req in inst.pop_finished():
-            self._driver.sample_done(inst.instance_id, sample_of(req, req.prompt_index))
+            sample = sample_of(req, req.prompt_index, self._reward(req))
+            self._driver.sample_done(inst.instance_id, sample)
         self._kv_housekeeping(inst)
         self._touch(inst)
 

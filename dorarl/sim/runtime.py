@@ -6,7 +6,8 @@ a strict executor (it raises `ProtocolError` on any command a real runtime could
 honour); a run whose queue holds nothing but timers raises `Deadlock`, and so does one
 that handles `watchdog_events` events without a training step. Deterministic for a seed.
 Token ids are placeholders (the cost model has no vocabulary): samples carry O(1)
-sequences of the right length and per-token versions.
+sequences of the right length and per-token versions; rewards come from a `RewardModel`
+(a seeded share of uniform groups, for dynamic sampling).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dorarl.driver import Driver, Observer
 from dorarl.record import Recorder
 from dorarl.sim.cluster import SimCluster
 from dorarl.sim.cost import CostModel
+from dorarl.sim.rewards import RewardModel
 
 __all__ = ["Deadlock", "ProtocolError", "RunResult", "SimRuntime"]
 
@@ -60,9 +62,12 @@ class SimRuntime:
         trace: bool = True,
         trajectories: bool = True,
         watchdog_events: int = 5_000_000,
+        rewards: RewardModel | None = None,
     ) -> None:
         cost, lengths = cost or CostModel(), lengths or LengthDist()
+        rewards = rewards or RewardModel()
         _validate(config, cost, lengths)
+        rewards.validate()
         self.recorder = Recorder(
             out_dir,
             mode=config.mode,
@@ -73,7 +78,9 @@ class SimRuntime:
             trace=trace,
             first_version=config.initial_version,
         )
-        self.cluster = SimCluster(config, cost, lengths.prompt_len, self.recorder)
+        self.cluster = SimCluster(
+            config, cost, lengths.prompt_len, self.recorder, rewards=rewards, seed=seed
+        )
         self.watchdog = _Watchdog(watchdog_events, lambda: self.cluster.now)
         observers = [self.watchdog] + ([observer] if observer is not None else [])
         self.driver = Driver(

@@ -52,8 +52,9 @@ class _Segments(Sequence[int]):
         return chain.from_iterable(repeat(v, k) for v, k in self.runs)
 
 
-def sample_of(req: SimRequest, prompt_index: int) -> Sample:
-    """The finished request as a `Sample`: placeholder tokens, its per-token versions."""
+def sample_of(req: SimRequest, prompt_index: int, reward: float = 0.0) -> Sample:
+    """The finished request as a `Sample`: placeholder tokens, its per-token versions, its
+    simulated reward."""
     n = req.target_len
     versions: Sequence[int] = (
         _Repeat(req.segments[0][0], n) if len(req.segments) == 1 else _Segments(req.segments, n)
@@ -65,6 +66,7 @@ def sample_of(req: SimRequest, prompt_index: int) -> Sample:
         prompt_ids=_Repeat(0, req.prompt_len),  # type: ignore[arg-type]
         response_ids=_Repeat(0, n),  # type: ignore[arg-type]
         versions=versions,  # type: ignore[arg-type]
+        reward=reward,
         migrations=req.migrations,
         offloads=req.offloads,
     )

@@ -34,6 +34,7 @@ def run_named(
             out_dir=None if out is None else out / name,
             trace=cfg.trace,
             trajectories=cfg.trajectories,
+            rewards=cfg.rewards,
         )
         result = sim.run()
         figures = mode_figures(result.steps, cfg.warmup_steps, controller.instances)

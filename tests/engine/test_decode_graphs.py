@@ -102,13 +102,13 @@ def test_a_padded_bucket_gives_the_unpadded_steps_logits_and_writes_only_scratch
 
 def test_weights_copied_in_place_keep_their_storage_and_reach_the_next_step():
     model, new = _model(seed=0), _model(seed=5)
-    before = model.weights.layers[0].qkv_w.data_ptr()
+    before = model.weights.layers[0].qkv.weight.data_ptr()
     cache = _pool(10)
     graphs = DecodeGraphs(_forward(model), cache, 4, 4, 9, graphs=False)
     rows = _rows([20, 3], 9)
     load_weights_in_place(model.weights, new.weights)
-    assert model.weights.layers[0].qkv_w.data_ptr() == before
-    assert torch.equal(model.weights.layers[1].down_w, new.weights.layers[1].down_w)
+    assert model.weights.layers[0].qkv.weight.data_ptr() == before
+    assert torch.equal(model.weights.layers[1].down.weight, new.weights.layers[1].down.weight)
     logits = graphs.run([1, 2], rows)
     torch.testing.assert_close(logits, _eager_step(new, _clone(cache), [1, 2], rows))
 

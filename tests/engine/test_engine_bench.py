@@ -8,6 +8,7 @@ import torch
 from rich.console import Console
 
 from dorarl.bench import engine as bench
+from dorarl.bench import hf_peers
 from dorarl.bench.shapes import SHAPES
 from dorarl.data.lengths import length_stats
 
@@ -121,6 +122,9 @@ def test_real_model_bench_compares_engine_hf_and_floor_exactly():
         assert entry["greedy_identical_requests"] == int(batch)  # greedy equals HF's
         assert entry["engine"]["decode_steps"] == spec.new_tokens - 1
         assert entry["floor"]["step"]["ms"] > 0 and entry["hf_static"]["tokens_per_s"] > 0
+        # The floor runs the engine's own kernel; the F.linear floor is timed beside it.
+        assert entry["floor"]["kernel"] == entry["engine"]["kernel"]
+        assert entry["floor_torch"]["kernel"] == "torch" and entry["floor_torch"]["step"]["ms"] > 0
     assert set(report["bars"]) == set(engine_real.REAL_BARS)
     assert report["bars"]["step_vs_matmuls_32"]["pass"] is None  # batch 32 not measured here
 
@@ -131,7 +135,9 @@ def test_continuous_batching_config_tolerates_a_transformers_without_page_size()
         num_blocks: int | None = None
         max_requests_per_batch: int | None = None
 
-    cb = bench.continuous_batching_config(Old, page_size=16, num_blocks=8, max_requests_per_batch=4)
+    cb = hf_peers.continuous_batching_config(
+        Old, page_size=16, num_blocks=8, max_requests_per_batch=4
+    )
     assert cb == Old(num_blocks=8, max_requests_per_batch=4)
 
     @dataclass
@@ -139,7 +145,7 @@ def test_continuous_batching_config_tolerates_a_transformers_without_page_size()
         page_size: int = 256
         num_blocks: int | None = None
 
-    assert bench.continuous_batching_config(New, page_size=16, num_blocks=8).page_size == 16
+    assert hf_peers.continuous_batching_config(New, page_size=16, num_blocks=8).page_size == 16
 
 
 def test_unknown_shape_is_a_one_line_user_error():

@@ -6,9 +6,11 @@ import math
 import pytest
 import torch
 from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, seeded, tiny_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.engine.sampler import SampleRow, sample, uniform
+from dorarl.engine.sampler import SampleRow, first_argmax, sample, uniform
 
 
 def test_seeded_sampling_ignores_batch_neighbours_and_engine_layout():
@@ -88,6 +90,20 @@ def test_greedy_logprob_is_under_the_unmodified_softmax():
     tokens, logprobs = sample(logits, _rows(greedy(1), 1))
     assert tokens == [1]
     assert math.isclose(logprobs[0], torch.log_softmax(logits, -1)[0, 1].item(), abs_tol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    vocab=st.sampled_from([1, 7, 255, 256, 300, 513, 1024]),
+    levels=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_first_argmax_is_argmax_ties_included(rows, vocab, levels, seed):
+    # Few distinct values: many ties, which must resolve to the first index as argmax does.
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randint(0, levels, (rows, vocab), generator=gen).float()
+    assert torch.equal(first_argmax(logits), logits.argmax(dim=-1))
 
 
 def test_target_len_ignores_stop_ids_and_stops_exactly():

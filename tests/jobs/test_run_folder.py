@@ -131,3 +131,18 @@ def test_roll_back_moves_everything_after_the_checkpoint_aside(tmp_path):
     assert (aside / "checkpoints" / "version_00006").is_dir()
     assert _tensorboard_steps(run) == [0, 1, 2, 3]  # rebuilt from the rows kept
     assert roll_back(run, 4) == {"metrics": 0, "trajectories": 0, "checkpoints": 0}
+
+
+def test_roll_back_keeps_groups_filtered_before_the_checkpoint(tmp_path):
+    # A checkpoint of version 4 is written while 3 is the newest the controller knows:
+    # groups filtered until then (filtered_step <= 3) are not in its data position, groups
+    # filtered later (filtered_step >= 4) are, and a resumed run samples them again.
+    run = _run_folder(tmp_path / "run", versions=6)
+    filtered = [{"group_id": 100 + s, "filtered": True, "filtered_step": s} for s in range(6)]
+    with open(run / "trajectories.jsonl", "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in filtered))
+    assert roll_back(run, 4)["trajectories"] == 4 + 2
+    kept = [t for t in _lines(run / "trajectories.jsonl") if t.get("filtered")]
+    assert [t["filtered_step"] for t in kept] == [0, 1, 2, 3]
+    aside = [t for t in _lines(run / "rolled_back" / "trajectories.jsonl") if t.get("filtered")]
+    assert [t["filtered_step"] for t in aside] == [4, 5]

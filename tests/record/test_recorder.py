@@ -7,6 +7,7 @@ import pytest
 from dorarl.controller import (
     TRAINER,
     Dispatch,
+    FilterGroup,
     Finish,
     Interrupt,
     LoadWeights,
@@ -129,6 +130,30 @@ def test_consuming_an_incomplete_or_unknown_group_is_reported_as_dropped(tmp_pat
         "engine_crashed": 1,
     }
     assert summary["dropped_total"] == 3
+
+
+def test_a_filtered_group_is_marked_counted_in_its_step_and_ends_once(tmp_path):
+    rec = Recorder(tmp_path, mode="dora", k=1, num_instances=1, slots_per_instance=4)
+    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1)), Dispatch(1, 1, 0, 0, (0, 1))])
+    rec.observe(SampleDone(0, 0, 0, 2, 0.5, 1.0), [])
+    rec.observe(SampleDone(0, 1, 0, 2, 1.0, 1.0), [FilterGroup(0, 0, 0)])
+    rec.filtered(group(0, 0, [2, 2]), 0)
+    rec.observe(SampleDone(1, 0, 0, 3, 1.5, 0.0), [])
+    rec.observe(SampleDone(1, 1, 0, 3, 2.0, 1.0), [Train((1,), 0)])
+    rec.consumed([group(1, 0, [3, 3])], 0)
+    rec.observe(TrainDone(1, 3.0), [])
+    rec.filtered(group(0, 0, [2, 2]), 1)  # a second end of group 0: reported, not hidden
+    rec.consumed([group(0, 0, [2, 2])], 1)
+    summary = rec.close(3.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert line["filtered_groups"] == 1 and line["consumed_groups"] == 1
+    rows = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert [(r["group_id"], r.get("filtered"), r.get("filtered_step")) for r in rows[:2]] == [
+        (0, True, 0),
+        (0, True, 0),
+    ]
+    assert all("train_version" not in r for r in rows[:2]) and rows[2]["train_version"] == 0
+    assert summary["dropped"] == {"filtered_while_filtered": 1, "consumed_while_filtered": 1}
 
 
 def test_without_an_output_folder_the_recorder_keeps_results_in_memory():

@@ -52,22 +52,32 @@ def _read(out):
 
 
 def _check_invariants(summary, trajectories, k, one_version_per_group=True):
+    """The audit of a run's files: dispatched = consumed + filtered + in flight + queued,
+    nothing dropped; every group trained once or filtered once, never both; Eq. 1 for
+    every trained trajectory; one version per group."""
     assert summary["dropped_total"] == 0
-    assert summary["consumed"] * 4 == len(trajectories)
-    accounted = summary["consumed"] + summary["in_flight_at_end"] + summary["queued_at_end"]
+    trained = [t for t in trajectories if not t.get("filtered")]
+    filtered = [t for t in trajectories if t.get("filtered")]
+    assert summary["consumed"] * 4 == len(trained)
+    assert summary["filtered"] * 4 == len(filtered)
+    ended = summary["consumed"] + summary["filtered"]
+    accounted = ended + summary["in_flight_at_end"] + summary["queued_at_end"]
     assert summary["dispatched"] == accounted
+    assert not {t["group_id"] for t in trained} & {t["group_id"] for t in filtered}
     seen = set()
     versions = defaultdict(set)
     for t in trajectories:
         key = (t["group_id"], t["sample_index"])
-        assert key not in seen, f"trajectory {key} consumed twice"
+        assert key not in seen, f"trajectory {key} consumed or filtered twice"
         seen.add(key)
         behavior = t["behavior_version"]
+        versions[t["group_id"]].add(behavior if isinstance(behavior, int) else tuple(behavior))
+        if t.get("filtered"):
+            continue
         oldest = min(behavior) if isinstance(behavior, list) else behavior
         newest = max(behavior) if isinstance(behavior, list) else behavior
         assert 0 <= t["train_version"] - oldest <= k, t
         assert newest <= t["train_version"], t
-        versions[t["group_id"]].add(behavior if isinstance(behavior, int) else tuple(behavior))
     if one_version_per_group:
         assert all(len(v) == 1 for v in versions.values())
 
@@ -109,6 +119,29 @@ def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k, transport):
     _check_invariants(summary, trajectories, k=k)
     stale = {t["train_version"] - t["behavior_version"] for t in trajectories}
     assert stale == ({0} if mode == "sync" else {0, 1})
+
+
+def test_dynamic_sampling_filters_uniform_groups_and_accounts_for_them(tmp_path, tiny_model_dir):
+    # A random model's responses score 0 almost always: groups are uniform, so every version
+    # uses its budget of 3 and then trains on uniform groups (the fallback); the simulator's
+    # property tests cover every mode and any share of uniform groups.
+    _, summary, trajectories, metrics, _ = _run(
+        tmp_path, tiny_model_dir, "mode=dora", "K=1", "steps=3",
+        "rollout.filter_groups=true", "rollout.max_filtered_per_step=3",
+    )  # fmt: skip
+    _check_invariants(summary, trajectories, k=1)
+    assert summary["steps"] == 3 and summary["filtered"] > 0
+    assert sum(m["filtered_groups"] for m in metrics) == summary["filtered"]
+    assert all(m["filtered_groups"] <= 3 and m["consumed_groups"] == 4 for m in metrics)
+    by_group = defaultdict(list)
+    for t in trajectories:
+        by_group[t["group_id"]].append(t)
+    for rows in by_group.values():
+        if rows[0].get("filtered"):
+            assert len(rows) == 4 and len({t["reward"] for t in rows}) == 1  # uniform
+            assert len({t["filtered_step"] for t in rows}) == 1
+        elif len({t["reward"] for t in rows}) == 1:  # trained uniform: the budget ran out
+            assert any(m["filtered_groups"] == 3 for m in metrics)
 
 
 def test_partial_rollout_keeps_per_token_versions(tmp_path, tiny_model_dir):

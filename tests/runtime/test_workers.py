@@ -83,3 +83,20 @@ def test_an_actor_on_cuda_without_a_plan_asks_ray_for_one_gpu():
     assert actor_options("engine0", "cuda", None) == {"num_cpus": 0, "num_gpus": 1, **sends}
     assert actor_options("trainer", "cuda:0", None)["num_gpus"] == 1
     assert actor_options("evaluator", "cpu", None) == {"num_cpus": 0, "num_gpus": 0, **sends}
+
+
+def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_model_dir):
+    dev = DeviceModel(decode_step_s=1e-3, prefill_token_s=1e-4, kv_token_s=1e-5)
+    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64),
+                          pace=dev)  # fmt: skip
+    params = SamplingParams(max_new_tokens=3, temperature=0.0, stop_token_ids=[])
+    worker.add([NewRequest(r, PROMPT, params) for r in ("a", "b")])
+    charged = []
+    while worker.engine.has_unfinished():
+        report = worker.run(max_steps=1, until_finished=False)
+        work = worker.engine.last_step
+        charged.append(dev.engine_step_s(work.extra_tokens, work.resident_tokens))
+        assert report.busy_slots == [work.rows] == [2]
+    # The prefill step charges both prompts beyond one token a row; decodes their KV.
+    assert charged[0] == dev.engine_step_s(2 * (len(PROMPT) - 1), 2 * len(PROMPT))
+    assert report.pace.steps == 1 and report.pace.paced_s == charged[-1]

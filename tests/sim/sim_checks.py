@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from dorarl.controller import Controller, ControllerConfig
-from dorarl.sim import RunResult
+from dorarl.sim import RewardModel, RunResult
 
 
 class InvariantWatch:
@@ -28,13 +28,16 @@ class InvariantWatch:
             self.problems.append(f"after {event}: {found}")
 
 
-def check_run(result: RunResult, cfg: ControllerConfig) -> None:
+def check_run(
+    result: RunResult, cfg: ControllerConfig, rewards: RewardModel | None = None, seed: int = 0
+) -> None:
     out = Path(result.out_dir)
     summary = json.loads((out / "summary.json").read_text())
     assert summary == result.summary
     _check_summary(summary, result.controller, cfg)
-    _check_metrics(out, cfg)
-    _check_trajectories(out, cfg)
+    rows = _check_metrics(out, cfg, summary)
+    trajectories = _check_trajectories(out, cfg)
+    _check_filtering(trajectories, rows, cfg, rewards or RewardModel(), seed)
     _check_trace(out, cfg)
 
 
@@ -48,13 +51,22 @@ def _check_summary(summary: dict, controller: Controller, cfg: ControllerConfig)
     assert summary["completed"] == counts["completed"]
     assert summary["in_flight_at_end"] == counts["in_flight"]
     assert summary["queued_at_end"] == counts["queued"]
-    parts = summary["consumed"] + summary["in_flight_at_end"] + summary["queued_at_end"]
+    assert summary["filtered"] == counts["filtered"]
+    if not cfg.rollout.filter_groups:
+        assert summary["filtered"] == 0
+    # the audit: every dispatched group is trained, filtered, in flight or queued, once
+    ended = summary["consumed"] + summary["filtered"]
+    parts = ended + summary["in_flight_at_end"] + summary["queued_at_end"]
     assert summary["dispatched"] == parts
 
 
-def _check_metrics(out: Path, cfg: ControllerConfig) -> None:
+def _check_metrics(out: Path, cfg: ControllerConfig, summary: dict) -> list[dict]:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == list(range(cfg.initial_version, cfg.steps))
+    # every filtered group lands in the row of the version newest when it was filtered
+    assert sum(m["filtered_groups"] for m in lines) == summary["filtered"]
+    cap = cfg.rollout.max_filtered_per_step if cfg.rollout.filter_groups else 0
+    assert all(0 <= m["filtered_groups"] <= cap for m in lines)
     for m in lines:
         assert m["consumed_groups"] == cfg.tbs
         assert all(0 <= int(s) <= cfg.effective_K for s in m["staleness"])
@@ -63,13 +75,19 @@ def _check_metrics(out: Path, cfg: ControllerConfig) -> None:
         assert abs(m["rollout_only_s"] + m["train_time_s"] - m["step_time_s"]) < 1e-6
         assert 0.0 <= m["slot_utilization"] <= 1.0 + 1e-9
         assert sum(m["instances_per_version"].values()) == cfg.instances
+    return lines
 
 
-def _check_trajectories(out: Path, cfg: ControllerConfig) -> None:
+def _check_trajectories(out: Path, cfg: ControllerConfig) -> dict[int, list[dict]]:
+    """Trained rows keep Eq. 1; returns every group's rows (trained and filtered)."""
     bound = cfg.effective_K
+    every: dict[int, list[dict]] = defaultdict(list)
     groups: dict[int, list[dict]] = defaultdict(list)
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         t = json.loads(line)
+        every[t["group_id"]].append(t)
+        if t.get("filtered"):
+            continue
         groups[t["group_id"]].append(t)
         versions = t["behavior_version"]
         if cfg.mode == "partial_rollout":
@@ -85,6 +103,42 @@ def _check_trajectories(out: Path, cfg: ControllerConfig) -> None:
         assert len({t["train_version"] for t in trajectories}) == 1
         if cfg.mode != "partial_rollout":
             assert len({t["behavior_version"] for t in trajectories}) == 1
+    return every
+
+
+def _check_filtering(
+    groups: dict[int, list[dict]],
+    rows: list[dict],
+    cfg: ControllerConfig,
+    rewards: RewardModel,
+    seed: int,
+) -> None:
+    """Each group is trained once or filtered once, never both; a filtered group is complete
+    and uniform, of a window version at the step it was filtered; a uniform group is trained
+    only in a run that used up some version's budget; rewards are the reward model's."""
+    capped = any(m["filtered_groups"] == cfg.rollout.max_filtered_per_step for m in rows)
+    for gid, trajectories in groups.items():
+        fates = {bool(t.get("filtered")) for t in trajectories}
+        assert len(fates) == 1, f"group {gid} both trained and filtered"
+        assert sorted(t["sample_index"] for t in trajectories) == list(range(cfg.group_size))
+        model = rewards.group_rewards(seed, gid, cfg.group_size)
+        assert [t["reward"] for t in sorted(trajectories, key=lambda t: t["sample_index"])] == model
+        uniform = len(set(model)) == 1
+        if fates == {True}:
+            assert cfg.rollout.filter_groups and uniform
+            _check_filtered_group(trajectories, cfg)
+        elif cfg.rollout.filter_groups and uniform:
+            assert capped, f"uniform group {gid} trained while the budget was never used up"
+
+
+def _check_filtered_group(trajectories: list[dict], cfg: ControllerConfig) -> None:
+    (step,) = {t["filtered_step"] for t in trajectories}
+    assert cfg.initial_version <= step < cfg.steps
+    assert all("train_version" not in t for t in trajectories)
+    for t in trajectories:
+        versions = t["behavior_version"]
+        oldest = min(versions) if isinstance(versions, list) else versions
+        assert step - cfg.effective_K <= oldest <= step  # outstanding groups sit in the window
 
 
 def _check_trace(out: Path, cfg: ControllerConfig) -> None:

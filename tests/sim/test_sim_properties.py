@@ -1,10 +1,13 @@
-"""Property tests: random clusters, lengths and timings, every mode, checked from files and state.
+"""Property tests: random clusters, lengths, timings and rewards, every mode, with and
+without dynamic sampling, checked from files and state.
 
 For every consumed trajectory 0 <= train_version - behavior_version <= K (partial rollout:
 the oldest token; the newest token is never ahead of the trainer); every dispatched group is
-consumed once or still in flight/queued at the end; a group's samples share one version
-(except partial rollout); the run finishes all its steps; ready instances host window
-versions only; no request sits on an instance of another version.
+consumed once, filtered once (never both) or still in flight/queued at the end; a filtered
+group is complete and uniform and no version filters more than its budget; a group's
+samples share one version (except partial rollout); the run finishes all its steps (no
+deadlock, even when every group is uniform); ready instances host window versions only; no
+request sits on an instance of another version.
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_checks import InvariantWatch, check_run
 
-from dorarl.controller import MODES, ControllerConfig, OrchestratorConfig
+from dorarl.controller import MODES, ControllerConfig, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
-from dorarl.sim import CostModel, SimRuntime
+from dorarl.sim import CostModel, RewardModel, SimRuntime
 
 
 @st.composite
-def scenarios(draw, mode: str | None = None, max_steps: int = 12):
+def scenarios(draw, mode: str | None = None, max_steps: int = 12, filtering: bool | None = None):
     mode = mode or draw(st.sampled_from(MODES))
+    filtering = draw(st.booleans()) if filtering is None else filtering
     k = draw(st.integers(0 if mode in ("dora", "partial_rollout") else 1, 4))
     tbs = draw(st.integers(1, 6))
-    group_size = draw(st.integers(1, 4))
+    group_size = draw(st.integers(2 if filtering else 1, 4))
     num_instances = draw(st.integers(1, 8))
     slots = draw(st.integers(max(1, -(-group_size // num_instances)), 12))
     cfg = ControllerConfig(
@@ -47,6 +51,9 @@ def scenarios(draw, mode: str | None = None, max_steps: int = 12):
             legacy_fill=draw(st.booleans()),
             kv_packing=draw(st.booleans()),
         ),
+        rollout=RolloutConfig(
+            filter_groups=filtering, max_filtered_per_step=draw(st.integers(1, 3 * tbs))
+        ),
     )
     max_len = draw(st.sampled_from([32, 128, 512]))
     lengths = LengthDist(
@@ -66,18 +73,29 @@ def scenarios(draw, mode: str | None = None, max_steps: int = 12):
         train_fixed_s=draw(st.sampled_from([0.01, 0.3, 3.0])),
         train_per_token_s=draw(st.sampled_from([0.0, 1e-4])),
     )
-    return cfg, cost, lengths, draw(st.integers(0, 2**16))
+    rewards = RewardModel(
+        uniform_share=draw(st.sampled_from([0.0, 0.3, 0.7, 1.0])),
+        correct_share=draw(st.sampled_from([0.0, 0.5, 1.0])),
+    )
+    return cfg, cost, lengths, rewards, draw(st.integers(0, 2**16))
 
 
 def run_and_check(scenario, out_dir) -> int:
-    cfg, cost, lengths, seed = scenario
+    cfg, cost, lengths, rewards, seed = scenario
     watch = InvariantWatch()
     sim = SimRuntime(
-        cfg, cost, lengths, seed=seed, out_dir=out_dir, observer=watch, watchdog_events=50_000
+        cfg,
+        cost,
+        lengths,
+        seed=seed,
+        out_dir=out_dir,
+        observer=watch,
+        watchdog_events=50_000,
+        rewards=rewards,
     )
     result = sim.run()
     assert watch.problems == []
-    check_run(result, cfg)
+    check_run(result, cfg, rewards, seed)
     return cfg.steps
 
 
@@ -92,6 +110,14 @@ SETTINGS = dict(
 def test_invariants_hold_in_every_mode(mode, data, tmp_path_factory):
     scenario = data.draw(scenarios(mode, max_steps=20))
     run_and_check(scenario, tmp_path_factory.mktemp(mode))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data())
+def test_invariants_hold_with_dynamic_sampling_in_every_mode(mode, data, tmp_path_factory):
+    scenario = data.draw(scenarios(mode, max_steps=16, filtering=True))
+    run_and_check(scenario, tmp_path_factory.mktemp(f"{mode}-filtered"))
 
 
 @pytest.mark.slow

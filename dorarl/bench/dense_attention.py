@@ -1,4 +1,4 @@
-"""A dense-cache attention backend: the no-paging, no-scheduling reference for the engine.
+"""A dense-cache attention backend for the engine bench: the no-paging, no-scheduling floor.
 
 Every sequence of a fixed batch owns one contiguous `[kv_heads, max_len, dim]` slab and all
 rows decode at the same position, so attention is one SDPA call per layer with no gather

@@ -1,0 +1,98 @@
+"""`dorarl report compare RUN...`: run folders side by side, a table and the convergence PNG.
+
+Reads each folder's metrics.jsonl and summary.json (what `dorarl train` writes), so runs made
+at different times or on different machines compare without re-running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dorarl.errors import UserInputError
+from dorarl.report.convergence_plot import plot_convergence
+from dorarl.report.run_curve import read_curve
+
+
+def run_row(name: str, run_dir: Path) -> dict[str, Any]:
+    """What a reader compares first: mode, steps, wall time, held-out accuracy, throughput."""
+    summary = _read_summary(run_dir)
+    curve = read_curve(run_dir)
+    evals = curve["eval"]
+    return {
+        "name": name,
+        "mode": summary.get("mode"),
+        "K": summary.get("K"),
+        "steps": len(curve["steps"]),
+        "wall_time_s": summary.get("wall_time_s", curve["wall_time_s"]),
+        "mean_step_time_s": summary.get("mean_step_time_s"),
+        "rollout_only_share": summary.get("rollout_only_share"),
+        "throughput_tokens_per_s": summary.get("throughput_tokens_per_s"),
+        "eval_first": evals[0]["accuracy"] if evals else None,
+        "eval_last": evals[-1]["accuracy"] if evals else None,
+        "eval": {str(p["version"]): p["accuracy"] for p in evals},
+        "dropped_total": summary.get("dropped_total"),
+    }
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise UserInputError(f"{run_dir}: not a run folder (no metrics.jsonl)")
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return {}  # a run still going, or stopped hard: its curve so far still compares
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"{path}: line {exc.lineno}: not JSON ({exc.msg})") from None
+
+
+def run_names(run_dirs: list[Path], names: str | None) -> list[str]:
+    if names is None:
+        return [d.name for d in run_dirs]
+    given = [n.strip() for n in names.split(",")]
+    if len(given) != len(run_dirs) or len(set(given)) != len(given):
+        raise UserInputError(
+            f"--names: {len(run_dirs)} distinct names needed (one per run folder), got {names!r}"
+        )
+    return given
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="runs compared")
+    for column in ("run", "mode", "steps", "wall s", "s/step", "rollout-only", "tok/s",
+                   "held-out first", "held-out last", "dropped"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("run", "mode") else "right")
+    for r in rows:
+        mode = f"{r['mode']} (K={r['K']})" if r["mode"] == "dora" else str(r["mode"])
+        table.add_row(r["name"], mode, str(r["steps"]), _fmt(r["wall_time_s"], 0),
+                      _fmt(r["mean_step_time_s"], 1), _fmt(r["rollout_only_share"], 2),
+                      _fmt(r["throughput_tokens_per_s"], 1), _fmt(r["eval_first"], 3),
+                      _fmt(r["eval_last"], 3), str(r["dropped_total"]))  # fmt: skip
+    return table
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dorarl report compare", description=__doc__)
+    parser.add_argument("runs", nargs="+", type=Path, help="run folders (dorarl train --out)")
+    parser.add_argument("--names", help="comma-separated labels, one per run (default: folder)")
+    parser.add_argument("--out", type=Path, default=Path("compare.png"), help="PNG to write")
+    args = parser.parse_args(argv)
+    names = run_names(args.runs, args.names)
+    rows = [run_row(name, d) for name, d in zip(names, args.runs, strict=True)]
+    curves = {name: read_curve(d) for name, d in zip(names, args.runs, strict=True)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    plot_convergence(curves, args.out, time_label="wall time (s)")
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+    Console().print(_table(rows))
+    print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
+    return 0

@@ -1,0 +1,56 @@
+"""`dorarl report compare`: the table, JSON and PNG from run folders; bad folders in one line."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dorarl.cli import main as cli_main
+from dorarl.errors import UserInputError
+from dorarl.jobs.compare import run_names, run_row
+
+
+def _run_folder(path, mode, accuracies, wall):
+    path.mkdir()
+    rows = [
+        {"step": i, "new_version": i + 1, "time_s": wall * (i + 1) / len(accuracies),
+         "reward_mean": a, "eval_accuracy": a, "eval_version": i}
+        for i, a in enumerate(accuracies)
+    ]  # fmt: skip
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"mode": mode, "K": 1, "wall_time_s": wall, "dropped_total": 0,
+               "mean_step_time_s": wall / len(rows), "throughput_tokens_per_s": 10.0}  # fmt: skip
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def test_run_row_reads_first_and_last_held_out_accuracy(tmp_path):
+    run = _run_folder(tmp_path / "a", "dora", [0.2, 0.5, 0.8], wall=30.0)
+    row = run_row("a", run)
+    assert (row["mode"], row["steps"], row["eval_first"], row["eval_last"]) == ("dora", 3, 0.2, 0.8)
+    assert row["wall_time_s"] == 30.0 and row["eval"] == {"0": 0.2, "1": 0.5, "2": 0.8}
+
+
+def test_cli_writes_png_and_json(tmp_path, capsys):
+    a = _run_folder(tmp_path / "a", "dora", [0.2, 0.6], wall=20.0)
+    b = _run_folder(tmp_path / "b", "sync", [0.2, 0.4], wall=40.0)
+    out = tmp_path / "figs" / "cmp.png"
+    assert (
+        cli_main(["report", "compare", str(a), str(b), "--names", "dora,sync", "--out", str(out)])
+        == 0
+    )
+    assert out.stat().st_size > 1000
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert [r["name"] for r in rows] == ["dora", "sync"] and rows[1]["eval_last"] == 0.4
+    assert "runs compared" in capsys.readouterr().out
+
+
+def test_a_folder_without_metrics_is_refused_naming_it(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert cli_main(["report", "compare", str(tmp_path / "empty")]) == 2
+    assert "empty: not a run folder" in capsys.readouterr().err
+
+
+def test_names_must_match_the_folders():
+    with pytest.raises(UserInputError, match="--names"):
+        run_names([Path("a"), Path("b")], "x")
