@@ -32,7 +32,7 @@ from dorarl.errors import UserInputError
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.transports import make_transport
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weights import TransportSpec
+from dorarl.runtime.weights_config import TransportSpec
 
 QWEN2_05B = dict(
     hidden_size=896,

@@ -15,7 +15,7 @@ from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint, read_resume_point
 from dorarl.runtime.placement import PlacementPlan, plan_placement
-from dorarl.runtime.weights import TransportSpec, WeightsConfig
+from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
 

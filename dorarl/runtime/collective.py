@@ -26,7 +26,8 @@ import ray
 
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
 from dorarl.runtime.weight_group import GroupAddress, Member
-from dorarl.runtime.weights import ObjectStoreWeights, TransportSpec, actor_key
+from dorarl.runtime.weights import ObjectStoreWeights, actor_key
+from dorarl.runtime.weights_config import TransportSpec
 
 
 class CollectiveWeights(ObjectStoreWeights):

@@ -44,7 +44,8 @@ from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
 from dorarl.runtime.trainer_client import StepHook, TrainerClient
 from dorarl.runtime.trainer_recovery import TrainerRecovery
 from dorarl.runtime.transports import make_transport
-from dorarl.runtime.weights import TransportSpec, WeightTransport
+from dorarl.runtime.weights import WeightTransport
+from dorarl.runtime.weights_config import TransportSpec
 from dorarl.tasks import Task
 
 __all__ = ["STEPS_PER_CALL", "RayRuntime", "RolloutSettings"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dorarl.runtime.collective import CollectiveWeights
-from dorarl.runtime.weights import ObjectStoreWeights, TransportSpec, WeightTransport
+from dorarl.runtime.weights import ObjectStoreWeights, WeightTransport
+from dorarl.runtime.weights_config import TransportSpec
 
 
 def make_transport(spec: TransportSpec, window: int) -> WeightTransport:

@@ -14,7 +14,7 @@ from dorarl.engine import EngineConfig
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.transports import make_transport
-from dorarl.runtime.weights import TransportSpec
+from dorarl.runtime.weights_config import TransportSpec
 from dorarl.trainer import TrainerConfig
 
 _spec = importlib.util.spec_from_file_location(

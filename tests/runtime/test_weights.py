@@ -1,6 +1,6 @@
 """`weights.*`: which transport a run gets on which devices."""
 
-from dorarl.runtime.weights import MIB, WeightsConfig
+from dorarl.runtime.weights_config import MIB, WeightsConfig
 
 
 def test_auto_is_collective_on_cuda_and_the_object_store_elsewhere():
