@@ -52,7 +52,11 @@ class WeightsConfig:
         return self.transport
 
     def spec(self, engine_device: str, trainer_device: str, engine_dtype: str) -> TransportSpec:
+        """`engine_dtype` as engine.dtype holds it: `auto` is the engines' own choice for
+        their device (dorarl.engine.backends), what they hold and thus what is sent."""
         kind = self.resolve(engine_device, trainer_device)
+        if engine_dtype == "auto":
+            engine_dtype = "bfloat16" if _kind(engine_device) == "cuda" else "float32"
         backend = "nccl" if _kind(engine_device) == "cuda" else "gloo"
         return TransportSpec(kind, engine_dtype, self.bucket_mb * MIB, self.timeout_s, backend)
 

@@ -17,3 +17,8 @@ def test_the_spec_keeps_the_engines_dtype_and_picks_the_backend_by_device():
         "collective", "bfloat16", 64 * MIB, "nccl",
     )  # fmt: skip
     assert WeightsConfig().spec("cpu", "cpu", "float32").backend == "gloo"
+
+
+def test_the_engines_auto_dtype_is_what_they_hold_on_their_device():
+    assert WeightsConfig().spec("cuda", "cuda", "auto").dtype == "bfloat16"
+    assert WeightsConfig().spec("cpu", "cpu", "auto").dtype == "float32"
