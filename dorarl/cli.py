@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
     "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
+    "bench weights": (
+        "dorarl.bench.weights",
+        "weight transports (object store, torch.distributed): trainer to one, to all, peer",
+    ),
     "report compare": (
         "dorarl.jobs.compare",
         "run folders side by side: held-out accuracy and reward by step and wall time",

@@ -15,6 +15,7 @@ from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint, read_resume_point
 from dorarl.runtime.placement import PlacementPlan, plan_placement
+from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
 
@@ -258,6 +259,7 @@ class TrainConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     record: RecordSection = field(default_factory=RecordSection)
     ray: RaySection = field(default_factory=RaySection)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     engine: EngineConfig = field(default_factory=_default_engine)
     trainer: TrainerConfig = field(default_factory=_default_trainer)
 
@@ -281,6 +283,7 @@ class TrainConfig:
             ("trainer.device", self.trainer.device),
         ):
             _check_device(key, device)
+        self.weights.resolve(self.engine.device, self.trainer.device)
         if self.checkpoint_every < 0 or self.checkpoint_keep < 0:
             raise ConfigError("checkpoint_every: checkpoint_every and checkpoint_keep must be >= 0")
         if self.resume and self.runtime != "ray":
@@ -348,6 +351,10 @@ class TrainConfig:
             trainer_gpus=self.ray.trainer_gpus,
             eval_gpus=self.ray.eval_gpus,
         )
+
+    def transport(self) -> TransportSpec:
+        """How weights reach the engines (`weights.*`, resolved for the devices)."""
+        return self.weights.spec(self.engine.device, self.trainer.device, self.engine.dtype)
 
     def resume_point(self) -> ResumePoint | None:
         """The checkpoint `resume` names, read once (at validation) for the value it has."""

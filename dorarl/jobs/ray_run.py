@@ -207,6 +207,7 @@ def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) 
         else 0,
         checkpoints=out_dir / "checkpoints",
         max_model_len=config.engine.max_model_len,
+        transport=config.transport(),
     )
 
 
@@ -219,7 +220,8 @@ def _step_hook(
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
-        evals.offer(version, runtime.weights_of(version))
+        if version in evals.wanted:  # a copy of the weights only for a version evaluated
+            evals.offer(version, runtime.weights_of(version))
         scalars.log(row)
         signal.observe(row)
         progress.update(row, evals.accuracy_so_far())

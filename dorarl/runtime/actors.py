@@ -19,6 +19,7 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.engine_worker import EngineWorker
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
 from dorarl.trainer import TrainerConfig
 
 
@@ -94,7 +95,12 @@ def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[
     """Ray options of `actor` computing on `device`: its share and bundle from `placed`, or
     without a placement one whole GPU for cuda (Ray then makes that GPU the actor's only
     visible one, so `cuda` means it), none otherwise. CPU work is not reserved: instances
-    share cores, which the benchmarks' pacing accounts for."""
+    share cores, which the benchmarks' pacing accounts for. Every actor has a `weights`
+    concurrency group of one thread for weight sends (dorarl.runtime.weight_endpoints)."""
+    return {**_resources(actor, device, placed), "concurrency_groups": {WEIGHTS_GROUP: 1}}
+
+
+def _resources(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:
     if device == "cpu":
         return {"num_cpus": 0, "num_gpus": 0}
     if placed is not None:

@@ -1,14 +1,18 @@
 """One rollout instance: a plain class around `Engine` that a Ray actor wraps thinly.
 
 Every method returns plain picklable data. Calls on one worker run in submission order
-(a Ray actor with one thread), which is what the controller's command ordering needs.
-With a `DeviceModel`, every engine step lasts its device time (dorarl.record.pacing).
+(a Ray actor with one thread), which is what the controller's command ordering needs;
+only sends of its weights to a peer run beside them, on the actor's `weights` concurrency
+group (dorarl.runtime.weight_endpoints). Every weight load is checked against the sender's
+manifest before it is swapped in, whatever carried it. With a `DeviceModel`, every engine
+step lasts its device time (dorarl.record.pacing).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -21,7 +25,10 @@ from dorarl.engine import (
     SamplingParams,
 )
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
+from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.threads import apply_threads
+from dorarl.runtime.weight_group import GroupAddress, Member, WeightGroup, device_key, share
+from dorarl.runtime.weight_layout import Manifest, flatten
 
 
 @dataclass
@@ -74,6 +81,8 @@ class EngineWorker:
         self.engine = Engine.from_pretrained(model_folder, config, version=version)
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
+        self.group: WeightGroup | None = None  # the weight-transfer group, once joined
+        self._shared: dict[int, list[torch.Tensor]] = {}  # buckets a peer on this GPU reads
 
     def reset(self) -> int:
         """A fresh engine on the folder's weights, as if the actor had just started; lets a
@@ -162,11 +171,25 @@ class EngineWorker:
         """This instance's weights, to serve a peer that switches to its version."""
         return {name: t.detach().to("cpu") for name, t in self.engine.state_dict().items()}
 
-    def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> WeightsReport:
-        """Swap weights. There is no cache to free here: each request's KV blocks went back
-        to the pool when it left (finished, exported or aborted; timed with that step or
-        migration), and the controller moved every request off first, so both pools are
-        empty (checked) and a version change frees nothing."""
+    def load_weights(
+        self,
+        named_tensors: dict[str, torch.Tensor],
+        version: int,
+        manifest: Manifest | None = None,
+    ) -> WeightsReport:
+        """Swap weights, once they match the sender's `manifest` (WeightsRefused names the
+        tensor that does not). There is no cache to free here: each request's KV blocks
+        went back to the pool when it left (finished, exported or aborted; timed with that
+        step or migration), and the controller moved every request off first, so both pools
+        are empty (checked) and a version change frees nothing."""
+        self._check_empty()
+        start = time.time()
+        if manifest is not None:
+            manifest.verify(named_tensors, version, f"instance {self.instance_id}")
+        self.engine.load_weights(named_tensors, version)
+        return WeightsReport(self.instance_id, version, time.time() - start, time.time())
+
+    def _check_empty(self) -> None:
         left = self.engine.request_ids()
         if left:
             raise RuntimeError(
@@ -178,9 +201,45 @@ class EngineWorker:
                 f"instance {self.instance_id}: {stats.kv_blocks_used} device and "
                 f"{stats.host_blocks_used} host KV blocks held with no request in flight"
             )
+
+    # ---- the weight-transfer group (dorarl.runtime.collective) ---------------------------
+    def join_weights(self, address: GroupAddress, rank: int) -> Member:
+        """Join the group (every member at once, at start-up)."""
+        self.group = WeightGroup(address, rank, self.engine.device)
+        return Member(rank, device_key(self.engine.device))
+
+    def receive_weights(
+        self, version: int, manifest: Manifest, source: Any, source_rank: int, via: str
+    ) -> WeightsReport:
+        """Load `version` from `source` (the trainer or a peer, rank `source_rank`) over the
+        group, or through CUDA IPC when it shares this GPU (`via="ipc"`)."""
+        assert self.group is not None, "receive_weights before join_weights"
+        self._check_empty()
         start = time.time()
-        self.engine.load_weights(named_tensors, version)
-        return WeightsReport(self.instance_id, version, time.time() - start, time.time())
+        named = endpoints.receive(self.group, manifest, source, source_rank, via)
+        report = self.load_weights(named, version, manifest)
+        return WeightsReport(self.instance_id, version, time.time() - start, report.ended_at)
+
+    def send_weights(self, version: int, manifest: Manifest, dst: int) -> None:
+        """Serve the hosted version to rank `dst` (runs on the `weights` group)."""
+        assert self.group is not None, "send_weights before join_weights"
+        if self.engine.version != version:
+            self.group.refuse(version, dst)
+            return
+        endpoints.send_hosted(self.group, self.engine.state_dict(), manifest, dst)
+
+    def share_weights(self, version: int, manifest: Manifest, dst: int) -> list | None:
+        """CUDA IPC handles of the hosted version laid out as `manifest`, kept alive until
+        `release_shared` (a peer on this GPU; runs on the `weights` group)."""
+        if self.engine.version != version:
+            return None
+        named = self.engine.state_dict()
+        count = len(manifest.buckets)
+        self._shared[version] = [flatten(named, manifest, i) for i in range(count)]
+        return share(self._shared[version])
+
+    def release_shared(self, version: int) -> None:
+        self._shared.pop(version, None)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -2,7 +2,8 @@
 
 The `Driver` owns the controller, the recorder and the run's books, exactly as in the
 simulator; this runtime adds its executors (`EngineFleet` for rollout commands,
-`TrainerClient` for training, weights through a `WeightTransport`) and its event source:
+`TrainerClient` for training, weights through a `WeightTransport`: `transport` says
+which, dorarl.runtime.weights) and its event source:
 a loop over `ray.wait` on the calls in flight (`CallTable`) and the controller's timers.
 It adds no policy: it places, moves, interrupts and trains what it is told. Paced workers
 (device emulation) report real compute against device time; every step's metrics carry
@@ -42,7 +43,9 @@ from dorarl.runtime.recovery import InstanceRecovery
 from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
 from dorarl.runtime.trainer_client import StepHook, TrainerClient
 from dorarl.runtime.trainer_recovery import TrainerRecovery
-from dorarl.runtime.weights import ObjectStoreWeights
+from dorarl.runtime.transports import make_transport
+from dorarl.runtime.weights import WeightTransport
+from dorarl.runtime.weights_config import TransportSpec
 from dorarl.tasks import Task
 
 __all__ = ["STEPS_PER_CALL", "RayRuntime", "RolloutSettings"]
@@ -74,6 +77,7 @@ class RayRuntime:
         max_trainer_restarts: int = 0,
         checkpoints: Path | None = None,
         max_model_len: int = 1 << 30,
+        transport: TransportSpec | None = None,
     ) -> None:
         _check_overheads(recorder)
         self.t0 = time.monotonic()
@@ -82,7 +86,8 @@ class RayRuntime:
         self.timers: list[float] = []
         self.pace = PaceTally()
         self.plan = RolloutPlan(task, rollout)
-        self.weights = ObjectStoreWeights(window=controller_config.effective_K + 1)
+        window = controller_config.effective_K + 1
+        self.weights: WeightTransport = make_transport(transport or TransportSpec(), window)
         self.engines = EngineFleet(
             engine_workers,
             controller_config,
@@ -211,6 +216,7 @@ class RayRuntime:
         """Wait for every actor to be up, start the clock, deliver Start (the first
         dispatches go out)."""
         ray.get([w.stats.remote() for w in self.workers])
+        self.weights.start(self.trainer, self.workers)
         self.trainer_client.start()
         self.t0 = time.monotonic()
         self.started = True

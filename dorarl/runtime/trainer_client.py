@@ -1,8 +1,8 @@
 """The trainer actor as the Ray runtime's executor of Train, its answers and checkpoints.
 
-A training step is one call returning two results, the step's metrics and the new
-version's weights, so a version whose step finished always has weights to load; the
-weights go to the `WeightTransport`. Every call that changes the trainer's state goes
+A training step is one call returning the step's metrics and the new version as the
+`WeightTransport` publishes it (which makes the call: `step`), so a version whose step
+finished always has weights to load. Every call that changes the trainer's state goes
 through `submit_train` or `submit_save` and, with trainer recovery on, into its log
 (dorarl.runtime.trainer_log), so a new trainer can replay it. `on_publish` runs before
 the controller hears of a new version (a checkpoint then has the right data position);
@@ -51,7 +51,12 @@ class TrainerClient:
     def start(self) -> None:
         """Wait for the actor, and serve its starting weights as the first version."""
         ray.get(self.actor.version.remote())
-        self.weights.publish(self.published, self.actor.weights.remote())
+        self.weights.publish(self.published, self.weights.initial(self.actor))
+
+    def replaced(self, actor: Any, version: int) -> None:
+        """A new trainer actor restored at `version` (trainer recovery) takes over."""
+        self.actor = actor
+        self.weights.restart(actor, version)
 
     # ---- calls ---------------------------------------------------------------------------
     def train(self, version: int, groups: list[Group]) -> None:
@@ -61,7 +66,7 @@ class TrainerClient:
         self.submit_train(version, groups)
 
     def submit_train(self, version: int, groups: list[Group], kind: str = "train") -> None:
-        metrics, weights = self.actor.train_step_and_weights.options(num_returns=2).remote(groups)
+        metrics, weights = self.weights.step(self.actor, groups)
         self.calls.submit(metrics, kind, (version, groups, weights), self.now())
 
     def save_checkpoint(

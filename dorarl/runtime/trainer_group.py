@@ -104,6 +104,10 @@ class TrainerGroupWorker(TrainerWorker):
         refs = [r.weights.remote() for r in self.ranks]
         return self._with_ranks(refs, self.trainer.named_tensors)
 
+    def _device_tensors(self) -> dict[str, torch.Tensor]:
+        refs = [r.weights.remote() for r in self.ranks]  # the gathers are collective
+        return self._with_ranks(refs, lambda: self.trainer.named_tensors(on_device=True))
+
     def _save(self, folder: Path, extra_state: dict[str, Any]) -> Path:
         refs = [r.save_checkpoint.remote(str(folder), extra_state) for r in self.ranks]
         return self._with_ranks(refs, lambda: self.trainer.save_checkpoint(folder, extra_state))

@@ -127,7 +127,7 @@ class TrainerRecovery:
             sum(isinstance(c, TrainCall) for c in self.log.since(version)),
             self.restarts,
         )
-        self.trainer.actor = self.respawn(str(folder) if folder else None)
+        self.trainer.replaced(self.respawn(str(folder) if folder else None), version)
         self._replay(version)
         return True
 

@@ -1,7 +1,10 @@
 """The trainer as a runtime worker: one optimizer step per call, weights out for transfer.
 
-A plain class; the Ray runtime wraps it in an actor. Weights leave as a dict of HF names
-to CPU tensors, put once in the object store per version so every loader shares them.
+A plain class; the Ray runtime wraps it in an actor. Each version is published as the
+transport asks (`WeightServing`, dorarl.runtime.weight_endpoints): a manifest with the
+fingerprint of every tensor, computed on the trainer's device, and either CPU copies put
+once in the object store for every loader to share, or flat buckets kept here that the
+`weights` concurrency group sends to the engines that ask, beside the next training step.
 With a `DeviceModel`, a training step lasts its device time (dorarl.record.pacing).
 """
 
@@ -15,7 +18,18 @@ import torch
 
 from dorarl.data import Group
 from dorarl.record.pacing import DeviceModel, Pacer
+from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.threads import apply_threads
+from dorarl.runtime.weight_endpoints import ServedVersions, WeightServing
+from dorarl.runtime.weight_group import (
+    GroupAddress,
+    Member,
+    WeightGroup,
+    device_key,
+    open_store,
+    own_host,
+)
+from dorarl.runtime.weight_layout import Manifest
 from dorarl.trainer import Trainer, TrainerConfig
 from dorarl.trainer import checkpoint as ckpt
 
@@ -36,6 +50,10 @@ class TrainerWorker:
         self.pacer = Pacer() if pace is not None else None
         self.threads = threads
         self.extra_state: dict[str, Any] = {}
+        self.served = ServedVersions()  # versions the collective transport serves from here
+        self.serving: WeightServing | None = None  # the transport's settings, once told
+        self.group: WeightGroup | None = None
+        self._store: Any = None
         self._start(resume_from)
 
     def _start(self, resume_from: str | None) -> None:
@@ -72,14 +90,61 @@ class TrainerWorker:
         return metrics
 
     def train_step_and_weights(
-        self, groups: list[Group]
-    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-        """`train_step`, then the new version's weights: two results of one call, so a step
-        that finished always comes with its weights (the runtime asks for two returns)."""
-        return self.train_step(groups), self.weights()
+        self, groups: list[Group], serving: WeightServing | None = None
+    ) -> tuple[dict[str, Any], Any, Manifest | None]:
+        """`train_step`, then the new version published: three results of one call, so a
+        step that finished always comes with its weights (the runtime asks for three
+        returns): the metrics, the object store's CPU copies (None when served from here)
+        and the version's manifest (None without `serving`: plain CPU copies)."""
+        metrics = self.train_step(groups)
+        return (metrics, *self.publish(serving))
+
+    def publish(self, serving: WeightServing | None = None) -> tuple[Any, Manifest | None]:
+        """The current version for the engines (see `train_step_and_weights`)."""
+        if serving is None:
+            return self.weights(), None
+        self.serving = serving
+        return endpoints.publish(self._device_tensors(), self.trainer.version, serving, self.served)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.named_tensors()
+
+    def _device_tensors(self) -> dict[str, torch.Tensor]:
+        """The current weights by HF name on the trainer's device (the ones that are views
+        of live parameters are copied before the next step changes them)."""
+        return self.trainer.named_tensors(on_device=True)
+
+    # ---- the weight-transfer group (dorarl.runtime.collective) ---------------------------
+    def open_weight_store(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
+        """Host the group's store (rank 0) on a free port; returns its address."""
+        host = own_host(loopback)
+        self._store, port = open_store(host, timeout_s)
+        return host, port
+
+    def join_weights(self, address: GroupAddress, rank: int) -> Member:
+        device = torch.device(self.config.device)
+        self.group = WeightGroup(address, rank, device, store=self._store)
+        return Member(rank, device_key(device))
+
+    def send_weights(self, version: int, manifest: Manifest | None, dst: int) -> None:
+        """Send a served version to rank `dst` (runs on the `weights` group)."""
+        assert self.group is not None, "send_weights before join_weights"
+        endpoints.send_served(self.group, self.served, version, manifest, dst, self._wait_s)
+
+    def share_weights(self, version: int, manifest: Manifest | None, dst: int) -> list | None:
+        """CUDA IPC handles of a served version (a receiver on this GPU)."""
+        return endpoints.share_served(self.served, version, self._wait_s)
+
+    def release_shared(self, version: int) -> None:
+        """Nothing to free: served versions stay until the window moves past them."""
+
+    def export_weights(self, version: int) -> dict[str, torch.Tensor]:
+        """CPU copies of a served version (a receiver outside the group, the evaluator)."""
+        return endpoints.export_served(self.served, version, self._wait_s)
+
+    @property
+    def _wait_s(self) -> float:
+        return self.serving.wait_s if self.serving is not None else 0.0
 
     def save_checkpoint(self, folder: str, extra_state: dict[str, Any], keep: int = 0) -> str:
         """Write a checkpoint, then delete all but the newest `keep` beside it (0: keep all)."""

@@ -145,10 +145,17 @@ def restore_rng(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def copy_tokenizer_files(source: Path, dest: Path) -> None:
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, dest / name)
+def read_tokenizer_files(source: Path) -> dict[str, bytes]:
+    """The tokenizer files of the folder `source`, by name, in memory: a trainer reads them
+    once at start, because the folder it started from may be pruned before its next write."""
+    return {
+        name: (source / name).read_bytes() for name in TOKENIZER_FILES if (source / name).is_file()
+    }
+
+
+def write_tokenizer_files(files: dict[str, bytes], dest: Path) -> None:
+    for name, content in files.items():
+        (dest / name).write_bytes(content)
 
 
 def write_atomically(folder: Path, write: Callable[[Path], None]) -> Path:

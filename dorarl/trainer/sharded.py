@@ -178,14 +178,15 @@ class ShardedTrainer(Trainer):
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """Full weights on rank 0 (CPU copies by HF name, as one process gives them); {} on
-        the other ranks, which only take part in the gathers."""
+    def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """Full weights on rank 0 (CPU copies by HF name, as one process gives them; with
+        `on_device`, on the device); {} on the other ranks, which only take part in the
+        gathers."""
         gathered: dict[str, torch.Tensor] = {}
         for name, tensor in self.model.state_dict().items():
             full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
             if self.group.is_coordinator:
-                gathered[name] = full.detach().to("cpu", copy=True)
+                gathered[name] = full.detach() if on_device else full.detach().to("cpu", copy=True)
         return gathered
 
     def save_checkpoint(

@@ -89,6 +89,8 @@ class Trainer:
         self.version = version
         self.optimizer_steps = 0
         self.source_dir = Path(source_dir) if source_dir is not None else None
+        # held in memory: `checkpoint_keep` may prune the folder this trainer resumed from
+        self.tokenizer_files = ckpt.read_tokenizer_files(self.source_dir) if source_dir else {}
         self.reference_path = str(reference_path) if reference_path is not None else None
         self.reference = self._load_reference() if config.loss.kl_coef > 0 else None
         self.split = split_head(self.model)
@@ -294,11 +296,13 @@ class Trainer:
 
     # ---- weights and checkpoints -----------------------------------------------------------
 
-    def named_tensors(self) -> dict[str, torch.Tensor]:
-        """The current weights by HF state-dict name, as CPU copies (not views of live params)."""
-        return {
-            name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()
-        }
+    def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The current weights by HF state-dict name, as CPU copies (not views of live
+        params); `on_device`: the live tensors themselves, for a caller that copies them."""
+        state = self.model.state_dict()
+        if on_device:
+            return {name: t.detach() for name, t in state.items()}
+        return {name: t.detach().to("cpu", copy=True) for name, t in state.items()}
 
     def _param_names(self) -> dict[int, str]:
         return {id(p): name for name, p in self.model.named_parameters()}
@@ -323,8 +327,7 @@ class Trainer:
         self, folder: Path, opt_meta: dict[str, Any], extra: dict[str, Any], **more: Any
     ) -> None:
         """Tokenizer files, RNG and trainer_state.json: what every checkpoint has."""
-        if self.source_dir is not None:
-            ckpt.copy_tokenizer_files(self.source_dir, folder)
+        ckpt.write_tokenizer_files(self.tokenizer_files, folder)
         rng_tensors, rng_meta = ckpt.capture_rng()
         ckpt.save_tensors(folder / ckpt.RNG_FILE, rng_tensors)
         state = {

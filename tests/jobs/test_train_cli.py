@@ -30,6 +30,9 @@ def _err(capsys, *args):
         (["trainer.lr=-1"], "trainer.lr: must be > 0"),
         (["task.name=jsonl"], "task.path: the jsonl task needs a data file"),
         (["task.name=arith"], "task.name=arith needs a chat model"),  # the shipped char model
+        (["weights.transport=nccl"], "weights.transport: must be one of"),
+        (["weights.bucket_mb=0"], "weights.bucket_mb: must be >= 1"),
+        (["weights.transport=collective", "engine.device=cuda"], "weights.transport: collective"),
         (["--frobnicate"], "unknown option --frobnicate"),
     ],
 )

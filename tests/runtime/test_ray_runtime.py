@@ -86,6 +86,7 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     # Paced engine steps (a device-like 20 ms each) keep the long tail in flight across
     # version changes however fast this CPU is, so the orchestrator has requests to move.
     overrides = [f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1", "steps=12"]
+    overrides.append("weights.transport=collective")  # peer loads over the group
     out = tmp_path / "run"
     config = load_config(TrainConfig, overrides=overrides)
     run_ray(config, out, pace=DeviceModel(decode_step_s=0.02, train_fixed_s=0.05))
@@ -107,9 +108,14 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     assert list((out / "checkpoints").iterdir())
 
 
-@pytest.mark.parametrize(("mode", "k"), [("sync", 0), ("one_step_off", 1)])
-def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k):
-    _, summary, trajectories, _, _ = _run(tmp_path, tiny_model_dir, f"mode={mode}", "steps=3")
+@pytest.mark.parametrize(
+    ("mode", "k", "transport"), [("sync", 0, "object_store"), ("one_step_off", 1, "collective")]
+)
+def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k, transport):
+    transport = f"weights.transport={transport}"
+    _, summary, trajectories, _, _ = _run(
+        tmp_path, tiny_model_dir, f"mode={mode}", "steps=3", transport
+    )
     _check_invariants(summary, trajectories, k=k)
     stale = {t["train_version"] - t["behavior_version"] for t in trajectories}
     assert stale == ({0} if mode == "sync" else {0, 1})
@@ -185,7 +191,7 @@ def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0, *extra) -> 
     return RayRuntime(
         config.controller_config(), task, rollout_settings(config, task), workers, trainer,
         recorder, respawn=lambda i: spawn_engine(i, engine, pace),
-        max_restarts=max_restarts,
+        max_restarts=max_restarts, transport=config.transport(),
     )  # fmt: skip
 
 
@@ -220,13 +226,16 @@ def test_a_worker_error_leads_with_the_workers_own_exception():
     assert "Traceback" in failed.detail
 
 
-@pytest.mark.parametrize("victim", [0, 1])
-def test_a_dead_engine_is_replaced_and_the_run_completes(tmp_path, tiny_model_dir, victim):
+@pytest.mark.parametrize(("victim", "transport"), [(0, "collective"), (1, "object_store")])
+def test_a_dead_engine_is_replaced_and_the_run_completes(
+    tmp_path, tiny_model_dir, victim, transport
+):
     out = tmp_path / "run"
     start_local_ray(num_cpus=2)
     try:
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
-        runtime = _dora_k1_runtime(tiny_model_dir, out, pace, max_restarts=2)
+        transport = f"weights.transport={transport}"  # collective: the replacement is outside
+        runtime = _dora_k1_runtime(tiny_model_dir, out, pace, 2, transport)
         killed = []
 
         def kill_once(row, groups):

@@ -79,9 +79,10 @@ def test_trainer_reset_restores_base_weights_version_and_optimizer(tiny_model_di
 
 
 def test_an_actor_on_cuda_without_a_plan_asks_ray_for_one_gpu():
-    assert actor_options("engine0", "cuda", None) == {"num_cpus": 0, "num_gpus": 1}
+    sends = {"concurrency_groups": {"weights": 1}}  # weight sends beside the actor's calls
+    assert actor_options("engine0", "cuda", None) == {"num_cpus": 0, "num_gpus": 1, **sends}
     assert actor_options("trainer", "cuda:0", None)["num_gpus"] == 1
-    assert actor_options("evaluator", "cpu", None) == {"num_cpus": 0, "num_gpus": 0}
+    assert actor_options("evaluator", "cpu", None) == {"num_cpus": 0, "num_gpus": 0, **sends}
 
 
 def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_model_dir):

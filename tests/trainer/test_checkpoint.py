@@ -170,3 +170,24 @@ def test_a_rewrite_that_dies_between_its_renames_keeps_the_displaced_copy(tmp_pa
     write_atomically(folder, lambda tmp: (tmp / STATE_FILE).write_text('{"n": 2}'))
     assert (folder / STATE_FILE).read_text() == '{"n": 2}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["version_00004"]
+
+
+def test_checkpoints_keep_the_tokenizer_after_the_folder_resumed_from_is_pruned(
+    tiny_model_dir, tmp_path, make_groups
+):
+    from dorarl.trainer.checkpoint import prune
+
+    checkpoints = tmp_path / "checkpoints"
+    first = Trainer.from_pretrained(tiny_model_dir, _config())
+    resumed_from = first.save_checkpoint(checkpoints / "version_00000")
+    trainer, _ = Trainer.resume(resumed_from, _config())
+    for version in range(3):  # more checkpoints than kept: the one resumed from goes
+        trainer.train_step(make_groups(seed=version, version=version))
+        trainer.save_checkpoint(checkpoints / f"version_{trainer.version:05d}")
+        prune(checkpoints, keep=2)
+    assert not resumed_from.exists()
+    newest = checkpoints / "version_00003"
+    again, _ = Trainer.resume(newest, _config())
+    tokenizer = AutoTokenizer.from_pretrained(newest)
+    assert tokenizer.decode(tokenizer("12+3")["input_ids"]).replace(" ", "").endswith("12+3")
+    assert again.tokenizer_files == first.tokenizer_files != {}
