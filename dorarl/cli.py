@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from dorarl.config import ConfigError
-from dorarl.errors import RunFailed, UserInputError
+from dorarl.errors import RunComplete, RunFailed, UserInputError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UserInputError) as exc:
         print(f"dorarl: error: {exc}", file=sys.stderr)
         return 2
+    except RunComplete as exc:
+        print(f"dorarl: nothing to do: {exc}")
+        return 0
     except RunFailed as exc:
         print(f"dorarl: run failed: {exc}", file=sys.stderr)
         return 1

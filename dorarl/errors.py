@@ -1,4 +1,5 @@
-"""Errors the CLI turns into one line: bad user input (exit 2), a failed run (exit 1)."""
+"""Errors the CLI turns into one line: bad user input (exit 2), a failed run (exit 1), a
+resumed run that has nothing left to do (exit 0)."""
 
 
 class UserInputError(ValueError):
@@ -18,3 +19,8 @@ class WorkerFailed(RuntimeError):
 class RunFailed(RuntimeError):
     """The run stopped on a failure that is not the user's input; the CLI prints it on one
     line with how to resume, exit code 1."""
+
+
+class RunComplete(Exception):
+    """`resume=` names a run whose checkpoint is already at its last step: nothing to train.
+    Not an error (a stop that lands after the last step leaves exactly this); exit 0."""

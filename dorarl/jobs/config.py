@@ -13,6 +13,7 @@ from dorarl.config import ConfigError
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
+from dorarl.errors import RunComplete
 from dorarl.jobs.resume import ResumePoint, read_resume_point
 from dorarl.runtime.placement import PlacementPlan, plan_placement
 from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
@@ -288,6 +289,7 @@ class TrainConfig:
             raise ConfigError("checkpoint_every: checkpoint_every and checkpoint_keep must be >= 0")
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
+        self._check_work_left()
         self.controller_config().validate()
         self.task.validate()
         if self.task.name == "jsonl" and not self.task.path:
@@ -320,6 +322,14 @@ class TrainConfig:
             loss.validate()
         except ConfigError as exc:
             raise ConfigError(f"trainer.loss.{exc}") from None
+
+    def _check_work_left(self) -> None:
+        point = self.resume_point()
+        if point is not None and point.version >= self.steps:
+            raise RunComplete(
+                f"{point.folder} is version {point.version} and steps={self.steps}: the run is "
+                f"complete; steps=N (N > {point.version}) trains it further"
+            )
 
     def controller_config(self) -> ControllerConfig:
         """The controller's view: its knobs carry the names they have here (K, steps, instances,

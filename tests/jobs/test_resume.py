@@ -36,14 +36,21 @@ def test_a_run_folder_resumes_from_its_newest_checkpoint(tmp_path):
 
 @pytest.mark.parametrize(
     ("extra", "needle"),
-    [([], "resume: "), (["runtime=sim"], "resume: only runtime=ray"),
-     (["steps=3"], "steps: the run starts at version 3")],
+    [([], "resume: "), (["runtime=sim"], "resume: only runtime=ray")],
 )  # fmt: skip
 def test_bad_resume_settings_exit_2_with_one_line(tmp_path, capsys, extra, needle):
     ckpt = _fake_checkpoint(tmp_path / "ckpt", 3) if extra else tmp_path / "nothing"
     rc = cli_main(["train", f"resume={ckpt}", "progress=false", *extra])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_resuming_a_complete_run_says_so_and_exits_0(tmp_path, capsys):
+    # what a stop or abort that lands after the last step leaves: nothing is wrong
+    ckpt = _fake_checkpoint(tmp_path / "ckpt", 3)
+    assert cli_main(["train", f"resume={ckpt}", "progress=false", "steps=3"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "nothing to do" in out[0] and "steps=N (N > 3)" in out[0], out
 
 
 def test_a_data_position_of_another_version_is_refused(tmp_path):

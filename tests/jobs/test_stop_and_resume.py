@@ -19,7 +19,7 @@ from dorarl.cli import main as cli_main
 
 SMALL = ["instances=2", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
          "eval.max_prompts=4", "eval.every=0", "progress=false", "mode=dora", "K=1"]  # fmt: skip
-STEPS = 4
+STEPS = 5  # room after a late first stop: the resumed run must still have a step to abort in
 
 
 def _lines(path: Path) -> list[dict]:
