@@ -121,7 +121,7 @@ def test_invariants_hold_with_dynamic_sampling_in_every_mode(mode, data, tmp_pat
 
 
 @pytest.mark.slow
-@settings(max_examples=1000, **SETTINGS)
+@settings(max_examples=500, **SETTINGS)
 @given(scenario=scenarios(max_steps=40))
 def test_invariants_sweep_thousands_of_steps(scenario, tmp_path_factory):
     run_and_check(scenario, tmp_path_factory.mktemp("sweep"))
