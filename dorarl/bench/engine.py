@@ -18,13 +18,11 @@ import logging
 import math
 import os
 import pickle
-import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import torch
@@ -35,7 +33,7 @@ from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
 from dorarl.bench.dense_attention import DenseAttention
 from dorarl.bench.engine_real import RealSpec, load_model, print_real, run_real
-from dorarl.bench.hf_peers import Workload, run_hf_continuous
+from dorarl.bench.hf_peers import Workload, long_tail_workload, run_hf_continuous
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import SHAPES
 from dorarl.data.lengths import length_stats
@@ -98,16 +96,8 @@ BARS = {  # name: (what, target)
 
 # --- workload ---------------------------------------------------------------------------
 def make_workload(spec: BenchSpec) -> Workload:
-    """Stratified lognormal lengths (exact quantiles, shuffled), so the tail is always there."""
-    n, dist = spec.num_requests, NormalDist()
-    mu = math.log(spec.median_len)
-    lengths = [
-        max(1, round(math.exp(mu + spec.sigma * dist.inv_cdf((i + 0.5) / n)))) for i in range(n)
-    ]
-    rng = random.Random(spec.seed)
-    rng.shuffle(lengths)
-    prompts = [[rng.randrange(spec.vocab) for _ in range(spec.prompt_len)] for _ in range(n)]
-    return Workload(prompts, lengths)
+    return long_tail_workload(spec.num_requests, spec.median_len, spec.sigma, spec.prompt_len,
+                              spec.vocab, spec.seed)  # fmt: skip
 
 
 def build_model(spec: BenchSpec) -> Qwen2ForCausalLM:

@@ -20,17 +20,14 @@ HF's fastest plain step; long tail >= 10x HF generate; migration at 16k >= 20x c
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
-import random
 import statistics
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import partial
-from statistics import NormalDist
 from typing import Any
 
 import torch
@@ -39,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationConfig, PreTrainedModel, StaticCache
 
-from dorarl.bench.hf_peers import Workload, run_hf_continuous
+from dorarl.bench.hf_peers import Workload, long_tail_workload, run_hf_continuous
 from dorarl.bench.report import fmt_or_dash
 from dorarl.bench.shapes import random_llama
 from dorarl.data.lengths import length_stats
@@ -98,16 +95,9 @@ def _elem(dtype: torch.dtype) -> int:
 
 # --- workload -------------------------------------------------------------------------------
 def make_workload(spec: DeviceSpec, vocab: int) -> tuple[list[list[int]], list[int]]:
-    """Stratified lognormal lengths (exact quantiles, shuffled) and random prompts."""
-    n, dist = spec.num_requests, NormalDist()
-    mu = math.log(spec.median_len)
-    lengths = [
-        max(1, round(math.exp(mu + spec.sigma * dist.inv_cdf((i + 0.5) / n)))) for i in range(n)
-    ]
-    rng = random.Random(spec.seed)
-    rng.shuffle(lengths)
-    prompts = [[rng.randrange(vocab) for _ in range(spec.prompt_len)] for _ in range(n)]
-    return prompts, lengths
+    work = long_tail_workload(spec.num_requests, spec.median_len, spec.sigma, spec.prompt_len,
+                              vocab, spec.seed)  # fmt: skip
+    return work.prompts, work.lengths
 
 
 ENGINE_SET_KEYS = ("attention", "sampler", "cuda_graphs", "dtype")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +33,20 @@ class Workload:
     @property
     def total_tokens(self) -> int:
         return sum(self.lengths)
+
+
+def long_tail_workload(
+    num_requests: int, median_len: float, sigma: float, prompt_len: int, vocab: int, seed: int
+) -> Workload:
+    """Stratified lognormal lengths (exact quantiles, shuffled), so the tail is always there,
+    and random prompts."""
+    n, dist = num_requests, NormalDist()
+    mu = math.log(median_len)
+    lengths = [max(1, round(math.exp(mu + sigma * dist.inv_cdf((i + 0.5) / n)))) for i in range(n)]
+    rng = random.Random(seed)
+    rng.shuffle(lengths)
+    prompts = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(n)]
+    return Workload(prompts, lengths)
 
 
 def run_hf_continuous(model: PreTrainedModel, spec: PeerSpec, work: Workload) -> dict[str, Any]:

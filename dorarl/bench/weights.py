@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from dorarl.bench.shapes import SHAPES
 from dorarl.bench.weight_holders import SinkHolder, SourceHolder
 from dorarl.errors import UserInputError
 from dorarl.runtime.local_ray import start_local_ray
@@ -34,15 +35,6 @@ from dorarl.runtime.transports import make_transport
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
 from dorarl.runtime.weights_config import TransportSpec
 
-QWEN2_05B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    tie_word_embeddings=True,
-)
 TRANSPORTS = ("object_store", "collective")
 MIN_PARAMS = 16_000_000
 ROWS = ("publish", "trainer->one", "trainer->all", "peer->peer")
@@ -51,7 +43,7 @@ ROWS = ("publish", "trainer->one", "trainer->all", "peer->peer")
 def qwen2_shapes(params: int | None) -> dict[str, tuple[int, ...]]:
     """HF names and shapes of a Qwen2 with about `params` parameters (None: Qwen2-0.5B):
     its layer count, or below one layer and the embeddings its vocabulary, scaled."""
-    keys = dict(QWEN2_05B)
+    keys = dict(SHAPES["qwen2-0.5b"])
     if params is not None:
         if params < MIN_PARAMS:  # one Qwen2-0.5B layer and a small vocabulary
             raise UserInputError(f"--params: at least {MIN_PARAMS}, got {params}")
