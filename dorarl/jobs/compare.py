@@ -19,10 +19,10 @@ from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
 
 
-def run_row(name: str, run_dir: Path) -> dict[str, Any]:
-    """What a reader compares first: mode, steps, wall time, held-out accuracy, throughput."""
+def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
+    """What a reader compares first: mode, steps, wall time, held-out accuracy, throughput
+    (`curve`: the folder's `read_curve`)."""
     summary = _read_summary(run_dir)
-    curve = read_curve(run_dir)
     evals = curve["eval"]
     return {
         "name": name,
@@ -40,9 +40,12 @@ def run_row(name: str, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any]:
+def _check_run_folder(run_dir: Path) -> None:
     if not (run_dir / "metrics.jsonl").is_file():
         raise UserInputError(f"{run_dir}: not a run folder (no metrics.jsonl)")
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "summary.json"
     if not path.is_file():
         return {}  # a run still going, or stopped hard: its curve so far still compares
@@ -88,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("compare.png"), help="PNG to write")
     args = parser.parse_args(argv)
     names = run_names(args.runs, args.names)
-    rows = [run_row(name, d) for name, d in zip(names, args.runs, strict=True)]
+    for run_dir in args.runs:
+        _check_run_folder(run_dir)
     curves = {name: read_curve(d) for name, d in zip(names, args.runs, strict=True)}
+    rows = [run_row(name, d, curves[name]) for name, d in zip(names, args.runs, strict=True)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot_convergence(curves, args.out, time_label="wall time (s)")
     args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -8,6 +8,7 @@ import pytest
 from dorarl.cli import main as cli_main
 from dorarl.errors import UserInputError
 from dorarl.jobs.compare import run_names, run_row
+from dorarl.report.run_curve import read_curve
 
 
 def _run_folder(path, mode, accuracies, wall):
@@ -26,7 +27,7 @@ def _run_folder(path, mode, accuracies, wall):
 
 def test_run_row_reads_first_and_last_held_out_accuracy(tmp_path):
     run = _run_folder(tmp_path / "a", "dora", [0.2, 0.5, 0.8], wall=30.0)
-    row = run_row("a", run)
+    row = run_row("a", run, read_curve(run))
     assert (row["mode"], row["steps"], row["eval_first"], row["eval_last"]) == ("dora", 3, 0.2, 0.8)
     assert row["wall_time_s"] == 30.0 and row["eval"] == {"0": 0.2, "1": 0.5, "2": 0.8}
 
