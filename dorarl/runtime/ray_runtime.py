@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from dorarl.controller import (
+    TRAINER,
     Controller,
     ControllerConfig,
     Dispatch,
@@ -37,7 +38,7 @@ from dorarl.driver import Driver, RequestSpec
 from dorarl.errors import WorkerFailed
 from dorarl.record import Recorder
 from dorarl.record.pacing import PaceTally
-from dorarl.runtime.calls import ENGINE_KINDS, TRAINER_KINDS, Call, CallTable
+from dorarl.runtime.calls import DEATHS, ENGINE_KINDS, TRAINER_KINDS, Call, CallTable
 from dorarl.runtime.engines import STEPS_PER_CALL, EngineFleet
 from dorarl.runtime.recovery import InstanceRecovery
 from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
@@ -258,12 +259,41 @@ class RayRuntime:
         return self.calls.ready(timeout)
 
     def _failed(self, call: Call, exc: Exception) -> None:
+        if self._trainer_died_serving(call, exc):
+            self._recover_trainer_then_load(call, exc)
+            return
         recovery = self.trainer_recovery if call.kind in TRAINER_KINDS else self.recovery
         recovered = (
             recovery is not None and recovery.recoverable(call, exc) and recovery.on_failure(call)
         )
         if not recovered:
             raise WorkerFailed(_worker_of(call), _describe(exc)) from exc
+
+    def _trainer_died_serving(self, call: Call, exc: Exception) -> bool:
+        """A load from the trainer that failed because the trainer is gone. Over the
+        collective transport the live trainer sends each load, so its death can surface
+        here first, while no training call is in flight to reveal it (the object store's
+        copies outlive it: there, such a load does not fail)."""
+        return (
+            call.kind == "load"
+            and call.args[2] == TRAINER
+            and _is_death(exc)
+            and not self.trainer_client.alive()
+        )
+
+    def _recover_trainer_then_load(self, call: Call, exc: Exception) -> None:
+        """Replace the trainer as if a training call had failed, then load again: from the
+        new trainer, which serves each version once its replay has made it again."""
+        trainer = self.trainer_recovery
+        if trainer is None or not trainer.on_failure(call):
+            raise WorkerFailed("the trainer (serving a weight load)", _describe(exc)) from exc
+        iid, version, _ = call.args
+        if self.recovery is not None:
+            self.recovery.redo(call)
+        elif self.trainer_client.weights.has(version):
+            self.engines.load(iid, version, TRAINER)
+        else:
+            raise WorkerFailed(f"engine instance {iid} (weight load)", _describe(exc)) from exc
 
     def _answer_table(self) -> dict[str, Callable[[Any, Call], None]]:
         recovery = self.trainer_recovery
@@ -330,6 +360,12 @@ def _worker_of(call: Call) -> str:
         return f"engine instance {call.args[0]} or {call.args[1]} (request migration)"
     work = "weight load" if call.kind == "load" else "decoding"
     return f"engine instance {call.args[0]} ({work})"
+
+
+def _is_death(exc: Exception) -> bool:
+    """A lost actor: the called one, or one the call itself called (a worker's own error
+    wrapping the death)."""
+    return isinstance(exc, DEATHS) or isinstance(getattr(exc, "cause", None), DEATHS)
 
 
 def _describe(exc: Exception) -> str:

@@ -27,6 +27,7 @@ from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRuntime
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.trainer_recovery import newest_checkpoint
+from dorarl.runtime.weights_config import TransportSpec
 
 
 def _batch(version):
@@ -102,6 +103,7 @@ def _runtime(
     doomed_replacements=0,
     killed=None,
     kill_at=None,
+    transport="object_store",
 ) -> RayRuntime:
     """dora K=1 on 3 engines, driven directly so a test can kill actors mid-run; checkpoints
     every `every` versions under out/checkpoints, as `dorarl train` writes them. The first
@@ -129,6 +131,7 @@ def _runtime(
         recorder, respawn=lambda i: spawn_engine(i, engine, pace), max_restarts=2,
         respawn_trainer=respawn_trainer,
         max_trainer_restarts=trainer_restarts, checkpoints=out / "checkpoints",
+        transport=TransportSpec(kind=transport),
     )  # fmt: skip
 
     def on_publish(version):
@@ -152,9 +155,12 @@ def _kill_and_wait(actor):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, transport
 ):
+    """Killed as it publishes v4: on the collective transport the engines then load v4 from
+    the dead trainer itself, and that failed load is what reveals its death."""
     out = tmp_path / "run"
     start_local_ray(num_cpus=2)
     try:
@@ -164,7 +170,7 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
         # before its replay is done: replayed again
         killed = []
         runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=2, doomed_replacements=1,
-                           killed=killed, kill_at=4)  # fmt: skip
+                           killed=killed, kill_at=4, transport=transport)  # fmt: skip
         summary = runtime.run()
         ray.get(runtime.save_checkpoint(out / "checkpoints" / "version_00008",
                                         runtime.controller.resume_state(), 0))  # fmt: skip
