@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from dorarl.engine.backends import resolve_backends
+from dorarl.engine import cpu_attention
+from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.device_runner import build_device_runner, install_in_place, owned
@@ -60,7 +61,12 @@ class Engine:
         self.hf_config = hf_config
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
-        self.backends = resolve_backends(config)
+        self.backends = fit_to_model(
+            resolve_backends(config),
+            config,
+            self.spec.head_dim,
+            self.spec.num_heads // self.spec.num_kv_heads,
+        )
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version
         self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
@@ -75,7 +81,8 @@ class Engine:
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )
-        self.runner = ModelRunner(self.model, self.kv)
+        fused = cpu_attention.load_kernel() if self.backends.attention == "cpp" else None
+        self.runner = ModelRunner(self.model, self.kv, fused)
         self.graphs = None
         if self.backends.fast:  # issue 13's paths; the CPU default keeps ModelRunner alone
             self.runner, self.graphs = build_device_runner(self.model, self.runner, config)

@@ -1,0 +1,108 @@
+"""The fused CPU decode-attention kernel (csrc/paged_decode.cpp): built once, loaded on demand.
+
+One call per layer attends every decode row over its own blocks (block-table walk, scores,
+softmax, weighted values), where the tensor path of attention.py runs about 15 small ops.
+It is compiled with `torch.utils.cpp_extension` the first time a process needs it, into the
+per-user extension cache (`TORCH_EXTENSIONS_DIR`, else ~/.cache/torch_extensions), under a
+name that carries the CPU's vector ISA and a hash of the source, so later processes only load
+it. Where it cannot be built (no compiler, no ninja, a build error), `load_kernel` says so in
+one log line and returns None: `engine.attention=auto` then runs attention.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel keeps a head row in whole 16-float vectors
+MAX_QUERIES_PER_KV = 32
+# Vector ISA flags per torch's own CPU capability: the kernel's sums run in the source's order
+# whatever the ISA; the flags choose instructions (and fused multiply-adds where there are).
+_ISA_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma"],
+}
+
+DecodeKernel = Callable[..., torch.Tensor]
+
+
+def supports(head_dim: int, queries_per_kv: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel computes this model's decode attention (else attention.py does)."""
+    return dtype == torch.float32 and head_dim in HEAD_DIMS and queries_per_kv <= MAX_QUERIES_PER_KV
+
+
+@functools.cache
+def load_kernel() -> DecodeKernel | None:
+    """`paged_decode(q, key_pool, value_pool, tables, context_lens, scale)`, or None (logged)."""
+    missing = _missing_tools()
+    if missing:
+        logger.warning("fused CPU decode attention unavailable (%s): attention.py runs", missing)
+        return None
+    try:
+        _build()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        logger.warning("fused CPU decode attention did not build (%s): attention.py runs", first)
+        return None
+    return torch.ops.dorarl_cpu.paged_decode
+
+
+def _missing_tools() -> str:
+    from torch.utils.cpp_extension import is_ninja_available
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler {compiler!r} on PATH"
+    if not is_ninja_available():
+        return "no ninja on PATH"
+    return ""
+
+
+def _build() -> None:
+    from torch.utils.cpp_extension import get_default_build_root, load
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = ["-O3", "-ffp-contract=fast", *_ISA_FLAGS.get(capability, [])]
+    # One folder per source, flags and torch (its ABI): builds never overwrite each other.
+    key = f"{' '.join(flags)} {torch.__version__}".encode()
+    digest = hashlib.sha256(SOURCE.read_bytes() + key).hexdigest()[:12]
+    name = f"dorarl_paged_decode_{capability.lower()}_{digest}"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    build_dir = Path(root) / name
+    with _exclusive(build_dir):
+        load(
+            name,
+            [str(SOURCE)],
+            extra_cflags=flags,
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=False,
+        )
+
+
+@contextlib.contextmanager
+def _exclusive(build_dir: Path) -> Iterator[None]:
+    """One builder at a time, by a lock the OS drops when its holder dies. cpp_extension's own
+    lock is a plain file that a build killed half-way leaves behind, on which every later
+    build would wait forever: under our lock, such a file can only be stale, so it goes."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "dorarl.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
