@@ -12,7 +12,7 @@ lengths. Rows are decode rows first, then one chunk per prefill row.
   small per-block partials (sum of exp, weighted value sum) are permuted into logical order
   and added by a fixed pairwise tree, so a sequence's output is a function of its logical K/V
   alone, bit for bit (a migrated request lands in other blocks and must continue exactly).
-- With the fused CPU kernel (cpu_attention.py, `engine.attention=cpp`) a layer's decode rows
+- With the fused CPU kernel (cpu_kernels.py, `engine.attention=cpp`) a layer's decode rows
   take one call instead: per row and kv head it walks the block table in logical order and
   runs scores, softmax and weighted values in a fixed order over that row's keys alone, so
   the same invariant holds (its rounding differs from the tensor path's by float32 noise).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dorarl.engine.cpu_attention import DecodeKernel
+from dorarl.engine.cpu_kernels import DecodeKernel
 from dorarl.engine.kv_cache import KVCache
 
 
@@ -63,7 +63,7 @@ class BlockRange:
 @dataclass
 class DecodePlan:
     batch: int
-    # What a paged kernel takes (the fused CPU kernel, cpu_attention.py): padded block tables
+    # What a paged kernel takes (the fused CPU kernel, cpu_kernels.py): padded block tables
     # (-1 pads) and lengths.
     tables: torch.Tensor  # [batch, max blocks]
     context_lens: torch.Tensor  # [batch] keys each decode row attends to
@@ -171,7 +171,7 @@ def plan_prefill(
 class PagedAttention:
     """Attention backend of the engine: writes new keys to the pool, attends over it in place.
 
-    With `decode_kernel` (cpu_attention.py's fused op) decode rows take one call per layer;
+    With `decode_kernel` (cpu_kernels.py's fused op) decode rows take one call per layer;
     the plan then has no block-range view (`plan_decode(block_range=False)`)."""
 
     def __init__(

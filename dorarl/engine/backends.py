@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dorarl.config import ConfigError
-from dorarl.engine import cpu_attention
+from dorarl.engine import cpu_kernels
 from dorarl.engine.config import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -51,22 +51,22 @@ def fit_to_model(
 ) -> Backends:
     """`backends` for a model of this head shape: the fused CPU kernel covers head_dim 16-256
     in powers of two and up to 32 query heads per kv head; `auto` falls back to torch."""
-    if backends.attention != "cpp" or cpu_attention.supports(
+    if backends.attention != "cpp" or cpu_kernels.supports(
         head_dim, queries_per_kv, backends.dtype
     ):
         return backends
     shape = f"head_dim {head_dim}, {queries_per_kv} query heads per kv head"
     if config.attention == "cpp":
         raise ConfigError(
-            f"engine.attention: cpp takes head_dim in {cpu_attention.HEAD_DIMS} and at most "
-            f"{cpu_attention.MAX_QUERIES_PER_KV} query heads per kv head; the model has {shape}"
+            f"engine.attention: cpp takes head_dim in {cpu_kernels.HEAD_DIMS} and at most "
+            f"{cpu_kernels.MAX_QUERIES_PER_KV} query heads per kv head; the model has {shape}"
         )
     logger.info("engine.attention=auto: the fused CPU kernel does not fit %s: torch", shape)
     return dataclasses.replace(backends, attention="torch")
 
 
 def _attention(choice: str, on_cuda: bool, float32: bool) -> str:
-    if choice == "cpp" and cpu_attention.load_kernel() is None:
+    if choice == "cpp" and cpu_kernels.load_kernels() is None:
         raise ConfigError(
             "engine.attention: cpp could not be built here (the log line above says why); "
             "engine.attention=torch runs without a compiler"
@@ -74,7 +74,7 @@ def _attention(choice: str, on_cuda: bool, float32: bool) -> str:
     if choice != "auto":
         return choice
     if not on_cuda:
-        return "cpp" if float32 and cpu_attention.load_kernel() is not None else "torch"
+        return "cpp" if float32 and cpu_kernels.load_kernels() is not None else "torch"
     if importlib.util.find_spec("triton") is None:
         logger.warning("engine.attention=auto: triton is not installed, cuda runs attention.py")
         return "torch"

@@ -21,7 +21,7 @@ from dorarl.engine.attention import (
     plan_decode,
     plan_prefill,
 )
-from dorarl.engine.cpu_attention import DecodeKernel
+from dorarl.engine.cpu_kernels import DecodeKernel
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.model import Transformer
 from dorarl.engine.sampler import SampleRow, sample

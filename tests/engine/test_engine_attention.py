@@ -13,7 +13,7 @@ from dorarl.engine.attention import (
     plan_decode,
     plan_prefill,
 )
-from dorarl.engine.cpu_attention import load_kernel
+from dorarl.engine.cpu_kernels import load_kernels
 from dorarl.engine.kv_cache import KVCache, KVShape
 
 # Decode rows on the tensor path and, where it builds, on the fused CPU kernel.
@@ -22,13 +22,13 @@ DECODE_KERNELS = [
     pytest.param(
         "fused",
         id="fused",
-        marks=pytest.mark.skipif(load_kernel() is None, reason="the kernel did not build here"),
+        marks=pytest.mark.skipif(load_kernels() is None, reason="the kernel did not build here"),
     ),
 ]
 
 
 def _kernel(name):
-    return load_kernel() if name == "fused" else None
+    return load_kernels().decode if name == "fused" else None
 
 
 def _reference(pool_k, pool_v, table, length, q, block_size):

@@ -1,9 +1,13 @@
-// Paged decode attention on the CPU in one call per layer (dorarl/engine/cpu_attention.py
-// builds and loads it). For each (decode row, kv head): walk the row's block table in logical
-// order, score its keys against the kv head's query heads, softmax over the whole context,
-// weight the values. Every sum runs in a fixed order over the row's own logical keys, so a
-// row's output depends on nothing else: not its batch companions, not which physical blocks
-// hold its keys, not how the work is split over threads.
+// The engine's fused CPU kernels (dorarl/engine/cpu_kernels.py builds and loads them): each
+// stands for several torch ops inside a decode step, where every op costs tens of
+// microseconds whatever its size.
+// - paged_decode: for each (decode row, kv head), walk the row's block table in logical order,
+//   score its keys against the kv head's query heads, softmax over the whole context, weight
+//   the values. Every sum runs in a fixed order over the row's own logical keys, so a row's
+//   output depends on nothing else: not its batch companions, not which physical blocks hold
+//   its keys, not how the work is split over threads.
+// - rms_norm: within two ulps of torch's (its sum of squares in a fixed order of its own).
+// - rope: model.rotate's three ops in one, bit for bit.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -21,6 +25,8 @@ constexpr int64_t kLanes = 16;
 // sum below is the code's; the flags only choose the instructions (and FMA contraction).
 typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
 constexpr int64_t kMaxGroup = 32;  // query heads per kv head
+// Rows of RMSNorm / tokens of RoPE per thread: a decode step's rows run inline (no fork).
+constexpr int64_t kRowsPerThread = 64;
 typedef int32_t Ints __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 inline Lanes load(const float* p) {
@@ -237,6 +243,91 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_pool,
   return out;
 }
 
+// One row of `rms_norm`.
+void norm_row(const float* row, const float* wp, int64_t hidden, float eps_f, float* o) {
+  Lanes partial = {};
+  int64_t d = 0;
+  for (; d + kLanes <= hidden; d += kLanes) {
+    const Lanes v = load(row + d);
+    partial += v * v;
+  }
+  float squares = lane_sum(partial);
+  for (; d < hidden; ++d) squares += row[d] * row[d];
+  const float inv = 1.0f / std::sqrt(squares / static_cast<float>(hidden) + eps_f);
+  for (d = 0; d + kLanes <= hidden; d += kLanes) {
+    store(o + d, (load(row + d) * inv) * load(wp + d));
+  }
+  for (; d < hidden; ++d) o[d] = (row[d] * inv) * wp[d];
+}
+
+// RMSNorm of each row of x `[rows, hidden]`: (x * (1 / sqrt(mean(x^2) + eps))) * weight, the
+// operation order of torch's rms_norm; only the sum of squares is ours (lane partials, then
+// the lane tree), so a row's result is its own, whatever rows share the call.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 &&
+                  x.is_contiguous(),
+              "x: contiguous CPU float32 [rows, hidden]");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+                  weight.dim() == 1 && weight.size(0) == x.size(1),
+              "weight: contiguous float32 [hidden]");
+  const int64_t rows = x.size(0), hidden = x.size(1);
+  at::Tensor out = at::empty({rows, hidden}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const float* wp = weight.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  const float eps_f = static_cast<float>(eps);
+  at::parallel_for(0, rows, kRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) norm_row(xp + r * hidden, wp, hidden, eps_f, op + r * hidden);
+  });
+  return out;
+}
+
+// One head row of `rope`: the products and the sum rounded apart (no fused multiply-add).
+__attribute__((optimize("fp-contract=off"))) void rope_row(const float* in, const float* c,
+                                                           const float* sn, int64_t dim,
+                                                           float* o) {
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    const float a = in[d] * c[d];
+    const float b = in[d + half] * sn[d];
+    o[d] = a + b;
+  }
+  for (int64_t d = half; d < dim; ++d) {
+    const float a = in[d] * c[d];
+    const float b = in[d - half] * sn[d];
+    o[d] = a + b;
+  }
+}
+
+// Rotate-half RoPE of x `[tokens, heads, dim]` (rows may be strided) with cos and the signed
+// sin of model.py (`[tokens, 1, dim]`): x cos + roll(x, dim / 2) sin, each product and the sum
+// rounded on their own as torch's three ops round them (no fused multiply-add: bit for bit).
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 3 &&
+                  x.stride(2) == 1 && x.size(2) % 2 == 0,
+              "x: CPU float32 [tokens, heads, dim], dim even and contiguous");
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2);
+  for (const at::Tensor* table : {&cos, &sin_signed}) {
+    TORCH_CHECK(table->scalar_type() == at::kFloat && table->is_contiguous() &&
+                    table->numel() == tokens * dim,
+                "cos, sin: contiguous float32 [tokens, 1, dim]");
+  }
+  at::Tensor out = at::empty({tokens, heads, dim}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const float* cp = cos.const_data_ptr<float>();
+  const float* sp = sin_signed.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  at::parallel_for(0, tokens, kRowsPerThread, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        rope_row(xp + t * x.stride(0) + h * x.stride(1), cp + t * dim, sp + t * dim, dim,
+                 op + (t * heads + h) * dim);
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(dorarl_cpu, m) {
@@ -244,4 +335,6 @@ TORCH_LIBRARY(dorarl_cpu, m) {
       "paged_decode(Tensor q, Tensor key_pool, Tensor value_pool, Tensor tables, "
       "Tensor context_lens, float scale) -> Tensor",
       &paged_decode);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("rope(Tensor x, Tensor cos, Tensor sin_signed) -> Tensor", &rope);
 }

@@ -1,12 +1,16 @@
-"""The fused CPU decode-attention kernel (csrc/paged_decode.cpp): built once, loaded on demand.
+"""The engine's fused C++ CPU kernels (csrc/cpu_kernels.cpp): built once, loaded on demand.
 
-One call per layer attends every decode row over its own blocks (block-table walk, scores,
-softmax, weighted values), where the tensor path of attention.py runs about 15 small ops.
-It is compiled with `torch.utils.cpp_extension` the first time a process needs it, into the
+Inside a decode step every op costs tens of microseconds whatever its size (its code and
+data come in cold after a layer's weights went through the caches), so two hot spots of the
+step are one op each here: decode attention, which attends every decode row over its own
+blocks in one call per layer (block-table walk, scores, softmax, weighted values) where the
+tensor path of attention.py runs about 15 ops, RMSNorm (torch composes it of 7) and RoPE (4,
+model.rotate). It is
+compiled with `torch.utils.cpp_extension` the first time a process needs it, into the
 per-user extension cache (`TORCH_EXTENSIONS_DIR`, else ~/.cache/torch_extensions), under a
 name that carries the CPU's vector ISA and a hash of the source, so later processes only load
-it. Where it cannot be built (no compiler, no ninja, a build error), `load_kernel` says so in
-one log line and returns None: `engine.attention=auto` then runs attention.py.
+it. Where they cannot be built (no compiler, no ninja, a build error), `load_kernels` says so in
+one log line and returns None: `engine.attention=auto` then runs torch ops (attention.py).
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel keeps a head row in whole 16-float vectors
 MAX_QUERIES_PER_KV = 32
 # Vector ISA flags per torch's own CPU capability: the kernel's sums run in the source's order
@@ -39,25 +44,39 @@ _ISA_FLAGS = {
 DecodeKernel = Callable[..., torch.Tensor]
 
 
+@dataclass(frozen=True)
+class CpuKernels:
+    # (q [batch, heads, dim], key_pool, value_pool [blocks, kv_heads, block_size, dim],
+    #  tables [batch, width] int64 (-1 pads), context_lens [batch], scale) -> [batch, heads*dim]
+    decode: DecodeKernel
+    # (x [rows, hidden] contiguous, weight [hidden], eps) -> [rows, hidden]; within 2 ulps of
+    # F.rms_norm (its sum of squares runs in its own fixed order)
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    # (x [tokens, heads, dim], cos, sin_signed [tokens, 1, dim]) -> x rotated: model.rotate's
+    # three ops in one, bit for bit
+    rope: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 def supports(head_dim: int, queries_per_kv: int, dtype: torch.dtype) -> bool:
     """Whether the kernel computes this model's decode attention (else attention.py does)."""
     return dtype == torch.float32 and head_dim in HEAD_DIMS and queries_per_kv <= MAX_QUERIES_PER_KV
 
 
 @functools.cache
-def load_kernel() -> DecodeKernel | None:
-    """`paged_decode(q, key_pool, value_pool, tables, context_lens, scale)`, or None (logged)."""
+def load_kernels() -> CpuKernels | None:
+    """The kernels, built or loaded from the cache; None where they cannot be (logged once)."""
     missing = _missing_tools()
     if missing:
-        logger.warning("fused CPU decode attention unavailable (%s): attention.py runs", missing)
+        logger.warning("fused CPU kernels unavailable (%s): the engine runs torch ops", missing)
         return None
     try:
         _build()
     except (RuntimeError, OSError, subprocess.SubprocessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        logger.warning("fused CPU decode attention did not build (%s): attention.py runs", first)
+        logger.warning("fused CPU kernels did not build (%s): the engine runs torch ops", first)
         return None
-    return torch.ops.dorarl_cpu.paged_decode
+    ops = torch.ops.dorarl_cpu
+    return CpuKernels(decode=ops.paged_decode, rms_norm=ops.rms_norm, rope=ops.rope)
 
 
 def _missing_tools() -> str:
@@ -79,7 +98,7 @@ def _build() -> None:
     # One folder per source, flags and torch (its ABI): builds never overwrite each other.
     key = f"{' '.join(flags)} {torch.__version__}".encode()
     digest = hashlib.sha256(SOURCE.read_bytes() + key).hexdigest()[:12]
-    name = f"dorarl_paged_decode_{capability.lower()}_{digest}"
+    name = f"dorarl_cpu_kernels_{capability.lower()}_{digest}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     build_dir = Path(root) / name
     with _exclusive(build_dir):

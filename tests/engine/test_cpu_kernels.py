@@ -1,6 +1,7 @@
-"""The fused CPU decode-attention kernel: a dense reference over ragged contexts, block sizes,
-GQA ratios and head sizes; a row's output bit for bit whatever its batch and blocks; the
-fallback when it cannot be built; the `engine.attention=cpp` key."""
+"""The fused CPU kernels: decode attention against a dense reference over ragged contexts,
+block sizes, GQA ratios and head sizes, and a row's output bit for bit whatever its batch and
+blocks; RoPE bit for bit, RMSNorm within two ulps; the fallback when they cannot be built; the
+`engine.attention=cpp` key."""
 
 import logging
 import math
@@ -11,13 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from dorarl.config import ConfigError
-from dorarl.engine import EngineConfig, cpu_attention
+from dorarl.engine import EngineConfig, cpu_kernels
 from dorarl.engine.attention import PagedAttention, SeqRows, StepPlan, plan_decode
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.kv_cache import KVCache, KVShape
+from dorarl.engine.model import rms_norm, rotate, signed_sin
 
-KERNEL = cpu_attention.load_kernel()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel did not build here")
+KERNELS = cpu_kernels.load_kernels()
+KERNEL = KERNELS.decode if KERNELS else None
+needs_kernel = pytest.mark.skipif(KERNELS is None, reason="the kernels did not build here")
 
 
 def _pool(kv_heads, dim, block_size, num_blocks, seed=0):
@@ -147,19 +150,19 @@ def test_fused_path_of_paged_attention_equals_its_tensor_path():
 
 @pytest.fixture
 def no_compiler(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "_missing_tools", lambda: "no C++ compiler 'c++' on PATH")
-    cpu_attention.load_kernel.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "_missing_tools", lambda: "no C++ compiler 'c++' on PATH")
+    cpu_kernels.load_kernels.cache_clear()
     yield
     monkeypatch.undo()
-    cpu_attention.load_kernel.cache_clear()
+    cpu_kernels.load_kernels.cache_clear()
 
 
 def test_without_a_compiler_auto_runs_attention_py_after_one_log_line(no_compiler, caplog):
-    with caplog.at_level(logging.WARNING, logger="dorarl.engine.cpu_attention"):
+    with caplog.at_level(logging.WARNING, logger="dorarl.engine.cpu_kernels"):
         assert resolve_backends(EngineConfig()).attention == "torch"
         assert resolve_backends(EngineConfig()).attention == "torch"
     assert [r.getMessage() for r in caplog.records] == [
-        "fused CPU decode attention unavailable (no C++ compiler 'c++' on PATH): attention.py runs"
+        "fused CPU kernels unavailable (no C++ compiler 'c++' on PATH): the engine runs torch ops"
     ]
     with pytest.raises(ConfigError, match="^engine.attention: cpp could not be built here"):
         resolve_backends(EngineConfig(attention="cpp"))
@@ -169,14 +172,14 @@ def test_a_failed_build_falls_back_with_its_first_line(monkeypatch, caplog):
     def broken():
         raise RuntimeError("Error building extension 'x': c++ exited 1\nmore detail")
 
-    monkeypatch.setattr(cpu_attention, "_build", broken)
-    cpu_attention.load_kernel.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "_build", broken)
+    cpu_kernels.load_kernels.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="dorarl.engine.cpu_attention"):
-            assert cpu_attention.load_kernel() is None
+        with caplog.at_level(logging.WARNING, logger="dorarl.engine.cpu_kernels"):
+            assert cpu_kernels.load_kernels() is None
     finally:
         monkeypatch.undo()
-        cpu_attention.load_kernel.cache_clear()
+        cpu_kernels.load_kernels.cache_clear()
     assert "did not build (Error building extension 'x': c++ exited 1)" in caplog.text
 
 
@@ -200,3 +203,33 @@ def test_auto_takes_the_kernel_where_it_fits_the_model_and_torch_where_not():
     explicit = EngineConfig(attention="cpp")
     with pytest.raises(ConfigError, match="^engine.attention: cpp takes head_dim in"):
         fit_to_model(resolve_backends(explicit), explicit, 80, 2)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dim", [16, 32, 64, 128])
+def test_fused_rope_is_bit_identical_to_model_rotate(dim):
+    gen = torch.Generator().manual_seed(dim)
+    qkv = torch.randn(37, 15, dim, generator=gen) * 5
+    x = qkv[:, :12]  # q|k heads of a q|k|v product: strided rows, as in the model
+    angles = torch.rand(37, dim, generator=gen) * 300
+    cos, sin = angles.cos().unsqueeze(1), signed_sin(angles.sin()).unsqueeze(1)
+    assert torch.equal(KERNELS.rope(x, cos, sin), rotate(x, cos, sin))
+
+
+@needs_kernel
+@pytest.mark.parametrize("hidden", [576, 64, 100])
+def test_fused_rms_norm_is_within_two_ulps_of_torch_and_row_independent(hidden):
+    gen = torch.Generator().manual_seed(hidden)
+    x = torch.randn(70, hidden, generator=gen) * torch.rand(70, 1, generator=gen) * 10
+    weight = torch.randn(hidden, generator=gen)
+    got = KERNELS.rms_norm(x, weight, 1e-5)
+    torch.testing.assert_close(
+        got, rms_norm(x, weight, 1e-5), atol=0, rtol=4.8e-7
+    )  # 2 ulps: 1 / sqrt, then x * inv
+    for row in (0, 33, 69):
+        assert torch.equal(KERNELS.rms_norm(x[row : row + 1], weight, 1e-5), got[row : row + 1])
+    torch.set_num_threads(2)  # 70 rows split over two threads: the same bits
+    try:
+        assert torch.equal(KERNELS.rms_norm(x, weight, 1e-5), got)
+    finally:
+        torch.set_num_threads(1)
