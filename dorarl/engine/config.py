@@ -57,8 +57,9 @@ class EngineConfig:
         metadata={
             "help": "auto (triton on cuda; on cpu in float32 cpp where it builds, else torch) | "
             "triton (paged Triton kernels; on cpu only in Triton's interpreter, "
-            "TRITON_INTERPRET=1) | torch (attention.py) | cpp (cpu float32: decode rows on a "
-            "fused C++ kernel, compiled once and cached, cpu_kernels.py; prefill on torch)"
+            "TRITON_INTERPRET=1) | torch (attention.py) | cpp (cpu float32: decode attention, "
+            "RMSNorm and RoPE on fused C++ kernels, compiled once and cached, cpu_kernels.py; "
+            "prefill attention on torch)"
         },
     )
     sampler: Sampler = field(
