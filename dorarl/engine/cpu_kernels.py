@@ -65,13 +65,16 @@ def supports(head_dim: int, queries_per_kv: int, dtype: torch.dtype) -> bool:
 @functools.cache
 def load_kernels() -> CpuKernels | None:
     """The kernels, built or loaded from the cache; None where they cannot be (logged once)."""
-    missing = _missing_tools()
+    try:
+        missing = _missing_tools()
+    except ImportError as err:  # cpp_extension needs setuptools, which a slim env may lack
+        missing = f"torch.utils.cpp_extension: {err}"
     if missing:
         logger.warning("fused CPU kernels unavailable (%s): the engine runs torch ops", missing)
         return None
     try:
         _build()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as err:
+    except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         logger.warning("fused CPU kernels did not build (%s): the engine runs torch ops", first)
         return None
