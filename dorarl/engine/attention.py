@@ -12,6 +12,10 @@ lengths. Rows are decode rows first, then one chunk per prefill row.
   small per-block partials (sum of exp, weighted value sum) are permuted into logical order
   and added by a fixed pairwise tree, so a sequence's output is a function of its logical K/V
   alone, bit for bit (a migrated request lands in other blocks and must continue exactly).
+- With the fused CPU kernel (cpu_kernels.py, `engine.attention=cpp`) a layer's decode rows
+  take one call instead: per row and kv head it walks the block table in logical order and
+  runs scores, softmax and weighted values in a fixed order over that row's keys alone, so
+  the same invariant holds (its rounding differs from the tensor path's by float32 noise).
 - A prefill chunk that starts its sequence attends to its own new keys (no pool read); one that
   continues a sequence gathers that sequence's blocks once per layer, amortised over the chunk.
 The query heads sharing a kv head ride in the query axis (GQA needs no key repetition).
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dorarl.engine.cpu_kernels import DecodeKernel
 from dorarl.engine.kv_cache import KVCache
 
 
@@ -40,12 +45,9 @@ class SeqRows:
 
 
 @dataclass
-class DecodePlan:
-    batch: int
-    # What a paged kernel (GPU, issue 13) takes: padded block tables (-1 pads) and lengths.
-    tables: torch.Tensor  # [batch, max blocks]
-    context_lens: torch.Tensor  # [batch] keys each decode row attends to
-    # The CPU backend's view of the same: the block range and its owners.
+class BlockRange:
+    """The tensor path's view of a step's decode rows: the pool block range holding them."""
+
     lo: int  # pool block range [lo, hi) holding every decode row's context
     hi: int
     owner: torch.Tensor  # [hi - lo] decode row of each block (0 for foreign blocks: masked)
@@ -56,6 +58,16 @@ class DecodePlan:
     logical: torch.Tensor  # [batch * pow2 width]
     width: int  # the power-of-two width
     full: bool = False  # every row holds `width` blocks: no entry points at the zero partial
+
+
+@dataclass
+class DecodePlan:
+    batch: int
+    # What a paged kernel takes (the fused CPU kernel, cpu_kernels.py): padded block tables
+    # (-1 pads) and lengths.
+    tables: torch.Tensor  # [batch, max blocks]
+    context_lens: torch.Tensor  # [batch] keys each decode row attends to
+    blocks: BlockRange | None  # the tensor path's view; None where the fused kernel runs
 
 
 @dataclass
@@ -74,16 +86,43 @@ class StepPlan:
 
 
 def plan_decode(
-    seqs: list[SeqRows], kv_heads: int, q_per_kv: int, block_size: int, device: torch.device
+    seqs: list[SeqRows],
+    kv_heads: int,
+    q_per_kv: int,
+    block_size: int,
+    device: torch.device,
+    block_range: bool = True,
 ) -> DecodePlan:
+    """The decode rows' plan; `block_range=False` skips the tensor path's view (fused kernel)."""
     ctx = [s.start + 1 for s in seqs]
     num_blocks = [-(-c // block_size) for c in ctx]
     width = max(num_blocks)
     padded = [s.table[:n] + [-1] * (width - n) for s, n in zip(seqs, num_blocks, strict=True)]
     table = torch.tensor(padded, dtype=torch.long)
+    blocks = None
+    if block_range:
+        blocks = _block_range(table, ctx, num_blocks, kv_heads, q_per_kv, block_size, device)
+    return DecodePlan(
+        batch=len(seqs),
+        tables=table.to(device),
+        context_lens=torch.tensor(ctx, device=device),
+        blocks=blocks,
+    )
+
+
+def _block_range(
+    table: torch.Tensor,
+    ctx: list[int],
+    num_blocks: list[int],
+    kv_heads: int,
+    q_per_kv: int,
+    block_size: int,
+    device: torch.device,
+) -> BlockRange:
+    width = table.shape[1]
     used = table >= 0
     lo, hi = int(table[used].min()), int(table.max()) + 1
-    rows = torch.arange(len(seqs))[:, None].expand_as(table)
+    rows = torch.arange(len(ctx))[:, None].expand_as(table)
     first_key = torch.arange(width)[None, :] * block_size
     valid = (torch.tensor(ctx)[:, None] - first_key).clamp(0, block_size)
     owner = torch.zeros(hi - lo, dtype=torch.long)
@@ -96,12 +135,9 @@ def plan_decode(
     )
     owner = owner.to(device)
     pow2 = 1 << (width - 1).bit_length()
-    logical = torch.full((len(seqs), pow2), hi - lo, dtype=torch.long)
+    logical = torch.full((len(ctx), pow2), hi - lo, dtype=torch.long)
     logical[:, :width][used] = table[used] - lo
-    return DecodePlan(
-        batch=len(seqs),
-        tables=table.to(device),
-        context_lens=torch.tensor(ctx, device=device),
+    return BlockRange(
         lo=lo,
         hi=hi,
         owner=owner,
@@ -133,18 +169,25 @@ def plan_prefill(
 
 
 class PagedAttention:
-    """Attention backend of the engine: writes new keys to the pool, attends over it in place."""
+    """Attention backend of the engine: writes new keys to the pool, attends over it in place.
 
-    def __init__(self, cache: KVCache, plan: StepPlan) -> None:
+    With `decode_kernel` (cpu_kernels.py's fused op) decode rows take one call per layer;
+    the plan then has no block-range view (`plan_decode(block_range=False)`)."""
+
+    def __init__(
+        self, cache: KVCache, plan: StepPlan, decode_kernel: DecodeKernel | None = None
+    ) -> None:
         self.cache = cache
         self.plan = plan
-        self._decode_mask = None if plan.decode is None else self._scores_mask(plan.decode)
+        self.decode_kernel = decode_kernel
+        blocks = None if plan.decode is None else plan.decode.blocks
+        self._decode_mask = None if blocks is None else self._scores_mask(blocks)
 
-    def _scores_mask(self, d: DecodePlan) -> torch.Tensor:
+    def _scores_mask(self, r: BlockRange) -> torch.Tensor:
         """The decode mask as the additive input of the scores product, `[blocks * kv_heads,
         1, block_size]`: made once a step, not once a layer."""
-        blocks, kv_heads = d.hi - d.lo, self.cache.shape.num_kv_heads
-        mask = d.mask.to(self.cache.dtype)  # baddbmm takes one dtype
+        blocks, kv_heads = r.hi - r.lo, self.cache.shape.num_kv_heads
+        mask = r.mask.to(self.cache.dtype)  # baddbmm takes one dtype
         return mask.expand(blocks, kv_heads, 1, -1).reshape(blocks * kv_heads, 1, -1)
 
     def __call__(
@@ -159,12 +202,23 @@ class PagedAttention:
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _decode(self, layer: int, q: torch.Tensor, d: DecodePlan) -> torch.Tensor:
+        if self.decode_kernel is not None:
+            keys, values = self.cache.block_range(layer, 0, self.cache.pool.shape[2])
+            q_rows = q[: d.batch] if q.stride(-1) == 1 else q[: d.batch].contiguous()
+            scale = 1.0 / math.sqrt(q.shape[2])
+            return self.decode_kernel(q_rows, keys, values, d.tables, d.context_lens, scale)
+        assert d.blocks is not None, "plan_decode(block_range=False) needs the fused kernel"
+        return self._decode_blocks(layer, q, d.batch, d.blocks)
+
+    def _decode_blocks(
+        self, layer: int, q: torch.Tensor, batch: int, d: BlockRange
+    ) -> torch.Tensor:
         heads, dim = q.shape[1], q.shape[2]
         kv_heads = self.cache.shape.num_kv_heads
         per_kv = heads // kv_heads
         keys, values = self.cache.block_range(layer, d.lo, d.hi)  # [blocks, kv_heads, bs, dim]
         blocks, bs = keys.shape[0], keys.shape[2]
-        qd = q[: d.batch].unflatten(1, (kv_heads, per_kv))
+        qd = q[:batch].unflatten(1, (kv_heads, per_kv))
         # Each op costs tens of microseconds inside a step, whatever its size, so the scale
         # and the mask ride in the scores product (baddbmm: mask + alpha q k^T). A power-of-two
         # scale (head_dim 16, 64, 256) is exact there; any other is applied to q, as before.
@@ -177,7 +231,7 @@ class PagedAttention:
         scores = torch.baddbmm(self._decode_mask, q_blocks, k_blocks, alpha=alpha)
         scores = scores.view(blocks, kv_heads, per_kv, bs)
         # Every decode row owns a block, so each entry of row_max gets a value.
-        row_max = torch.empty((d.batch, kv_heads, per_kv), dtype=q.dtype, device=q.device)
+        row_max = torch.empty((batch, kv_heads, per_kv), dtype=q.dtype, device=q.device)
         row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax", include_self=False)
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
         # Per-block partials (weighted value sum | sum of exp), plus one zero partial (index
@@ -186,8 +240,8 @@ class PagedAttention:
         partials = torch.cat((torch.matmul(probs, values), probs.sum(-1, keepdim=True)), -1)
         if not d.full:
             partials = F.pad(partials, (0, 0, 0, 0, 0, 0, 0, 1))
-        total = _logical_tree_sum(partials, d.logical, d.batch, d.width)
-        return torch.div(total[..., :dim], total[..., dim:]).view(d.batch, heads * dim)
+        total = _logical_tree_sum(partials, d.logical, batch, d.width)
+        return torch.div(total[..., :dim], total[..., dim:]).view(batch, heads * dim)
 
     def _prefill(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillPlan

@@ -20,7 +20,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LinearKernel = Literal["auto", "onednn", "torch"]  # dorarl/engine/linear.py
 LINEAR_KERNELS = get_args(LinearKernel)
 # The fast paths of issue 13 (dorarl/engine/backends.py resolves `auto` for the device).
-Attention = Literal["auto", "triton", "torch"]
+Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
@@ -55,8 +55,11 @@ class EngineConfig:
     attention: Attention = field(
         default="auto",
         metadata={
-            "help": "auto (triton on cuda, torch on cpu) | triton (paged Triton kernels; on cpu "
-            "only in Triton's interpreter, TRITON_INTERPRET=1) | torch (attention.py)"
+            "help": "auto (triton on cuda; on cpu in float32 cpp where it builds, else torch) | "
+            "triton (paged Triton kernels; on cpu only in Triton's interpreter, "
+            "TRITON_INTERPRET=1) | torch (attention.py) | cpp (cpu float32: decode attention, "
+            "RMSNorm and RoPE on fused C++ kernels, compiled once and cached, cpu_kernels.py; "
+            "prefill attention on torch)"
         },
     )
     sampler: Sampler = field(
@@ -143,6 +146,11 @@ class EngineConfig:
             raise ConfigError(
                 f"engine.attention: triton needs engine.device=cuda (got {self.device!r}) or "
                 "Triton's interpreter on the CPU (TRITON_INTERPRET=1, slow: for tests)"
+            )
+        if self.attention == "cpp" and (on_cuda or self.dtype not in ("auto", "float32")):
+            raise ConfigError(
+                f"engine.attention: cpp runs on cpu in float32 only (got engine.device="
+                f"{self.device!r}, engine.dtype={self.dtype!r})"
             )
         if self.cuda_graphs == "on" and not on_cuda:
             raise ConfigError(

@@ -59,7 +59,7 @@ class DeviceRunner:
         if self.graphs is not None and num_decode == len(items):
             rows = [SeqRows(seq.block_table, seq.num_computed, 1) for seq, _ in items]
             return self.graphs.run([seq.token_ids[seq.num_computed] for seq, _ in items], rows)
-        if self.backends.attention == "torch":
+        if self.backends.attention in ("torch", "cpp"):  # the base runner's attention.py
             i = self.base.prepare(items)
             return self.model.forward(i.input_ids, i.positions, i.attention, i.sample_rows)
         return self._triton_eager(items, num_decode)

@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig
 
-from dorarl.engine.backends import resolve_backends
+from dorarl.engine import cpu_kernels
+from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.device_runner import build_device_runner, install_in_place, owned
 from dorarl.engine.kv_cache import KVCache, KVShape
 from dorarl.engine.linear import choose_kernel
-from dorarl.engine.model import Transformer
+from dorarl.engine.model import Transformer, rms_norm, rotate
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
 from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, StepWork
@@ -60,7 +61,12 @@ class Engine:
         self.hf_config = hf_config
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
-        self.backends = resolve_backends(config)
+        self.backends = fit_to_model(
+            resolve_backends(config),
+            config,
+            self.spec.head_dim,
+            self.spec.num_heads // self.spec.num_kv_heads,
+        )
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version
         self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
@@ -75,7 +81,8 @@ class Engine:
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )
-        self.runner = ModelRunner(self.model, self.kv)
+        fused = self._cpu_kernels()
+        self.runner = ModelRunner(self.model, self.kv, fused.decode if fused else None)
         self.graphs = None
         if self.backends.fast:  # issue 13's paths; the CPU default keeps ModelRunner alone
             self.runner, self.graphs = build_device_runner(self.model, self.runner, config)
@@ -91,9 +98,19 @@ class Engine:
             named_weights = owned(named_weights, self.device, self.dtype)
         weights = pack(self.spec, named_weights, self.device, self.dtype, self.kernel)
         cos, sin = rope_tables(self.hf_config, self.spec, self.config.max_model_len)
+        fused = self._cpu_kernels()
         return Transformer(
-            self.spec, weights, cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+            self.spec,
+            weights,
+            cos.to(self.device, self.dtype),
+            sin.to(self.device, self.dtype),
+            norm=fused.rms_norm if fused else rms_norm,
+            rope=fused.rope if fused else rotate,
         )
+
+    def _cpu_kernels(self) -> cpu_kernels.CpuKernels | None:
+        """engine.attention=cpp: decode attention, RMSNorm and RoPE on the fused C++ kernels."""
+        return cpu_kernels.load_kernels() if self.backends.attention == "cpp" else None
 
     # --- construction ---------------------------------------------------------------
     @classmethod

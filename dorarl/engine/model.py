@@ -12,6 +12,7 @@ one place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -25,6 +26,10 @@ class AttentionBackend(Protocol):
     def __call__(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor: ...
+
+
+Norm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+Rotate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,10 +53,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torc
 
 class Transformer:
     def __init__(
-        self, spec: ModelSpec, weights: ModelWeights, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        spec: ModelSpec,
+        weights: ModelWeights,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norm: Norm = rms_norm,
+        rope: Rotate = rotate,
     ) -> None:
         self.spec = spec
         self.weights = weights
+        # The residual stream's RMSNorm and q/k RoPE: `rms_norm` and `rotate`, or the fused
+        # C++ kernels (cpu_kernels.py) of an engine on the CPU with engine.attention=cpp.
+        self.norm, self.rope = norm, rope
         # [max_len, head_dim], on the device, in the model dtype
         self.cos, self.sin_signed = cos, signed_sin(sin)
 
@@ -65,35 +79,35 @@ class Transformer:
     ) -> torch.Tensor:
         """Logits `[rows, vocab]` in float32 for `sample_rows` (all rows when None)."""
         w = self.weights
-        rope = self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
+        cos_sin = self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
         x = F.embedding(input_ids, w.embed)
         for i, layer in enumerate(w.layers):
-            x = self._attention(i, layer, x, rope, attention)
+            x = self._attention(i, layer, x, cos_sin, attention)
             x = self._mlp(layer, x)
         if sample_rows is not None:
             x = x.index_select(0, sample_rows)
-        return w.lm_head(rms_norm(x, w.norm, self.spec.rms_norm_eps)).float()
+        return w.lm_head(self.norm(x, w.norm, self.spec.rms_norm_eps)).float()
 
     def _attention(
         self,
         index: int,
         layer: LayerWeights,
         x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
         attention: AttentionBackend,
     ) -> torch.Tensor:
         s = self.spec
-        h = rms_norm(x, layer.input_norm, s.rms_norm_eps)
+        h = self.norm(x, layer.input_norm, s.rms_norm_eps)
         qkv = layer.qkv(h).view(h.shape[0], -1, s.head_dim)
         if layer.q_norm is not None:
             qkv = norm_qk_heads(qkv, layer, s)
-        qk = rotate(qkv[:, : s.num_heads + s.num_kv_heads], *rope)
+        qk = self.rope(qkv[:, : s.num_heads + s.num_kv_heads], *cos_sin)
         q, k = qk[:, : s.num_heads], qk[:, s.num_heads :]
         v = qkv[:, s.num_heads + s.num_kv_heads :]
         return layer.o.add_to(x, attention(index, q, k, v))
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, layer.post_norm, self.spec.rms_norm_eps)
+        h = self.norm(x, layer.post_norm, self.spec.rms_norm_eps)
         gate, up = layer.gate_up(h).chunk(2, dim=-1)
         return layer.down.add_to(x, F.silu(gate) * up)
 

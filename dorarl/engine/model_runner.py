@@ -21,6 +21,7 @@ from dorarl.engine.attention import (
     plan_decode,
     plan_prefill,
 )
+from dorarl.engine.cpu_kernels import DecodeKernel
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.model import Transformer
 from dorarl.engine.sampler import SampleRow, sample
@@ -38,10 +39,13 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, cache: KVCache) -> None:
+    def __init__(
+        self, model: Transformer, cache: KVCache, decode_kernel: DecodeKernel | None = None
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = cache.device
+        self.decode_kernel = decode_kernel  # the fused CPU decode attention, or None
 
     def run(self, batch: Batch) -> list[tuple[Sequence, int, float]]:
         """(sequence, token, logprob) for each row that sampled this step."""
@@ -74,7 +78,7 @@ class ModelRunner:
         dev = self.device
         pos = torch.tensor(positions, dtype=torch.long, device=dev)
         plan = StepPlan(self._write_rows(blocks, pos), *self._plan(items))
-        attention = PagedAttention(self.cache, plan)
+        attention = PagedAttention(self.cache, plan, self.decode_kernel)
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
             positions=pos,
@@ -101,7 +105,10 @@ class ModelRunner:
         args = (s.num_kv_heads, per_kv, s.block_size, self.device)
         rows = [SeqRows(seq.block_table, seq.num_computed, n) for seq, n in items]
         num_decode = sum(1 for seq, n in items if n == 1 and seq.num_uncomputed == 1)
-        decode = plan_decode(rows[:num_decode], *args) if num_decode else None
+        decode = None
+        if num_decode:
+            fused = self.decode_kernel is not None
+            decode = plan_decode(rows[:num_decode], *args, block_range=not fused)
         prefill, row = [], num_decode
         for item in rows[num_decode:]:
             prefill.append(plan_prefill(row, item, *args))

@@ -13,7 +13,22 @@ from dorarl.engine.attention import (
     plan_decode,
     plan_prefill,
 )
+from dorarl.engine.cpu_kernels import load_kernels
 from dorarl.engine.kv_cache import KVCache, KVShape
+
+# Decode rows on the tensor path and, where it builds, on the fused CPU kernel.
+DECODE_KERNELS = [
+    pytest.param(None, id="tensor"),
+    pytest.param(
+        "fused",
+        id="fused",
+        marks=pytest.mark.skipif(load_kernels() is None, reason="the kernel did not build here"),
+    ),
+]
+
+
+def _kernel(name):
+    return load_kernels().decode if name == "fused" else None
 
 
 def _reference(pool_k, pool_v, table, length, q, block_size):
@@ -31,8 +46,9 @@ def _reference(pool_k, pool_v, table, length, q, block_size):
     return out.transpose(0, 1).reshape(n, -1)
 
 
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("block_size,heads,kv_heads", [(4, 4, 2), (16, 9, 3), (8, 6, 6)])
-def test_paged_attention_equals_dense_reference(block_size, heads, kv_heads):
+def test_paged_attention_equals_dense_reference(block_size, heads, kv_heads, kernel):
     rng = random.Random(block_size + heads)
     torch.manual_seed(0)
     dim, num_blocks = 16, 96
@@ -62,8 +78,9 @@ def test_paged_attention_equals_dense_reference(block_size, heads, kv_heads):
     for item in rows[5:]:
         prefill.append(plan_prefill(row, item, *args))
         row += item.q_len
-    plan = StepPlan(torch.cat(write_rows), plan_decode(rows[:5], *args), prefill)
-    got = PagedAttention(cache, plan)(0, q, k, v)
+    decode = plan_decode(rows[:5], *args, block_range=kernel is None)
+    plan = StepPlan(torch.cat(write_rows), decode, prefill)
+    got = PagedAttention(cache, plan, _kernel(kernel))(0, q, k, v)
     row = 0
     for item in rows:
         want = _reference(
@@ -88,7 +105,7 @@ def _place(cache, table, keys, values, block_size):
     cache.write(0, keys, values, torch.cat(rows))
 
 
-def _attend_in_layout(contents, tables, decode, prefill_row, block_size, heads, num_blocks):
+def _attend_in_layout(contents, tables, decode, prefill_row, block_size, heads, num_blocks, kernel):
     """Attention outputs of one step whose sequences (K/V/q `contents`) sit in blocks `tables`.
 
     Sequences listed in `decode` are decode rows (the last position is the new token), in that
@@ -116,17 +133,21 @@ def _attend_in_layout(contents, tables, decode, prefill_row, block_size, heads, 
     args = (kv_heads, heads // kv_heads, block_size, torch.device("cpu"))
     plan = StepPlan(
         torch.cat(write_rows),
-        plan_decode(seqs[: len(decode)], *args),
+        plan_decode(seqs[: len(decode)], *args, block_range=kernel is None),
         [plan_prefill(len(decode), seqs[-1], *args)],
     )
-    out = PagedAttention(cache, plan)(0, torch.cat(qs), torch.cat(ks), torch.cat(vs))
+    attention = PagedAttention(cache, plan, _kernel(kernel))
+    out = attention(0, torch.cat(qs), torch.cat(ks), torch.cat(vs))
     rows = {i: out[r : r + 1] for r, i in enumerate(decode)}
     rows[prefill_row] = out[len(decode) :]
     return rows
 
 
+@pytest.mark.parametrize("kernel", DECODE_KERNELS)
 @pytest.mark.parametrize("block_size,heads,kv_heads", [(4, 4, 2), (16, 9, 3)])
-def test_attention_is_bit_identical_whatever_blocks_a_sequence_holds(block_size, heads, kv_heads):
+def test_attention_is_bit_identical_whatever_blocks_a_sequence_holds(
+    block_size, heads, kv_heads, kernel
+):
     """A migrated request lands in other physical blocks, with other batch companions; its
     attention must not change by a single bit, or greedy/seeded continuations may diverge."""
     torch.manual_seed(1)
@@ -148,9 +169,13 @@ def test_attention_is_bit_identical_whatever_blocks_a_sequence_holds(block_size,
     free = list(range(num_blocks))
     random.Random(7).shuffle(free)
     tables_b = [[free.pop() for _ in range(b)] for b in need]
-    a = _attend_in_layout(contents, tables_a, [0, 1, 2], 6, block_size, heads, num_blocks)
-    b = _attend_in_layout(contents, tables_b, [3, 2, 4, 0, 5], 6, block_size, heads, num_blocks)
-    a_moved = _attend_in_layout(contents, tables_b, [0, 3, 1], 6, block_size, heads, num_blocks)
+    a = _attend_in_layout(contents, tables_a, [0, 1, 2], 6, block_size, heads, num_blocks, kernel)
+    b = _attend_in_layout(
+        contents, tables_b, [3, 2, 4, 0, 5], 6, block_size, heads, num_blocks, kernel
+    )
+    a_moved = _attend_in_layout(
+        contents, tables_b, [0, 3, 1], 6, block_size, heads, num_blocks, kernel
+    )
     assert torch.equal(a[0], b[0])
     assert torch.equal(a[0], a_moved[0])
     assert torch.equal(a[2], b[2])

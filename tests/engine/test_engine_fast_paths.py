@@ -13,6 +13,7 @@ from engine_testlib import make_engine, prompts, run_all, seeded, tiny_model
 from dorarl.config import ConfigError
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.engine.backends import resolve_backends
+from dorarl.engine.cpu_kernels import load_kernels
 from dorarl.engine.device_runner import DeviceRunner
 from dorarl.engine.weights import random_named
 
@@ -88,8 +89,10 @@ def test_migration_mid_sequence_continues_the_same_stream():
 
 def test_auto_resolves_todays_path_on_cpu_and_the_fast_one_on_cuda():
     cpu = resolve_backends(EngineConfig())
+    # attention.py, its decode rows (and the RMSNorms) on the fused C++ kernels where they build
+    attention = "cpp" if load_kernels() is not None else "torch"
     assert (cpu.attention, cpu.sampler, cpu.cuda_graphs, cpu.dtype) == (
-        "torch", "host", False, torch.float32,
+        attention, "host", False, torch.float32,
     )  # fmt: skip
     assert not cpu.fast
     cuda = resolve_backends(EngineConfig(device="cuda"))  # resolving needs no GPU
