@@ -104,6 +104,8 @@ def _build() -> None:
     name = f"dorarl_cpu_kernels_{capability.lower()}_{digest}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     build_dir = Path(root) / name
+    if not any(build_dir.glob("*.so")):
+        logger.info("building the fused CPU kernels once, into %s (16-40 s)", build_dir)
     with _exclusive(build_dir):
         load(
             name,
