@@ -131,8 +131,20 @@ class EngineFleet:
 
     def load(self, iid: int, version: int, source: int) -> None:
         """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded."""
+        source = self._serving(version, source, iid)
         ref = self._carry(iid, version, source)
         self._submit(ref, "load", (iid, version, source))
+
+    def _serving(self, version: int, source: int, iid: int) -> int:
+        """`source`, or a peer hosting `version` where the trainer cannot serve it any more:
+        a new trainer restored past it (trainer recovery) never makes it again, and over the
+        collective transport the dead trainer's copies died with it."""
+        if source != TRAINER or self.weights.has(version):
+            return source
+        for peer in self._driver.controller.hosts(version):
+            if peer != iid:
+                return peer
+        raise RuntimeError(f"no copy of version {version} left to load on instance {iid}")
 
     def restore(self, iid: int, version: int, source: int) -> None:
         """A replacement actor takes its instance's version back, before anything else
