@@ -100,7 +100,7 @@ def make_workload(spec: DeviceSpec, vocab: int) -> tuple[list[list[int]], list[i
     return work.prompts, work.lengths
 
 
-ENGINE_SET_KEYS = ("attention", "sampler", "cuda_graphs", "dtype")
+ENGINE_SET_KEYS = ("attention", "sampler", "cuda_graphs", "dtype", "linear_kernel")
 
 
 def _engine(

@@ -152,7 +152,10 @@ class EngineWorker:
         snapshots = [
             self.engine.export_request(rid, to_host=False) for rid in request_ids if rid in present
         ]
-        if self.engine.device.type == "cuda":  # the `weights` thread sends on its own stream
+        if self.engine.device.type == "cuda":
+            for snap in snapshots:  # an offloaded request's KV comes from the host pool
+                snap.kv = None if snap.kv is None else snap.kv.to(self.engine.device)
+            # the `weights` thread sends (or shares) it on its own stream
             torch.cuda.current_stream(self.engine.device).synchronize()
         parcel = kv_transfer.pack_parcel(snapshots, self.held_kv)
         return [snap.request_id for snap in snapshots], parcel

@@ -142,7 +142,7 @@ def receive(
             return None
         if buffers:
             open_shared(handles, buffers)
-        source.release_kv.options(concurrency_group=WEIGHTS_GROUP).remote(parcel.ticket)
+        _ask(source.release_kv, parcel.ticket)  # copied: the source lets it go
         return buffers
     assert group is not None, "a KV receive over the group by an engine outside it"
     sender = source.send_kv.options(concurrency_group=WEIGHTS_GROUP)

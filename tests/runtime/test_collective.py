@@ -122,3 +122,21 @@ def test_a_migration_over_the_group_continues_as_if_the_request_never_moved(acto
     assert ray.get(first.held_tickets.remote()) == 0  # delivered, let go
     (got,) = ray.get(second.run.remote(64)).finished
     assert got.output_ids == want.output_ids and got.migrations == 1
+
+
+def test_a_source_that_dies_holding_the_kv_loses_nothing(actors):
+    """The source died after its export, before sending: the destination's receive fails,
+    and the request continues from its tokens there (re-prefill), none of them lost. Last
+    here: it kills an engine of the module's group."""
+    trainer, (first, second), transports = actors
+    transport = transports["collective"]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=[], seed=6)
+    ray.get(first.add.remote([NewRequest("orphan", [4, 5, 6, 7, 8], params)]))
+    ray.get(first.run.remote(4))
+    ids, parcel = first.export_kv.options(num_returns=2).remote(["orphan"])
+    (kept,) = ray.get(parcel).snapshots
+    ray.kill(first)
+    assert ray.get(second.import_parcel.remote(parcel, first, *transport.kv_route(first, second)))
+    (out,) = ray.get(second.run.remote(64)).finished
+    assert out.output_ids[: len(kept.output_ids)] == kept.output_ids and len(out.output_ids) == 12
+    assert out.reprefill_tokens == kept.num_tokens - 1
