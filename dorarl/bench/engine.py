@@ -518,8 +518,8 @@ def main(argv: list[str]) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype, "
-        "linear_kernel) for every engine of the bench, e.g. cuda_graphs=off",
+        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype; with "
+        "--actor-migration also linear_kernel) for every engine of the bench, e.g. cuda_graphs=off",
     )
     parser.add_argument(
         "--actor-migration",
@@ -593,15 +593,23 @@ def _header_only() -> dict[str, Any]:
 
 
 def _device_main(args: argparse.Namespace, console: Console, log: Console) -> int:
-    from dorarl.bench.engine_device import device_report, parse_engine_set, print_device_report
+    from dorarl.bench.engine_device import (
+        ENGINE_SET_KEYS,
+        device_report,
+        parse_engine_set,
+        print_device_report,
+    )
 
     if args.model or args.real_only:
         raise UserInputError("--device benches random weights of --shape; drop --model/--real-only")
     shape = args.shape or ("qwen2-0.5b" if args.device.startswith("cuda") else "tiny")
-    engine_set = parse_engine_set(args.engine_set)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.actor_migration:
-        return _actor_migration_main(args, shape, console, log, engine_set)
+    if args.actor_migration:  # its actors' memory may call for linear_kernel=torch on a CPU
+        keys = (*ENGINE_SET_KEYS, "linear_kernel")
+        return _actor_migration_main(
+            args, shape, console, log, parse_engine_set(args.engine_set, keys)
+        )
+    engine_set = parse_engine_set(args.engine_set)
     partial = args.out / "engine.partial.json"  # what a run cut short had measured
 
     def save(bench: dict) -> None:
