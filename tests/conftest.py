@@ -63,10 +63,23 @@ def smollm2_dir(tmp_path_factory) -> Path:
         return folder
     pytest.importorskip("gguf", reason="dorarl[real] (gguf, accelerate) is not installed")
     pytest.importorskip("accelerate", reason="dorarl[real] (gguf, accelerate) is not installed")
+    return _converted_once(tmp_path_factory)
+
+
+def _converted_once(tmp_path_factory) -> Path:
+    """One conversion per test run, shared by pytest-xdist's workers: they have one parent
+    temporary folder, and a file lock lets the first worker convert while the others wait."""
+    from filelock import FileLock
+
     from dorarl.cli import main
 
-    folder = tmp_path_factory.mktemp("smollm2") / "model"
-    assert main(["model", "get", "smollm2-135m-instruct", "--out", str(folder)]) == 0
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    folder = shared / "smollm2" / "model"
+    with FileLock(str(shared / "smollm2.lock")):
+        if not (folder / "config.json").is_file():
+            assert main(["model", "get", "smollm2-135m-instruct", "--out", str(folder)]) == 0
     return folder
 
 

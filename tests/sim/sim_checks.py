@@ -141,6 +141,11 @@ def _check_filtered_group(trajectories: list[dict], cfg: ControllerConfig) -> No
         assert step - cfg.effective_K <= oldest <= step  # outstanding groups sit in the window
 
 
+# The trace stores times in microseconds rounded to 1 ns and a slice as start + duration, so a
+# slice's end read back as start + dur can miss the instant it was written by one rounding.
+TRACE_RESOLUTION_US = 1e-3
+
+
 def _check_trace(out: Path, cfg: ControllerConfig) -> None:
     events = json.loads((out / "trace.json").read_text())["traceEvents"]
     published = sorted(
@@ -169,7 +174,7 @@ def _check_trace(out: Path, cfg: ControllerConfig) -> None:
             if value == 0:
                 continue
             end = points[idx + 1][0] if idx + 1 < len(points) else ts
-            version = next((v for s, e, v in slices if s <= ts < e or s <= ts == e), None)
+            version = next((v for s, e, v in slices if s <= ts <= e + TRACE_RESOLUTION_US), None)
             assert version is not None, f"instance {pid - 1} busy at {ts} with no hosted version"
             low = newest(end, strictly_before=True) - cfg.effective_K
             assert version >= low, f"instance {pid - 1} ran v{version} outside the window at {end}"

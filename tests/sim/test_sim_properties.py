@@ -120,6 +120,43 @@ def test_invariants_hold_with_dynamic_sampling_in_every_mode(mode, data, tmp_pat
     run_and_check(scenario, tmp_path_factory.mktemp(f"{mode}-filtered"))
 
 
+def test_a_request_interrupted_the_instant_its_version_ends(tmp_path):
+    """Found by the dynamic-sampling property test: an instance's busy counter rises and falls
+    at the very instant its version's slice ends (a request dispatched, then interrupted for
+    the reload). The trace check must see that instant inside the slice despite rounding."""
+    cfg = ControllerConfig(
+        mode="dora",
+        K=2,
+        tbs=4,
+        rbs=9,
+        group_size=2,
+        instances=3,
+        slots=7,
+        steps=3,
+        first_group=100,
+        orchestrator=OrchestratorConfig(
+            kv_offload_threshold=0.5,
+            rebalance_period_s=0.5,
+            p2p_weights=False,
+            legacy_fill=False,
+            kv_packing=False,
+        ),
+        rollout=RolloutConfig(filter_groups=True, max_filtered_per_step=1),
+    )
+    cost = CostModel(
+        decode_fixed_s=1e-3,
+        decode_per_kv_token_s=1e-5,
+        prefill_per_token_s=0.0,
+        kv_capacity_tokens=809,
+        weight_bytes=0.0,
+        train_fixed_s=0.01,
+        train_per_token_s=0.0,
+    )
+    lengths = LengthDist(median=24.0, p99_ratio=20.0, group_corr=1.0, max_len=512, prompt_len=27)
+    rewards = RewardModel(uniform_share=0.0, correct_share=0.0)
+    run_and_check((cfg, cost, lengths, rewards, 49675), tmp_path)
+
+
 @pytest.mark.slow
 @settings(max_examples=500, **SETTINGS)
 @given(scenario=scenarios(max_steps=40))
