@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Issue 13 on one GPU in one run (about 6-8 minutes on an H200; every stage has a time cap):
+# Issue 13 on one GPU in one run (about 8-11 minutes on an H200; every stage has a time cap):
 #   1. the engine's cuda tests (exactness against HF, graph replay equals eager, weights
 #      loaded in place under captured graphs, migration between two engines) and the Triton
 #      kernel, device sampler and decode-graph tests, on cuda;
 #   2. `dorarl bench engine --device cuda --shape qwen2-0.5b` (the bars' shape, full);
 #   3. the same at qwen2.5-7b, --quick;
-#   4. with GPU_CHECK_KERNELS=1 also scripts/gpu_kernels.py (the kernels alone, ~2 min).
+#   4. a migration between two engine actors on the GPU (CUDA IPC): its test, then
+#      `dorarl bench engine --device cuda --shape qwen2-0.5b --actor-migration` (object_store
+#      vs collective vs re-prefill at 1k/4k/16k tokens; needs Ray, which gpu_prepare.sh carries);
+#   5. with GPU_CHECK_KERNELS=1 also scripts/gpu_kernels.py (the kernels alone, ~2 min).
 # If a tiny Triton kernel cannot run here, the benches run with attention=torch and no
 # graphs, and say so. Everything lands in $OUT (or /tmp/gpu_check): logs and engine JSONs.
-#     bash scripts/gpu_prepare.sh          # here, once: pytest wheels into .gpu/
+#     bash scripts/gpu_prepare.sh          # here, once: pytest and Ray wheels into .gpu/ (43 MB)
 #     bash scripts/gpu_check.sh            # there: device tool, carry [".gpu"]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +19,7 @@ out="${OUT:-/tmp/gpu_check}"
 mkdir -p "$out"
 export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET  # the real kernels, compiled for the GPU
-if ! python3 -c 'import pytest' 2>/dev/null && ls .gpu/whl/*.whl >/dev/null 2>&1; then
+if ! python3 -c 'import pytest, ray' 2>/dev/null && ls .gpu/whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu/whl/*.whl 2>&1 | grep -v WARNING
 fi
 start=$SECONDS
@@ -63,6 +66,14 @@ bench() {  # shape, time cap, extra flags
 }
 bench qwen2-0.5b 240
 bench qwen2.5-7b 120 --quick
+
+stage "kv migration between two engine actors on one GPU"
+timeout 90 python3 -m pytest -q -p no:cacheprovider -rs tests/runtime/test_kv_transfer_cuda.py 2>&1 \
+  | tee "$out/pytest-kv-migration.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+timeout 150 python3 -m dorarl.cli bench engine --device cuda --shape qwen2-0.5b --actor-migration \
+  --out "$out/actor-migration" 2>&1 | tee "$out/bench-actor-migration.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 if [ "${GPU_CHECK_KERNELS:-0}" = 1 ]; then
   stage "gpu_kernels.py"

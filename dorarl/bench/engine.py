@@ -518,8 +518,18 @@ def main(argv: list[str]) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype) for every "
-        "engine of the bench, e.g. cuda_graphs=off",
+        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype; with "
+        "--actor-migration also linear_kernel) for every engine of the bench, e.g. cuda_graphs=off",
+    )
+    parser.add_argument(
+        "--actor-migration",
+        action="store_true",
+        help="with --device: only a migration between two engine actors, object_store vs "
+        "collective vs re-prefill at 1k/4k/16k tokens (actor_migration.py)",
+    )
+    parser.add_argument(
+        "--contexts",
+        help="with --actor-migration: comma-separated token counts instead of 1024,4096,16384",
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -547,6 +557,33 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _actor_migration_main(
+    args: argparse.Namespace, shape: str, console, log, engine_set: tuple[tuple[str, str], ...]
+) -> int:
+    from dorarl.bench.actor_migration import actor_migration_report, print_actor_migration
+    from dorarl.bench.engine_device import resolve_device
+
+    resolve_device(args.device)  # one line for a device that is not here
+    contexts = _contexts(args.contexts) if args.contexts else None
+    report = actor_migration_report(
+        shape, args.device, args.quick, args.threads, log, contexts, engine_set
+    )
+    (args.out / "actor_migration.json").write_text(json.dumps(report, indent=2))
+    print_actor_migration(report, console)
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        contexts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        contexts = ()
+    if not contexts or min(contexts) < 2:
+        raise UserInputError(f"--contexts: comma-separated token counts >= 2, got {text!r}")
+    return contexts
+
+
 def _header_only() -> dict[str, Any]:
     return {
         "threads": torch.get_num_threads(),
@@ -556,13 +593,23 @@ def _header_only() -> dict[str, Any]:
 
 
 def _device_main(args: argparse.Namespace, console: Console, log: Console) -> int:
-    from dorarl.bench.engine_device import device_report, parse_engine_set, print_device_report
+    from dorarl.bench.engine_device import (
+        ENGINE_SET_KEYS,
+        device_report,
+        parse_engine_set,
+        print_device_report,
+    )
 
     if args.model or args.real_only:
         raise UserInputError("--device benches random weights of --shape; drop --model/--real-only")
     shape = args.shape or ("qwen2-0.5b" if args.device.startswith("cuda") else "tiny")
-    engine_set = parse_engine_set(args.engine_set)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.actor_migration:  # its actors' memory may call for linear_kernel=torch on a CPU
+        keys = (*ENGINE_SET_KEYS, "linear_kernel")
+        return _actor_migration_main(
+            args, shape, console, log, parse_engine_set(args.engine_set, keys)
+        )
+    engine_set = parse_engine_set(args.engine_set)
     partial = args.out / "engine.partial.json"  # what a run cut short had measured
 
     def save(bench: dict) -> None:

@@ -459,15 +459,15 @@ def resolve_device(name: str) -> Device:
     return Device(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
-def parse_engine_set(items: list[str]) -> tuple[tuple[str, str], ...]:
+def parse_engine_set(
+    items: list[str], keys: tuple[str, ...] = ENGINE_SET_KEYS
+) -> tuple[tuple[str, str], ...]:
     pairs = []
     for item in items:
         key, sep, value = item.partition("=")
         key = key.removeprefix("engine.")
-        if not sep or key not in ENGINE_SET_KEYS:
-            raise UserInputError(
-                f"--engine-set: {item!r} is not KEY=VALUE with KEY one of {ENGINE_SET_KEYS}"
-            )
+        if not sep or key not in keys:
+            raise UserInputError(f"--engine-set: {item!r} is not KEY=VALUE with KEY one of {keys}")
         pairs.append((key, value))
     return tuple(pairs)
 

@@ -18,8 +18,9 @@ the warm-up before capture; the decode grid depends only on shapes, so a bucket'
 serves any contexts up to `max_blocks` blocks.
 
 Weights: a graph bakes in the addresses of the weights it read, so a new version must be
-copied into the same storage (`load_weights_in_place`), never swapped for new tensors;
-then no recapture is needed. Without a GPU (`graphs=False`) `run` executes the same
+copied into the same storage, never swapped for new tensors (`Engine.load_weights` copies
+each tensor into its place, `weights.load_in_place`; `load_weights_in_place` here copies a
+whole packed set); then no recapture is needed. Without a GPU (`graphs=False`) `run` executes the same
 forward over the same static buffers eagerly, which is what the CPU tests check.
 
 Wiring (issue 13, done in `engine.py` and `device_runner.py`): the engine, on cuda,
@@ -28,7 +29,7 @@ passes the last as `scratch_block`; builds `DecodeGraphs(forward, cache, max_num
 ceil(max_model_len / block_size), scratch_block)` and calls `capture()` at start-up; in
 `DeviceRunner.run`, a batch of decode rows only goes to `graphs.run(token_ids, rows)` (a
 batch with prefill chunks runs eagerly on `TritonPagedAttention`); `Engine.load_weights`
-packs the new tensors and calls `load_weights_in_place(self.model.weights, packed)`.
+copies the new tensors into the live ones (`weights.load_in_place`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.sampler import SampleRow, sample
 from dorarl.engine.scheduler import Batch
 from dorarl.engine.sequence import Sequence
-from dorarl.engine.weights import ModelWeights
 
 
 class DeviceRunner:
@@ -111,36 +110,3 @@ def build_device_runner(model: Transformer, base: ModelRunner, config: EngineCon
         )  # fmt: skip
         graphs.capture()
     return DeviceRunner(model, base, backends, graphs), graphs
-
-
-def owned(
-    named: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
-) -> dict[str, torch.Tensor]:
-    """Copies of the tensors `pack` would otherwise alias (already on the device, in the
-    dtype): in-place loads of later versions must never write into the caller's tensors."""
-    return {
-        k: v.detach().clone() if _same_device(v.device, device) and v.dtype == dtype else v
-        for k, v in named.items()
-    }
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    """cuda and cuda:0 are one device when 0 is the current one (torch's == says no)."""
-    if a.type != b.type:
-        return False
-    if a.type != "cuda":
-        return True
-    current = torch.cuda.current_device()
-    return (current if a.index is None else a.index) == (current if b.index is None else b.index)
-
-
-def install_in_place(graphs, model: Transformer, packed: ModelWeights) -> None:
-    """A new version into the live weights' storage, so the captured graphs stay valid; a
-    layout they do not share (never from `pack` of one spec) swaps and recaptures instead."""
-    from dorarl.engine.decode_graphs import load_weights_in_place
-
-    try:
-        load_weights_in_place(model.weights, packed)
-    except ValueError:
-        model.weights = packed
-        graphs.capture()

@@ -23,7 +23,7 @@ from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
-from dorarl.engine.device_runner import build_device_runner, install_in_place, owned
+from dorarl.engine.device_runner import build_device_runner
 from dorarl.engine.kv_cache import KVCache, KVShape
 from dorarl.engine.linear import choose_kernel
 from dorarl.engine.model import Transformer, rms_norm, rotate
@@ -33,7 +33,14 @@ from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, S
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.token_ids import checked_token_ids
-from dorarl.engine.weights import check_named, load_folder, pack, random_named, unpack
+from dorarl.engine.weights import (
+    check_named,
+    load_folder,
+    load_in_place,
+    pack,
+    random_named,
+    unpack,
+)
 from dorarl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -94,8 +101,6 @@ class Engine:
 
     def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
         check_named(self.spec, named_weights, f"{where}: weights")
-        if self.backends.cuda_graphs:
-            named_weights = owned(named_weights, self.device, self.dtype)
         weights = pack(self.spec, named_weights, self.device, self.dtype, self.kernel)
         cos, sin = rope_tables(self.hf_config, self.spec, self.config.max_model_len)
         fused = self._cpu_kernels()
@@ -278,23 +283,25 @@ class Engine:
         return seq
 
     # --- leaving and joining ------------------------------------------------------------
-    def export_request(self, request_id: str) -> RequestSnapshot:
-        """Remove a request and return its full state with its KV (no re-prefill needed)."""
+    def export_request(self, request_id: str, to_host: bool = True) -> RequestSnapshot:
+        """Remove a request and return its full state with its KV (no re-prefill needed):
+        on the CPU, or with `to_host=False` KV in the device pool stays on the device."""
         seq = self._get(request_id)
-        kv = self._export_kv(seq)
+        kv = self._export_kv(seq, to_host)
         snap = _snapshot(seq, self.version, kv)
         self._drop(seq)
         self._counters["migrations_out"] += 1
         return snap
 
-    def _export_kv(self, seq: Sequence) -> torch.Tensor | None:
+    def _export_kv(self, seq: Sequence, to_host: bool) -> torch.Tensor | None:
         if seq.num_computed == 0:
             return None
         if seq.kv_place is KVPlace.DEVICE:
-            return self.kv.export(seq.block_table, seq.num_computed)
+            return self.kv.export(seq.block_table, seq.num_computed, to_host)
         if seq.kv_place is KVPlace.HOST:
             return self.kv.export_host(seq.host_table, seq.num_computed)
-        return self._detached[seq.request_id]
+        detached = self._detached[seq.request_id]  # on the device if it came device to device
+        return self.kv.host_copy(detached) if to_host else detached
 
     def import_request(self, snap: RequestSnapshot) -> None:
         """Continue a request exported by an engine of the same version, reusing its KV."""
@@ -425,17 +432,16 @@ class Engine:
 
     # --- weights ------------------------------------------------------------------------
     def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Swap in another version's weights between steps (all tensors, checked first).
+        """Swap in another version's weights between steps (all tensors checked first: a
+        refused load leaves the old weights whole).
 
         Requests still in the engine continue on their existing KV under the new weights
         and their new tokens carry the new version; callers that need one version per
         trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
-        packed = pack(self.spec, named_tensors, self.device, self.dtype, self.kernel)
-        if self.graphs is None:
-            self.model.weights = packed
-        else:  # captured graphs read the live tensors' addresses: copy into them
-            install_in_place(self.graphs, self.model, packed)
+        # tensor by tensor into the live storage: no transient second weight set, and the
+        # captured graphs, which read these addresses, stay valid
+        load_in_place(self.spec, self.model.weights, named_tensors)
         if self._seqs:
             logger.warning(
                 "version %d -> %d with %d requests in flight",

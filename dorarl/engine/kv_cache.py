@@ -5,6 +5,7 @@ block of one kv head is a contiguous `[block_size, head_dim]` tile and a range o
 a plain view `[blocks, kv_heads, block_size, head_dim]` (decode attention reads it in place);
 gathering one sequence's tiles with `index_select` yields `[1, kv_heads, ctx, dim]` keys. Snapshot layout (engine-independent): `[2, num_layers, num_kv_heads, num_tokens,
 head_dim]` on the CPU, so a request can move between engines of different block sizes.
+On cuda, copies to and from host memory use pinned buffers and non-blocking copies.
 """
 
 from __future__ import annotations
@@ -76,20 +77,32 @@ class KVCache:
         )
 
     # --- whole-request copies ------------------------------------------------------
+    # On cuda every copy between the pool and host memory goes through pinned memory and
+    # is queued non-blocking (torch's caching host allocator keeps a pinned buffer alive
+    # until the copies queued on it are done); a copy the host reads next waits once.
+    @property
+    def _on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
     def offload(self, device_blocks: list[int], host_blocks: list[int]) -> None:
         src = torch.tensor(device_blocks, device=self.device)
         dst = torch.tensor(host_blocks)
-        self.host.index_copy_(2, dst, self.pool.index_select(2, src).to("cpu"))
+        self.host.index_copy_(2, dst, self.host_copy(self.pool.index_select(2, src)))
 
     def restore(self, host_blocks: list[int], device_blocks: list[int]) -> None:
         src = torch.tensor(host_blocks)
         dst = torch.tensor(device_blocks, device=self.device)
-        blocks = self.host.index_select(2, src).to(self.device)
-        self.pool.index_copy_(2, dst, blocks)
+        self.pool.index_copy_(2, dst, self._to_device(self._host_select(src)))
 
-    def export(self, device_blocks: list[int], num_tokens: int) -> torch.Tensor:
-        """A request's KV as a CPU snapshot tensor `[2, layers, kv_heads, num_tokens, dim]`."""
-        return self._to_tokens(self.pool.index_select(2, self._index(device_blocks)), num_tokens)
+    def export(
+        self, device_blocks: list[int], num_tokens: int, to_host: bool = True
+    ) -> torch.Tensor:
+        """A request's KV as a snapshot tensor `[2, layers, kv_heads, num_tokens, dim]`: on
+        the CPU (pinned on cuda), or with `to_host=False` on this device (a transfer device to
+        device: dorarl.runtime.kv_transfer)."""
+        blocks = self.pool.index_select(2, self._index(device_blocks))
+        tokens = self._to_tokens(blocks, num_tokens)
+        return self.host_copy(tokens) if to_host else tokens
 
     def export_host(self, host_blocks: list[int], num_tokens: int) -> torch.Tensor:
         return self._to_tokens(self.host.index_select(2, torch.tensor(host_blocks)), num_tokens)
@@ -99,7 +112,7 @@ class KVCache:
         s = self.shape
         num_tokens = kv.shape[3]
         pad = len(device_blocks) * s.block_size - num_tokens
-        kv = kv.to(self.device, self.dtype)
+        kv = self._to_device(kv).to(self.dtype)
         if pad:
             kv = torch.nn.functional.pad(kv, (0, 0, 0, pad))
         tiles = kv.view(
@@ -111,9 +124,33 @@ class KVCache:
         return torch.tensor(blocks, dtype=torch.long, device=self.device)
 
     def _to_tokens(self, blocks: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """Blocks `[2, layers, n, kv_heads, block, dim]` as tokens, contiguous, where they are."""
         s = self.shape
         n = blocks.shape[2]
         tokens = blocks.transpose(2, 3).reshape(
             2, s.num_layers, s.num_kv_heads, n * s.block_size, -1
         )
-        return tokens[:, :, :, :num_tokens].to("cpu").contiguous()
+        return tokens[:, :, :, :num_tokens].contiguous()
+
+    def _host_select(self, host_index: torch.Tensor) -> torch.Tensor:
+        """Host pool blocks gathered into a new tensor (pinned on cuda)."""
+        if not self._on_cuda:
+            return self.host.index_select(2, host_index)
+        s = self.host.shape
+        out = torch.empty((*s[:2], len(host_index), *s[3:]), dtype=self.dtype, pin_memory=True)
+        return torch.index_select(self.host, 2, host_index, out=out)
+
+    def host_copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor in host memory (from the device: pinned, the copy queued, then one wait)."""
+        if tensor.device.type == "cpu" or not self._on_cuda:
+            return tensor.to("cpu")
+        pinned = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        pinned.copy_(tensor, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return pinned
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor on this device; from pinned memory the copy is queued, not waited for."""
+        if tensor.device.type == self.device.type or not self._on_cuda:
+            return tensor.to(self.device)
+        return tensor.to(self.device, non_blocking=tensor.is_pinned())

@@ -39,6 +39,11 @@ class Linear:
     def kernel(self) -> str:
         return "torch" if self.packed is None else "onednn"
 
+    def repack(self) -> None:
+        """Reorder `weight` again after it was written in place (a new version)."""
+        if self.packed is not None:
+            self.packed = _pack(self.weight)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)

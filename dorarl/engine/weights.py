@@ -2,8 +2,9 @@
 
 The forward pass uses fused q|k|v and gate|up matrices (fewer, larger matmuls), each a
 `Linear` on the engine's matmul kernel (dorarl/engine/linear.py); the outside world only sees
-Hugging Face state-dict names. `pack` builds new tensors and never writes into the live ones,
-so a failed update leaves the engine's weights untouched. Files are read with safetensors
+Hugging Face state-dict names. `pack` builds the engine's own tensors once; a new version is
+copied into them tensor by tensor (`load_in_place`), after `check_named` accepted all of it,
+so a refused update leaves the engine's weights untouched. Files are read with safetensors
 only (never pickle).
 """
 
@@ -83,10 +84,11 @@ def pack(
     kernel: str = "torch",
 ) -> ModelWeights:
     """Fresh device tensors in the forward pass's layout, on matmul `kernel` (onednn | torch;
-    call `check_named` first)."""
+    call `check_named` first). Never views of `named`: `load_in_place` writes into them."""
 
-    def get(name: str) -> torch.Tensor:
-        return named[name].detach().to(device=device, dtype=dtype).contiguous()
+    def get(name: str) -> torch.Tensor:  # a copy always: later loads write into it
+        src = named[name].detach()
+        return torch.empty(src.shape, device=device, dtype=dtype).copy_(src)
 
     def cat(*names: str) -> torch.Tensor:
         return torch.cat([named[n].detach().to(device=device, dtype=dtype) for n in names])
@@ -118,6 +120,26 @@ def _pack_layer(spec: ModelSpec, p: str, get, cat, linear) -> LayerWeights:
         q_norm=get(f"{a}q_norm.weight") if spec.qk_norm else None,
         k_norm=get(f"{a}k_norm.weight") if spec.qk_norm else None,
     )
+
+
+def load_in_place(spec: ModelSpec, live: ModelWeights, named: dict[str, torch.Tensor]) -> None:
+    """Copy `named` (checked by `check_named`: nothing here can refuse it) into the live
+    weights, tensor by tensor, through the views `unpack` gives (fused matrices take their
+    parts in their slices): no second weight set is ever built, the storage stays where
+    it is (captured CUDA graphs keep reading it), and oneDNN's reordered copies are made
+    again one product at a time."""
+    with torch.inference_mode():
+        for name, target in unpack(spec, live).items():
+            target.copy_(named[name].detach())
+        for linear in _linears(live):
+            linear.repack()
+
+
+def _linears(weights: ModelWeights) -> list[Linear]:
+    products = [weights.lm_head]
+    for layer in weights.layers:
+        products += [layer.qkv, layer.o, layer.gate_up, layer.down]
+    return products
 
 
 def unpack(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:

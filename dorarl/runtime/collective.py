@@ -9,6 +9,9 @@ through CUDA IPC instead of NCCL. A version stays in the trainer as buckets on i
 trainer, or a peer for the controller's peer-first tree) to send over the group's `weights`
 concurrency group and receives into fresh buckets, verified before they are swapped in.
 
+Migrations between engines use the group too: their KV goes point to point (or through
+CUDA IPC) while the snapshots' metadata goes through Ray (dorarl.runtime.kv_transfer).
+
 Recovery: a replaced actor (engine or trainer) is a new process outside the group, and the
 group is not re-formed (that would need every transfer in flight to drain at once). Any
 load whose source or destination is outside the group goes through the object store
@@ -71,6 +74,14 @@ class CollectiveWeights(ObjectStoreWeights):
             return engine.load_weights.remote(self._copy(version, peer), version, manifest)
         via = "ipc" if dst.device_key == src.device_key else "group"
         return engine.receive_weights.remote(version, manifest, source, src.rank, via)
+
+    def kv_route(self, src: Any, dst: Any) -> tuple[int, str] | None:
+        """Migrations between members go over the group (CUDA IPC on one GPU); one with a
+        replacement at either end, outside the group, through the object store."""
+        s, d = self.members.get(actor_key(src)), self.members.get(actor_key(dst))
+        if s is None or d is None:
+            return None
+        return s.rank, "ipc" if s.device_key == d.device_key else "group"
 
     def _copy(self, version: int, peer: Any | None) -> ray.ObjectRef:
         if peer is None:

@@ -2,14 +2,16 @@
 
 Every method returns plain picklable data. Calls on one worker run in submission order
 (a Ray actor with one thread), which is what the controller's command ordering needs;
-only sends of its weights to a peer run beside them, on the actor's `weights` concurrency
-group (dorarl.runtime.weight_endpoints). Every weight load is checked against the sender's
-manifest before it is swapped in, whatever carried it. With a `DeviceModel`, every engine
+only sends of its weights (or of migrated KV) to a peer run beside them, on the actor's
+`weights` concurrency group (dorarl.runtime.weight_endpoints, dorarl.runtime.kv_transfer).
+Every weight load is checked against the sender's manifest before it is swapped in,
+whatever carried it. With a `DeviceModel`, every engine
 step lasts its device time (dorarl.record.pacing).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +27,13 @@ from dorarl.engine import (
     SamplingParams,
 )
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
+from dorarl.runtime import kv_transfer
 from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.weight_group import GroupAddress, Member, WeightGroup, device_key, share
 from dorarl.runtime.weight_layout import Manifest, flatten
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,6 +88,7 @@ class EngineWorker:
         self.pacer = Pacer() if pace is not None else None
         self.group: WeightGroup | None = None  # the weight-transfer group, once joined
         self._shared: dict[int, list[torch.Tensor]] = {}  # buckets a peer on this GPU reads
+        self.held_kv = kv_transfer.HeldKV()  # exported KV waiting for its destination
 
     def reset(self) -> int:
         """A fresh engine on the folder's weights, as if the actor had just started; lets a
@@ -137,6 +143,57 @@ class EngineWorker:
         for snap in snapshots:
             self.engine.import_request(snap)
         return [snap.request_id for snap in snapshots]
+
+    # ---- migrations whose KV travels over the group (dorarl.runtime.kv_transfer) ---------
+    def export_kv(self, request_ids: list[str]) -> tuple[list[str], kv_transfer.KVParcel]:
+        """`export`, the KV kept here (on the device) under the parcel's ticket until the
+        destination asks for it."""
+        present = set(self.engine.request_ids())
+        snapshots = [
+            self.engine.export_request(rid, to_host=False) for rid in request_ids if rid in present
+        ]
+        if self.engine.device.type == "cuda":
+            for snap in snapshots:  # an offloaded request's KV comes from the host pool
+                snap.kv = None if snap.kv is None else snap.kv.to(self.engine.device)
+            # the `weights` thread sends (or shares) it on its own stream
+            torch.cuda.current_stream(self.engine.device).synchronize()
+        parcel = kv_transfer.pack_parcel(snapshots, self.held_kv)
+        return [snap.request_id for snap in snapshots], parcel
+
+    def import_parcel(
+        self, parcel: kv_transfer.KVParcel, source: Any, source_rank: int, via: str
+    ) -> list[str]:
+        """Import a parcel's requests, their KV fetched from `source` `via` the group, CUDA
+        IPC or the object store; KV that cannot come (its source is gone) is re-prefilled."""
+        device, group = self.engine.device, self.group
+        tensors = kv_transfer.receive(parcel, source, source_rank, via, device, group)
+        if tensors is None:
+            log.warning("instance %d: the KV of %d migrated requests is lost with its source; "
+                        "they re-prefill", self.instance_id, len(parcel.snapshots))  # fmt: skip
+            for snap in parcel.snapshots:
+                self.engine.resume_request(snap.tokens_only())
+            return [snap.request_id for snap in parcel.snapshots]
+        return self.import_(parcel.with_kv(tensors))
+
+    def send_kv(self, ticket: int, dst: int) -> None:
+        """A held parcel's KV to rank `dst` over the group (runs on the `weights` group)."""
+        assert self.group is not None, "send_kv before join_weights"
+        kv_transfer.send_held(self.group, self.held_kv, ticket, dst)
+
+    def share_kv(self, ticket: int) -> list | None:
+        """CUDA IPC handles of a held parcel's KV, until `release_kv` (`weights` group)."""
+        return kv_transfer.share_held(self.held_kv, ticket)
+
+    def release_kv(self, ticket: int) -> None:
+        self.held_kv.take(ticket)
+
+    def take_kv(self, ticket: int) -> list[torch.Tensor] | None:
+        """A held parcel's KV as CPU tensors, for a destination outside the group."""
+        return kv_transfer.take_held(self.held_kv, ticket)
+
+    def held_tickets(self) -> int:
+        """Parcels whose KV waits here for its destination."""
+        return len(self.held_kv)
 
     def abort(self, request_ids: list[str]) -> list[RequestSnapshot]:
         present = set(self.engine.request_ids())

@@ -6,7 +6,9 @@ stepping call (`run`, `steps_per_call` engine steps) stays queued on every insta
 holds requests; its report brings finished requests (scored, to the driver), KV usage
 crossings of the threshold (`InstanceStats`) and paced-compute figures. Weights travel
 through the `WeightTransport`; a migration is an export on its source whose snapshots an
-import on its destination takes, by reference.
+import on its destination takes, by reference. With the collective transport the snapshots'
+KV stays out of them: the destination's import fetches it over the group from the source
+(`WeightTransport.kv_route`, dorarl.runtime.kv_transfer).
 
 Each instance has an incarnation (`generations`), raised when recovery replaces its dead
 actor. A call's answer counts only if the actor it lands on is the incarnation it was
@@ -101,9 +103,15 @@ class EngineFleet:
 
     def migrate(self, c: Migrate) -> None:
         src, dst = self.workers[c.src], self.workers[c.dst]
-        ids, snapshots = src.export.options(num_returns=2).remote(list(c.request_ids))
-        ref = dst.import_.remote(snapshots)
-        self._submit(ref, "migrate", (c.src, c.dst, c.request_ids, ids, snapshots))
+        route = self.weights.kv_route(src, dst)
+        if route is None:  # snapshots and KV pickled through the object store
+            ids, snapshots = src.export.options(num_returns=2).remote(list(c.request_ids))
+            ref = dst.import_.remote(snapshots)
+        else:  # metadata through Ray, KV over the group (dorarl.runtime.kv_transfer)
+            ids, snapshots = src.export_kv.options(num_returns=2).remote(list(c.request_ids))
+            ref = dst.import_parcel.remote(snapshots, src, *route)
+        args = (c.src, c.dst, c.request_ids, ids, snapshots, route is not None)
+        self._submit(ref, "migrate", args)
 
     def interrupt(self, c: Interrupt) -> None:
         aborted = self.workers[c.instance_id].abort.remote(list(c.request_ids))
@@ -153,9 +161,13 @@ class EngineFleet:
 
     def reimport(self, call: Call) -> None:
         """Land a migration's snapshots (they outlive their source) on the current actor of
-        its destination; the call keeps its source's incarnation and start time."""
-        src, dst, rids, ids, snapshots = call.args
-        ref = self.workers[dst].import_.remote(snapshots)
+        its destination; the call keeps its source's incarnation and start time. A parcel's
+        KV the source still holds is taken from it; gone with it, the requests re-prefill."""
+        src, dst, rids, ids, snapshots, parcel = call.args
+        if parcel:  # the KV the source holds comes as a Ray object: the new actor is outside
+            ref = self.workers[dst].import_parcel.remote(snapshots, self.workers[src], -1, "store")
+        else:
+            ref = self.workers[dst].import_.remote(snapshots)
         generations = list(call.generations)
         generations[dst] = self.generations[dst]
         self.calls.submit(ref, "migrate", call.args, call.started, tuple(generations))

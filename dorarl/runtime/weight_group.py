@@ -9,6 +9,8 @@ receiver posts the matching receives. Gloo on the CPU, NCCL between GPUs (NCCL m
 two-rank communicator per pair on first use, cached after). Two members on one GPU (NCCL
 refuses two ranks on a device) never send to each other: they hand buckets over as CUDA
 IPC handles instead (`share` / `open_shared`), which Ray carries as small objects.
+Migrated requests' KV travels over the same group (dorarl.runtime.kv_transfer), on a tag
+of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import torch.distributed as dist
 from torch.multiprocessing.reductions import reduce_tensor
 
 HEADER_OK, HEADER_REFUSED = 1, 0
+WEIGHTS_TAG, KV_TAG = 0, 1
+"""The pair's two streams: weight buckets, and migrated requests' KV (gloo keeps tags apart;
+NCCL has none, and relies on each receiver asking for one transfer at a time)."""
 
 
 @dataclass(frozen=True)
@@ -94,37 +99,46 @@ class WeightGroup:
         host = own_host(address.host == LOOPBACK)
         self.pg = _process_group(address, rank, host, prefixed, timeout)
 
-    def send(self, buckets: Iterable[torch.Tensor], count: int, version: int, dst: int) -> None:
-        """Header, then `count` buckets to `dst`."""
-        self._header(version, HEADER_OK, count, dst)
+    def send(
+        self,
+        buckets: Iterable[torch.Tensor],
+        count: int,
+        version: int,
+        dst: int,
+        tag: int = WEIGHTS_TAG,
+    ) -> None:
+        """Header, then `count` buckets to `dst` (`tag`: which stream of the pair)."""
+        self._header(version, HEADER_OK, count, dst, tag)
         for bucket in buckets:
-            self.pg.send([bucket], dst, 0).wait()
+            self.pg.send([bucket], dst, tag).wait()
 
-    def refuse(self, version: int, dst: int) -> None:
+    def refuse(self, version: int, dst: int, tag: int = WEIGHTS_TAG) -> None:
         """Tell `dst`, waiting for `version`, that this member cannot serve it."""
-        self._header(version, HEADER_REFUSED, 0, dst)
+        self._header(version, HEADER_REFUSED, 0, dst, tag)
 
-    def receive(self, buckets: list[torch.Tensor], version: int, src: int) -> bool:
+    def receive(
+        self, buckets: list[torch.Tensor], version: int, src: int, tag: int = WEIGHTS_TAG
+    ) -> bool:
         """Receive into `buckets` from `src`; False when `src` refused (nothing received).
         A sender that dies mid-transfer closes its connections, which fails the receive
         (at worst after the group's timeout)."""
         header = torch.zeros(3, dtype=torch.int64, device=self.device)
-        self.pg.recv([header], src, 0).wait()
+        self.pg.recv([header], src, tag).wait()
         got_version, status, count = header.tolist()
         if status != HEADER_OK:
             return False
         if got_version != version or count != len(buckets):
             raise RuntimeError(
-                f"weight group: rank {src} sent version {got_version} in {count} buckets, "
-                f"rank {self.rank} expected version {version} in {len(buckets)}"
+                f"weight group: rank {src} sent {got_version} in {count} buckets, "
+                f"rank {self.rank} expected {version} in {len(buckets)} (tag {tag})"
             )
         for bucket in buckets:
-            self.pg.recv([bucket], src, 0).wait()
+            self.pg.recv([bucket], src, tag).wait()
         return True
 
-    def _header(self, version: int, status: int, count: int, dst: int) -> None:
+    def _header(self, version: int, status: int, count: int, dst: int, tag: int) -> None:
         header = torch.tensor([version, status, count], dtype=torch.int64, device=self.device)
-        self.pg.send([header], dst, 0).wait()
+        self.pg.send([header], dst, tag).wait()
 
 
 def _process_group(address: GroupAddress, rank: int, host: str, store: dist.Store, timeout) -> Any:

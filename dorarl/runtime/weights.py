@@ -73,6 +73,11 @@ class WeightTransport(Protocol):
     def trainer_copy(self, version: int) -> ray.ObjectRef:
         """A reference to the trainer's CPU copies of `version` (the evaluator loads it)."""
 
+    def kv_route(self, src: Any, dst: Any) -> tuple[int, str] | None:
+        """How a migration's KV goes from engine `src` to `dst`: the source's rank and
+        "group" | "ipc" (dorarl.runtime.kv_transfer), or None: inside the snapshots,
+        through the object store."""
+
 
 def actor_key(actor: Any) -> str:
     return actor._actor_id.hex()
@@ -125,6 +130,9 @@ class ObjectStoreWeights:
         tensors = self._trainer[version].tensors
         assert tensors is not None
         return tensors
+
+    def kv_route(self, src: Any, dst: Any) -> tuple[int, str] | None:
+        return None
 
     # ---- loads -------------------------------------------------------------------------
     def load(self, engine: Any, version: int, peer: Any | None) -> ray.ObjectRef:

@@ -139,3 +139,29 @@ def test_migration_between_two_engines_on_one_gpu(dtype):
     got = run_all(b)["x"]
     assert got.output_ids == want.output_ids and got.migrations == 1
     assert got.logprobs == want.logprobs
+
+
+def test_kv_leaves_through_pinned_memory_or_stays_on_the_device():
+    """An export lands in pinned host memory; `to_host=False` keeps it on the GPU, and a
+    request imported from there (no host hop) continues exactly; an offload and restore
+    through the pinned host pool do too."""
+    model = _cuda_hf("qwen2")
+    prompt = prompts([29], seed=9)[0]
+    params = seeded(30, seed=4, top_p=0.9)
+    cfg = {**CUDA, "host_blocks": 16}
+    alone = make_engine(model, **cfg)
+    alone.add_request("x", prompt, params)
+    want = run_all(alone)["x"]
+    a, b = make_engine(model, **cfg), make_engine(model, **cfg)
+    a.add_request("x", prompt, params)
+    while a.progress("x") < 9:
+        a.step()
+    assert a.offload("x") and a.kv.host.is_pinned()
+    while a.progress("x") < 15:
+        a.step()  # restored from the host pool first
+    snap = a.export_request("x", to_host=False)
+    assert snap.kv.is_cuda
+    assert a.kv.host_copy(snap.kv).is_pinned()
+    b.import_request(snap)
+    got = run_all(b)["x"]
+    assert got.output_ids == want.output_ids and got.offloads == 1 and got.migrations == 1

@@ -138,3 +138,31 @@ def test_only_the_model_weight_files_are_weights(tmp_path):
     index = {"weight_map": {"a": "model-00002-of-00002.safetensors"}}
     (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
     assert [p.name for p in weight_files(sharded)] == ["model-00002-of-00002.safetensors"]
+
+
+def test_a_load_goes_into_the_live_weights_and_never_into_the_callers_tensors():
+    old, new = tiny_model("qwen2", seed=1), tiny_model("qwen2", seed=2)
+    before = {n: t.clone() for n, t in old.state_dict().items()}
+    engine = make_engine(old)
+    live = {n: t.data_ptr() for n, t in engine.state_dict().items()}
+    engine.load_weights(new.state_dict(), version=1)
+    assert {n: t.data_ptr() for n, t in engine.state_dict().items()} == live  # in place
+    assert all(torch.equal(t, before[n]) for n, t in old.state_dict().items())  # not aliased
+
+
+def test_a_wrong_shaped_tensor_is_refused_in_one_line_leaving_the_weights_whole():
+    old, new = tiny_model("qwen2", seed=1), tiny_model("qwen2", seed=2)
+    engine = make_engine(old, version=3)
+    prompt = prompts([6], seed=55)[0]
+    engine.add_request("before", prompt, greedy(10))
+    want = run_all(engine)["before"].output_ids
+    kept = {n: t.clone() for n, t in engine.state_dict().items()}
+    named = dict(new.state_dict())
+    last = "model.norm.weight"  # copied last: every other tensor would be in place already
+    named[last] = torch.ones(named[last].shape[0] + 1)
+    with pytest.raises(UserInputError, match=r"tensor 'model.norm.weight' has shape") as refused:
+        engine.load_weights(named, version=4)
+    assert "\n" not in str(refused.value) and engine.version == 3
+    assert all(torch.equal(t, kept[n]) for n, t in engine.state_dict().items())
+    engine.add_request("after", prompt, greedy(10))
+    assert run_all(engine)["after"].output_ids == want

@@ -1,7 +1,8 @@
 """Both weight transports on real actors (a trainer, two engines): every load, from the
 trainer or a peer, gives the engine the trainer's bits in the engines' dtype; a load that
 does not match the sender's fingerprints is refused in one line; a dead member's loads go
-through the object store while the rest of the group keeps working."""
+through the object store while the rest of the group keeps working; a migration's KV
+goes over the group and the request continues exactly."""
 
 import importlib.util
 from pathlib import Path
@@ -10,8 +11,9 @@ import pytest
 import ray
 import torch
 
-from dorarl.engine import EngineConfig
+from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
+from dorarl.runtime.engine_worker import NewRequest
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.transports import make_transport
 from dorarl.runtime.weights_config import TransportSpec
@@ -96,3 +98,45 @@ def test_a_load_unlike_the_senders_fingerprints_is_refused_in_one_line(actors):
     )
     assert f"tensor {name!r} (bucket 0 of " in line
     _assert_same_bits(first, before)  # the old weights stay
+
+
+def test_a_migration_over_the_group_continues_as_if_the_request_never_moved(actors):
+    """The KV goes point to point over the group (the snapshots' metadata through Ray): the
+    migrated request samples the tokens of the same request run where it lands, unmoved."""
+    trainer, (first, second), transports = actors
+    transport = transports["collective"]
+    version = _step(trainer, transport, seed=43)
+    ray.get([transport.load(first, version, None), transport.load(second, version, None)])
+    params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=20, stop_token_ids=[],
+                            seed=5)  # fmt: skip
+    prompt = [(3 * i + 1) % 60 for i in range(11)]
+    ray.get(second.add.remote([NewRequest("unmoved", prompt, params)]))
+    (want,) = ray.get(second.run.remote(64)).finished
+    ray.get(first.add.remote([NewRequest("moved", prompt, params)]))
+    ray.get(first.run.remote(6))
+    route = transport.kv_route(first, second)
+    assert route == (1, "group") and transports["object_store"].kv_route(first, second) is None
+    ids, parcel = first.export_kv.options(num_returns=2).remote(["moved"])
+    assert ray.get(second.import_parcel.remote(parcel, first, *route)) == ["moved"]
+    assert ray.get(parcel).snapshots[0].kv is None  # no KV went through the object store
+    assert ray.get(first.held_tickets.remote()) == 0  # delivered, let go
+    (got,) = ray.get(second.run.remote(64)).finished
+    assert got.output_ids == want.output_ids and got.migrations == 1
+
+
+def test_a_source_that_dies_holding_the_kv_loses_nothing(actors):
+    """The source died after its export, before sending: the destination's receive fails,
+    and the request continues from its tokens there (re-prefill), none of them lost. Last
+    here: it kills an engine of the module's group."""
+    trainer, (first, second), transports = actors
+    transport = transports["collective"]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=[], seed=6)
+    ray.get(first.add.remote([NewRequest("orphan", [4, 5, 6, 7, 8], params)]))
+    ray.get(first.run.remote(4))
+    ids, parcel = first.export_kv.options(num_returns=2).remote(["orphan"])
+    (kept,) = ray.get(parcel).snapshots
+    ray.kill(first)
+    assert ray.get(second.import_parcel.remote(parcel, first, *transport.kv_route(first, second)))
+    (out,) = ray.get(second.run.remote(64)).finished
+    assert out.output_ids[: len(kept.output_ids)] == kept.output_ids and len(out.output_ids) == 12
+    assert out.reprefill_tokens == kept.num_tokens - 1

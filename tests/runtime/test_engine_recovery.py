@@ -40,16 +40,19 @@ def _refused(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
 
 
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_a_migration_into_a_dead_engine_that_fails_before_the_sources_report(
-    tmp_path, tiny_model_dir, caplog
+    tmp_path, tiny_model_dir, caplog, transport
 ):
     """The old recovery restarted every migrated request not yet reported on the new
     destination; the source's report then finished one of them as well: a fifth sample
-    ("group is incomplete"), or a zombie copy on the destination."""
+    ("group is incomplete"), or a zombie copy on the destination. Over the group, the KV
+    the source holds goes to the replacement (outside the group) as a Ray object."""
     out = tmp_path / "run"
     start_local_ray(num_cpus=2)
     try:
-        runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *SHORT)
+        overrides = (*SHORT, f"weights.transport={transport}")
+        runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *overrides)
         runtime.start()  # groups dispatched on both engines, a `run` queued on each
         burst = runtime.engines.running_call(0)
         done_on_source = _finished_by(burst)  # finished there; the runtime does not know yet
@@ -57,11 +60,14 @@ def test_a_migration_into_a_dead_engine_that_fails_before_the_sources_report(
         _kill(runtime.workers[1])
         runtime.driver.execute(Migrate((done_on_source[0],), src=0, dst=1))
         (migration,) = runtime.calls.of_kind("migrate")
+        assert migration.args[-1] == (transport == "collective")  # KV kept out of the store
         with caplog.at_level(logging.WARNING):
             runtime.answer(migration.ref)  # the failed import first, as Ray may deliver it
             assert runtime.engines.generations == [0, 1]  # engine 1 was replaced
             runtime.answer(burst)  # then the source's report
             summary = runtime.run()
+        # the source held the KV for the dead destination until the replacement took it
+        assert ray.get(runtime.workers[0].held_tickets.remote()) == 0
     finally:
         ray.shutdown()
     assert summary["engine_restarts"] == 1 and summary["steps"] == 8
