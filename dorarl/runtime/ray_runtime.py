@@ -277,7 +277,7 @@ class RayRuntime:
         return (
             call.kind == "load"
             and call.args[2] == TRAINER
-            and _is_death(exc)
+            and _death_inside(exc)
             and not self.trainer_client.alive()
         )
 
@@ -362,10 +362,12 @@ def _worker_of(call: Call) -> str:
     return f"engine instance {call.args[0]} ({work})"
 
 
-def _is_death(exc: Exception) -> bool:
-    """A lost actor: the called one, or one the call itself called (a worker's own error
-    wrapping the death)."""
-    return isinstance(exc, DEATHS) or isinstance(getattr(exc, "cause", None), DEATHS)
+def _death_inside(exc: Exception) -> bool:
+    """The called actor ran and raised the death of an actor it called in turn (not its own
+    death: that is a bare ActorDiedError, which engine recovery handles)."""
+    return isinstance(exc, ray.exceptions.RayTaskError) and isinstance(
+        getattr(exc, "cause", None), DEATHS
+    )
 
 
 def _describe(exc: Exception) -> str:
