@@ -74,37 +74,43 @@ def _lines(path):
 def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_model_dir):
     first = tmp_path / "first"
     args = [f"model={tiny_model_dir}", *SMALL]
-    run = [*args, "steps=3", "checkpoint_every=1", "checkpoint_keep=2", "--out", str(first)]
+    run = [*args, "steps=3", "checkpoint_every=1", "checkpoint_keep=3", "--out", str(first)]
     assert train_main(run) == 0
     kept = sorted(p.name for p in (first / "checkpoints").iterdir())
-    assert kept == ["version_00002", "version_00003"]  # v1 pruned: the newest two are kept
-    middle = first / "checkpoints" / "version_00002"
+    assert kept == ["version_00001", "version_00002", "version_00003"]
+    # v1: the first rbs groups went out at the start and step 0 trained tbs of them, so its
+    # position holds untrained prompts whatever the timing (a later one may hold none: its
+    # groups can all be trained before the engines load the version new groups go to)
+    middle = first / "checkpoints" / "version_00001"
     saved = json.loads((middle / "trainer_state.json").read_text())
-    assert saved["version"] == 2 and saved["extra_state"]["version"] == 2
+    assert saved["version"] == 1 and saved["extra_state"]["version"] == 1
     position = saved["extra_state"]
-    assert len(position["resume_prompts"]) >= 2  # the step-2 batch at least was untrained
+    assert len(position["resume_prompts"]) >= 2
 
-    # from the middle checkpoint into a new folder: steps 2..3, the untrained prompts first
+    # from the middle checkpoint into a new folder: steps 1..2, the untrained prompts first
     second = tmp_path / "second"
-    assert train_main([*args, f"resume={middle}", "steps=4", "--out", str(second)]) == 0
+    assert train_main([*args, f"resume={middle}", "steps=3", "--out", str(second)]) == 0
     metrics = _lines(second / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [2, 3] and metrics[0]["version"] == 2
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[0]["version"] == 1
     state = json.loads(
-        (second / "checkpoints" / "version_00004" / "trainer_state.json").read_text()
+        (second / "checkpoints" / "version_00003" / "trainer_state.json").read_text()
     )
-    assert state["version"] == 4 and state["optimizer_steps"] == 4
+    assert state["version"] == 3 and state["optimizer_steps"] == 3
     task = make_task("running_sum", seed=0, tokenizer=AutoTokenizer.from_pretrained(middle))
     prompts = task.train_prompts()
     by_group = {t["group_id"]: t["prompt_id"] for t in _lines(second / "trajectories.jsonl")}
     replayed = [by_group.get(position["first_group"] + i) for i in range(2)]
     expected = [prompts[p % len(prompts)].prompt_id for p in position["resume_prompts"][:2]]
-    assert replayed == expected  # K=1: groups of v2 are all consumed by step 3, in this run
-    assert all(t["behavior_version"] >= 2 for t in _lines(second / "trajectories.jsonl"))
+    assert replayed == expected  # K=1: groups of v1 are all consumed by step 2, in this run
+    assert all(t["behavior_version"] >= 1 for t in _lines(second / "trajectories.jsonl"))
 
-    # from the run folder itself (its newest checkpoint, v3), into it: metrics continue
-    assert train_main([*args, f"resume={first}", "steps=4", "--out", str(first)]) == 0
+    # from the run folder itself (its newest checkpoint, v3), into it: metrics continue, and
+    # keeping two checkpoints prunes the older ones
+    resumed = [f"resume={first}", "steps=4", "checkpoint_keep=2", "--out", str(first)]
+    assert train_main([*args, *resumed]) == 0
     assert [m["step"] for m in _lines(first / "metrics.jsonl")] == [0, 1, 2, 3]
-    assert (first / "checkpoints" / "version_00004").is_dir()
+    kept = sorted(p.name for p in (first / "checkpoints").iterdir())
+    assert kept == ["version_00003", "version_00004"]
 
 
 def test_a_failed_worker_says_what_failed_and_how_to_resume(tmp_path):
