@@ -29,7 +29,7 @@ import torch
 
 from dorarl.engine import RequestSnapshot
 from dorarl.runtime.calls import DEATHS
-from dorarl.runtime.weight_endpoints import SENDER_DEATH_WAIT_S, WEIGHTS_GROUP
+from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP, sender_death
 from dorarl.runtime.weight_group import KV_TAG, WeightGroup, open_shared, share
 
 
@@ -150,7 +150,7 @@ def receive(
     try:
         served = group.receive(buffers, parcel.ticket, source_rank, KV_TAG)
     except Exception:
-        if _died(ref):  # a source that died mid-transfer: the requests re-prefill
+        if sender_death(ref) is not None:  # died mid-transfer: the requests re-prefill
             return None
         raise
     ray.get(ref)  # the sender's own error, if any
@@ -163,13 +163,3 @@ def _ask(method: Any, ticket: int) -> Any:
         return ray.get(method.options(concurrency_group=WEIGHTS_GROUP).remote(ticket))
     except DEATHS:
         return None
-
-
-def _died(ref: ray.ObjectRef) -> bool:
-    try:
-        ray.get(ref, timeout=SENDER_DEATH_WAIT_S)
-    except DEATHS:
-        return True
-    except Exception:
-        return False
-    return False

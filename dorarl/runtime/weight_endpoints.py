@@ -156,8 +156,10 @@ def receive(
         return unflatten(buckets, manifest)
     try:
         served = group.receive(buckets, version, source_rank)
-    except Exception:
-        _raise_if_dead(ref)  # a sender that died mid-transfer is a death, not an error here
+    except Exception as broken:
+        death = sender_death(ref)
+        if death is not None:  # a sender that died mid-transfer is a death, not an error here
+            raise death from broken
         raise
     ray.get(ref)  # the sender's own error, if any
     if not served:
@@ -165,10 +167,13 @@ def receive(
     return unflatten(buckets, manifest)
 
 
-def _raise_if_dead(ref: ray.ObjectRef) -> None:
+def sender_death(ref: ray.ObjectRef) -> Exception | None:
+    """After a broken receive: the death of the sender whose send call is `ref`, or None
+    (it lives, or failed otherwise: then the receive's own error is the one to raise)."""
     try:
         ray.get(ref, timeout=SENDER_DEATH_WAIT_S)
-    except DEATHS:
-        raise
+    except DEATHS as death:
+        return death
     except Exception:
-        return
+        return None
+    return None
