@@ -139,20 +139,22 @@ class EngineFleet:
 
     def load(self, iid: int, version: int, source: int) -> None:
         """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded."""
-        source = self._serving(version, source, iid)
+        if source == TRAINER:  # the trainer may serve it no more: then a peer that hosts it
+            source = self.holder(version, avoid=iid)
         ref = self._carry(iid, version, source)
         self._submit(ref, "load", (iid, version, source))
 
-    def _serving(self, version: int, source: int, iid: int) -> int:
-        """`source`, or a peer hosting `version` where the trainer cannot serve it any more:
-        a new trainer restored past it (trainer recovery) never makes it again, and over the
-        collective transport the dead trainer's copies died with it."""
-        if source != TRAINER or self.weights.has(version):
-            return source
+    def holder(self, version: int, avoid: int, live: bool = False) -> int:
+        """Who can serve `version` to instance `avoid`: the trainer while it still serves it,
+        else a peer that hosts it (with `live`, one that answers). A new trainer restored
+        past a version (trainer recovery) never makes it again, and over the collective
+        transport a dead trainer's copies died with it."""
+        if self.weights.has(version):
+            return TRAINER
         for peer in self._driver.controller.hosts(version):
-            if peer != iid:
+            if peer != avoid and (not live or self.alive(peer)):
                 return peer
-        raise RuntimeError(f"no copy of version {version} left to load on instance {iid}")
+        raise RuntimeError(f"no live copy of version {version} to load on instance {avoid}")
 
     def restore(self, iid: int, version: int, source: int) -> None:
         """A replacement actor takes its instance's version back, before anything else

@@ -31,7 +31,6 @@ from typing import Any
 
 import ray
 
-from dorarl.controller import TRAINER
 from dorarl.driver import Driver
 from dorarl.runtime.calls import DEATHS, ENGINE_KINDS, Call
 from dorarl.runtime.engines import EngineFleet
@@ -108,12 +107,7 @@ class InstanceRecovery:
 
     def _source(self, version: int, avoid: int) -> int:
         """The trainer if it still serves `version`, else a live peer that hosts it."""
-        if self.fleet.weights.has(version):
-            return TRAINER
-        for peer in self.driver.controller.hosts(version):
-            if peer != avoid and self.fleet.alive(peer):
-                return peer
-        raise RuntimeError(f"no live copy of version {version} to restore instance {avoid}")
+        return self.fleet.holder(version, avoid, live=True)
 
 
 def _engines_of(call: Call) -> list[int]:
