@@ -4,35 +4,17 @@ keep apart on their tags, and a ticket the source no longer holds is refused."""
 
 import threading
 
-import pytest
 import torch
 from transformers import LlamaConfig
 
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.runtime import kv_transfer
-from dorarl.runtime.weight_group import KV_TAG, GroupAddress, WeightGroup, open_store
+from dorarl.runtime.weight_group import KV_TAG
 
 CONFIG = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=128, vocab_size=128)  # fmt: skip
 PARAMS = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=24, stop_token_ids=[], seed=7)
 PROMPT = [(5 * i + 3) % 128 for i in range(13)]
-
-
-@pytest.fixture(scope="module")
-def pair():
-    store, port = open_store("127.0.0.1", 30.0)
-    address = GroupAddress("127.0.0.1", port, 2, "gloo", 30.0)
-    groups: dict[int, WeightGroup] = {}
-
-    def join(rank: int) -> None:
-        groups[rank] = WeightGroup(address, rank, torch.device("cpu"), store if rank == 0 else None)
-
-    threads = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return groups[0], groups[1]
 
 
 def _engine(block_size: int = 16) -> Engine:
