@@ -144,7 +144,8 @@ class TrainerWorker:
 
     @property
     def _wait_s(self) -> float:
-        return self.serving.wait_s if self.serving is not None else 0.0
+        # Not yet told: a replacement asked for a version it replays before its first publish.
+        return self.serving.wait_s if self.serving is not None else endpoints.MADE_WAIT_S
 
     def save_checkpoint(self, folder: str, extra_state: dict[str, Any], keep: int = 0) -> str:
         """Write a checkpoint, then delete all but the newest `keep` beside it (0: keep all)."""

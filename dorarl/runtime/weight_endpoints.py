@@ -36,6 +36,9 @@ WEIGHTS_GROUP = "weights"
 running the actor's calls in order, one at a time."""
 
 SENDER_DEATH_WAIT_S = 30.0  # how long a broken receive waits to learn whether its sender died
+MADE_WAIT_S = 600.0
+"""How long a version asked of the trainer before it is made is waited for: a replacement
+trainer replaying its lost steps is asked for them before it made (or published) any."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class WeightServing:
     dtype: str  # the engines' dtype: what they hold, so a peer serves the bits it received
     bucket_bytes: int
     window: int  # versions the trainer keeps serving, newest first
-    wait_s: float = 600.0  # a version asked for before it exists (a trainer replaying)
+    wait_s: float = MADE_WAIT_S
 
     @property
     def torch_dtype(self) -> torch.dtype:

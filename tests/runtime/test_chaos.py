@@ -66,13 +66,15 @@ class Killer(threading.Thread):
         return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, transport):
     out = tmp_path / "run"
     killer = Killer(out)
     killer.start()
     try:
         interrupted = train_main([f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1",
-                                  f"steps={STEPS}", "checkpoint_every=5", "--out", str(out)])  # fmt: skip
+                                  f"steps={STEPS}", "checkpoint_every=5",
+                                  f"weights.transport={transport}", "--out", str(out)])  # fmt: skip
     finally:
         killer.done.set()
         killer.join()

@@ -1,6 +1,9 @@
 """Engine and trainer workers: `reset` gives the state of a freshly started actor (base weights,
 version 0, nothing in flight, fresh pace counts), so benchmarks can reuse actors across modes."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
@@ -10,6 +13,7 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.actors import actor_options
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
 from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.runtime.weight_endpoints import WeightServing
 from dorarl.trainer import TrainerConfig
 
 PROMPT = [1, 5, 6, 7]
@@ -76,6 +80,22 @@ def test_trainer_reset_restores_base_weights_version_and_optimizer(tiny_model_di
     assert all(torch.equal(base[k], v) for k, v in worker.weights().items())
     metrics = worker.train_step([Group(1, 1, 0, samples)])
     assert metrics["version"] == 1.0  # a fresh optimizer step, numbered from the base
+
+
+def test_a_new_trainer_asked_for_a_version_it_has_not_made_yet_waits_for_it(tiny_model_dir):
+    """A replacement trainer is asked (export_weights, on its weights thread) for the versions
+    it replays before its first publish: it waits for them instead of refusing."""
+    worker = TrainerWorker(str(tiny_model_dir), TrainerConfig(lr=1e-2))
+    samples = [Sample(0, i, 0, [1, 5, 6], [7, 8, 9], [-1.0] * 3, [0] * 3, reward=float(i))
+               for i in range(2)]  # fmt: skip
+    with ThreadPoolExecutor(1) as weights_thread:
+        asked = weights_thread.submit(worker.export_weights, 1)
+        time.sleep(0.2)
+        assert not asked.done()
+        serving = WeightServing("collective", "float32", 1 << 20, window=3)
+        worker.train_step_and_weights([Group(0, 0, 0, samples)], serving)
+        exported = asked.result(timeout=30)
+    assert all(torch.equal(exported[k], v) for k, v in worker.weights().items())
 
 
 def test_an_actor_on_cuda_without_a_plan_asks_ray_for_one_gpu():
