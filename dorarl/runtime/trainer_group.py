@@ -7,6 +7,8 @@ its own share; the collectives keep the ranks in step. Weights and checkpoints a
 gathered and written through rank 0. A rank that dies or raises fails rank 0's call with
 one line naming that rank; the run then stops with the resume command (no restart of a
 group: dorarl.runtime.trainer_recovery covers world size 1).
+The sharded trainer and its process group are imported inside the actors, as in
+dorarl.runtime.trainer_worker (engines handed rank 0's handle import this module).
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from dorarl.data import Group
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.trainer.config import TrainerConfig
-from dorarl.trainer.distributed import free_port, join_group
-from dorarl.trainer.sharded import ShardedTrainer
 
 DEATH_WAIT_S = 30.0  # how long rank 0, its own collective broken, waits to learn which rank died
 
@@ -35,6 +35,8 @@ class RankFailed(RuntimeError):
 
 def build_rank(model_folder: str, config: TrainerConfig, group, resume_from: str | None):
     """This rank's ShardedTrainer (collective: every rank builds at once) and extra_state."""
+    from dorarl.trainer.sharded import ShardedTrainer
+
     if resume_from:
         return ShardedTrainer.resume(resume_from, config, config.device, group=group)
     return ShardedTrainer.from_pretrained_group(model_folder, config, group, config.device), {}
@@ -46,6 +48,8 @@ class TrainerRank:
     def __init__(
         self, rank: int, world_size: int, addr: str, port: int, config: TrainerConfig, threads: int
     ) -> None:
+        from dorarl.trainer.distributed import join_group
+
         apply_threads(threads)
         self.config = config
         self.group = join_group(rank, world_size, addr, port, config.device)
@@ -80,6 +84,8 @@ class TrainerGroupWorker(TrainerWorker):
 
     def _spawn_ranks(self, world: int) -> None:
         """Ranks 1..N-1 on free actors; MASTER is this actor (loopback on one node)."""
+        from dorarl.trainer.distributed import free_port, join_group
+
         addr = "127.0.0.1" if len(ray.nodes()) <= 1 else ray.util.get_node_ip_address()
         port = free_port("0.0.0.0" if addr != "127.0.0.1" else addr)
         per_rank = max(1, self.threads // world)

@@ -6,6 +6,10 @@ fingerprint of every tensor, computed on the trainer's device, and either CPU co
 once in the object store for every loader to share, or flat buckets kept here that the
 `weights` concurrency group sends to the engines that ask, beside the next training step.
 With a `DeviceModel`, a training step lasts its device time (dorarl.record.pacing).
+
+The trainer itself (dorarl.trainer.trainer: transformers' loading, FSDP) is imported inside
+the actor: every engine that is handed this actor's handle imports this module (Ray loads
+the handle's class), and would pay some 2 s and 200 MB for code it never runs.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from dorarl.runtime.weight_group import (
     own_host,
 )
 from dorarl.runtime.weight_layout import Manifest
-from dorarl.trainer import Trainer, TrainerConfig
 from dorarl.trainer import checkpoint as ckpt
+from dorarl.trainer.config import TrainerConfig
 
 
 class TrainerWorker:
@@ -58,6 +62,8 @@ class TrainerWorker:
 
     def _start(self, resume_from: str | None) -> None:
         """The trainer from `resume_from`, or from the base model (then extra_state is {})."""
+        from dorarl.trainer.trainer import Trainer
+
         if resume_from:
             self.trainer, self.extra_state = Trainer.resume(
                 resume_from, self.config, self.config.device
