@@ -23,6 +23,21 @@ TRAINER_KINDS = ("train", "replay", "save")
 DEATHS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 """What a call raises when its actor (or one its arguments came from) is gone."""
 
+ANSWER_WAIT_S = 30.0
+
+
+def lives(answer: ray.ObjectRef, wait_s: float = ANSWER_WAIT_S) -> bool:
+    """Whether the actor asked for `answer` (a cheap call) lives: False when it is gone, True
+    when it answers or is still busy after `wait_s` (an actor runs its calls in order, so
+    a long one delays the answer of a process that lives)."""
+    try:
+        ray.get(answer, timeout=wait_s)
+    except DEATHS:
+        return False
+    except ray.exceptions.GetTimeoutError:
+        return True
+    return True
+
 
 @dataclass
 class Call:

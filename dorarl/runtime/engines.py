@@ -47,7 +47,7 @@ from dorarl.controller import (
 from dorarl.driver import Driver, RequestSpec
 from dorarl.record import Recorder
 from dorarl.record.pacing import PaceTally
-from dorarl.runtime.calls import DEATHS, Call, CallTable
+from dorarl.runtime.calls import Call, CallTable, lives
 from dorarl.runtime.engine_worker import RunReport, WeightsReport
 from dorarl.runtime.rollout import RolloutPlan
 from dorarl.runtime.weights import WeightTransport
@@ -182,11 +182,8 @@ class EngineFleet:
         self._kv_above[iid] = False
 
     def alive(self, iid: int) -> bool:
-        try:
-            ray.get(self.workers[iid].stats.remote(), timeout=30)
-        except DEATHS:
-            return False
-        return True
+        """Whether instance `iid`'s actor lives (one busy with a long call does)."""
+        return lives(self.workers[iid].stats.remote())
 
     def stale(self, call: Call) -> bool:
         """Whether the actor `call`'s result landed on has been replaced since."""

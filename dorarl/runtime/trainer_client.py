@@ -21,12 +21,11 @@ from dorarl.controller import TrainDone
 from dorarl.data import Group
 from dorarl.driver import Driver
 from dorarl.record.pacing import PaceStats, PaceTally
-from dorarl.runtime.calls import DEATHS, CallTable
+from dorarl.runtime.calls import CallTable, lives
 from dorarl.runtime.rollout import RolloutPlan
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.weights import WeightTransport
 
-ALIVE_WAIT_S = 30.0
 """How long `alive` waits for an answer; a trainer that takes longer is busy, not dead."""
 
 StepHook = Callable[[dict[str, Any], list[Group]], None]
@@ -62,14 +61,8 @@ class TrainerClient:
         self.weights.restart(actor, version)
 
     def alive(self) -> bool:
-        """Whether the trainer's process still answers (a busy one is alive)."""
-        try:
-            ray.get(self.actor.version.remote(), timeout=ALIVE_WAIT_S)
-        except DEATHS:
-            return False
-        except ray.exceptions.GetTimeoutError:
-            return True
-        return True
+        """Whether the trainer's process lives (a busy one does)."""
+        return lives(self.actor.version.remote())
 
     # ---- calls ---------------------------------------------------------------------------
     def train(self, version: int, groups: list[Group]) -> None:
