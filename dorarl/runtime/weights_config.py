@@ -20,8 +20,8 @@ class WeightsConfig:
         metadata={
             "help": "how weights reach the engines: collective (torch.distributed from the "
             "trainer and peer to peer: gloo on the CPU, NCCL between GPUs, CUDA IPC on one "
-            "GPU) | object_store (Ray's) | auto (collective on cuda, object_store on the "
-            "CPU: README says why)"
+            "GPU) | object_store (Ray's) | auto (collective when the trainer and the engines "
+            "are on one kind of device, else object_store)"
         },
     )
     bucket_mb: int = field(
@@ -39,11 +39,12 @@ class WeightsConfig:
             raise ConfigError(f"weights.timeout_s: must be > 0, got {self.timeout_s}")
 
     def resolve(self, engine_device: str, trainer_device: str) -> str:
-        """The transport in force: `auto` decides by device; collective needs the trainer
-        and the engines on one kind of device (gloo or NCCL for all of them)."""
+        """The transport in force: collective needs the trainer and the engines on one kind
+        of device (gloo or NCCL for all of them), and `auto` takes it there (the faster on
+        both: README, `dorarl bench weights`)."""
         kinds = {_kind(engine_device), _kind(trainer_device)}
         if self.transport == "auto":
-            return "collective" if kinds == {"cuda"} else "object_store"
+            return "collective" if len(kinds) == 1 else "object_store"
         if self.transport == "collective" and len(kinds) > 1:
             raise ConfigError(
                 f"weights.transport: collective needs the trainer and the engines on one kind "

@@ -3,10 +3,10 @@
 from dorarl.runtime.weights_config import MIB, WeightsConfig
 
 
-def test_auto_is_collective_on_cuda_and_the_object_store_elsewhere():
+def test_auto_is_collective_on_one_kind_of_device_and_the_object_store_on_mixed_ones():
     auto = WeightsConfig()
-    assert auto.resolve("cuda", "cuda") == "collective"
-    assert auto.resolve("cpu", "cpu") == "object_store" == auto.resolve("cuda", "cpu")
+    assert auto.resolve("cuda", "cuda") == "collective" == auto.resolve("cpu", "cpu")
+    assert auto.resolve("cuda", "cpu") == "object_store" == auto.resolve("cpu", "cuda:0")
     assert WeightsConfig(transport="collective").resolve("cpu", "cpu") == "collective"
     assert WeightsConfig(transport="object_store").resolve("cuda", "cuda") == "object_store"
 
