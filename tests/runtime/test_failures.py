@@ -30,11 +30,14 @@ class _Worker:
 
 def test_an_actor_busy_with_a_long_call_lives_and_a_killed_one_does_not():
     start_local_ray(num_cpus=2)
-    actor = _Worker.remote()
-    ray.get(actor.ping.remote())
-    actor.busy.remote(10)
-    started = time.monotonic()
-    assert lives(actor.ping.remote(), wait_s=0.5)  # its answer waits behind the long call
-    assert time.monotonic() - started < 5
-    ray.kill(actor, no_restart=True)
-    assert not lives(actor.ping.remote())
+    try:
+        actor = _Worker.remote()
+        ray.get(actor.ping.remote())
+        actor.busy.remote(10)
+        started = time.monotonic()
+        assert lives(actor.ping.remote(), wait_s=0.5)  # its answer waits behind the long call
+        assert time.monotonic() - started < 5
+        ray.kill(actor, no_restart=True)
+        assert not lives(actor.ping.remote())
+    finally:
+        ray.shutdown()
