@@ -24,6 +24,7 @@ DEATHS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 """What a call raises when its actor (or one its arguments came from) is gone."""
 
 ANSWER_WAIT_S = 30.0
+"""How long `lives` waits for an answer; an actor that takes longer is busy, not dead."""
 
 
 def lives(answer: ray.ObjectRef, wait_s: float = ANSWER_WAIT_S) -> bool:

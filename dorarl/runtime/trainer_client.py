@@ -26,8 +26,6 @@ from dorarl.runtime.rollout import RolloutPlan
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.weights import WeightTransport
 
-"""How long `alive` waits for an answer; a trainer that takes longer is busy, not dead."""
-
 StepHook = Callable[[dict[str, Any], list[Group]], None]
 
 

@@ -1,5 +1,7 @@
 """Engine and trainer workers: `reset` gives the state of a freshly started actor (base weights,
-version 0, nothing in flight, fresh pace counts), so benchmarks can reuse actors across modes."""
+version 0, nothing in flight, fresh pace counts), so benchmarks can reuse actors across modes;
+a new trainer waits for the versions it is asked for before it made them; and an engine
+handed the trainer's handle loads none of the trainer's code."""
 
 import subprocess
 import sys
