@@ -31,7 +31,8 @@ from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weight_group import GroupAddress, open_store
+from dorarl.runtime.weight_group import GroupAddress, open_store, route
+from dorarl.sim.cost import kv_bytes_per_token
 
 CONTENDERS = ("object_store", "collective", "reprefill")
 
@@ -71,8 +72,7 @@ def _join(actors: list[Any], backend: str) -> tuple[Any, tuple[int, str]]:
     store, port = open_store("127.0.0.1", 120.0)
     address = GroupAddress("127.0.0.1", port, 2, backend, 120.0)
     members = ray.get([a.join_weights.remote(address, rank) for rank, a in enumerate(actors)])
-    via = "ipc" if members[0].device_key == members[1].device_key else "group"
-    return store, (members[0].rank, via)
+    return store, route(members[0], members[1])
 
 
 def _prefilled(src: Any, rid: str, ctx: int, vocab: int, spec: ActorMigrationSpec) -> None:
@@ -173,9 +173,9 @@ def _measure(shape, device, dtype, spec: ActorMigrationSpec, console: Console) -
 def _kv_mb(shape: str, dtype: torch.dtype, contexts) -> dict[str, float]:
     s = SHAPES[shape]
     head_dim = s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
-    per_token = 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * head_dim
     size = torch.empty((), dtype=dtype).element_size()
-    return {str(c): c * per_token * size / 2**20 for c in contexts}
+    per_token = kv_bytes_per_token(s["num_hidden_layers"], s["num_key_value_heads"], head_dim, size)
+    return {str(c): c * per_token / 2**20 for c in contexts}
 
 
 def actor_migration_report(

@@ -143,7 +143,8 @@ def _linears(weights: ModelWeights) -> list[Linear]:
 
 
 def unpack(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:
-    """The weights by Hugging Face name (views of the packed tensors; do not write into them)."""
+    """The weights by Hugging Face name: views of the packed tensors, so writing into them
+    writes the live weights (only `load_in_place` does, after `check_named`)."""
     named = {"model.embed_tokens.weight": weights.embed}
     for i, layer in enumerate(weights.layers):
         named.update(_unpack_layer(spec, f"model.layers.{i}.", layer))

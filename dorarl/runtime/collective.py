@@ -28,7 +28,7 @@ from typing import Any
 import ray
 
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weight_group import GroupAddress, Member
+from dorarl.runtime.weight_group import GroupAddress, Member, route
 from dorarl.runtime.weights import ObjectStoreWeights, actor_key
 from dorarl.runtime.weights_config import TransportSpec
 
@@ -69,19 +69,20 @@ class CollectiveWeights(ObjectStoreWeights):
         source = self.trainer if peer is None else peer
         manifest = self.manifest_for(version, peer)
         self._loaded[actor_key(engine)] = manifest
-        dst, src = self.members.get(actor_key(engine)), self.members.get(actor_key(source))
-        if dst is None or src is None:  # a replacement, outside the group
+        found = self._route(source, engine)
+        if found is None:  # a replacement, outside the group
             return engine.load_weights.remote(self._copy(version, peer), version, manifest)
-        via = "ipc" if dst.device_key == src.device_key else "group"
-        return engine.receive_weights.remote(version, manifest, source, src.rank, via)
+        return engine.receive_weights.remote(version, manifest, source, *found)
 
     def kv_route(self, src: Any, dst: Any) -> tuple[int, str] | None:
         """Migrations between members go over the group (CUDA IPC on one GPU); one with a
         replacement at either end, outside the group, through the object store."""
+        return self._route(src, dst)
+
+    def _route(self, src: Any, dst: Any) -> tuple[int, str] | None:
+        """The group's route from actor `src` to `dst`; None when either is outside it."""
         s, d = self.members.get(actor_key(src)), self.members.get(actor_key(dst))
-        if s is None or d is None:
-            return None
-        return s.rank, "ipc" if s.device_key == d.device_key else "group"
+        return None if s is None or d is None else route(s, d)
 
     def _copy(self, version: int, peer: Any | None) -> ray.ObjectRef:
         if peer is None:

@@ -51,6 +51,12 @@ class Member:
     device_key: str
 
 
+def route(src: Member, dst: Member) -> tuple[int, str]:
+    """How `dst` receives from `src`: the sender's rank, and "ipc" when both are on one GPU
+    (NCCL refuses that pair), else "group"."""
+    return src.rank, "ipc" if src.device_key == dst.device_key else "group"
+
+
 LOOPBACK = "127.0.0.1"
 
 
