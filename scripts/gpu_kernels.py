@@ -1,4 +1,4 @@
-"""GPU checks and timings of issue 13's parts, against their peers in the same run.
+"""GPU checks and timings of the engine's GPU kernels, against their peers in the same run.
 
 On a Qwen2-0.5B-shaped model (bf16, random weights): decode attention of a whole step (64
 rows, context 256, 24 layers) on the Triton kernel, the engine's current path and dense
@@ -496,14 +496,14 @@ def migration(run: Run, model: Transformer) -> None:
 
 
 def _bar(met: bool) -> str:
-    """Bars are issue 13's goals for the wiring, reported; checks (ok column) gate the exit."""
+    """Bars are the GPU targets, reported; checks (ok column) gate the exit."""
     return "meets bar" if met else "misses bar"
 
 
 # --- report -------------------------------------------------------------------------------
 def report(run: Run, out: Path) -> None:
     table = Table(
-        title=f"issue 13 GPU checks ({run.device}, bf16, copy {run.bandwidth / 1e12:.2f} TB/s)"
+        title=f"GPU kernel checks ({run.device}, bf16, copy {run.bandwidth / 1e12:.2f} TB/s)"
     )
     for col in ("section", "what", "ms", "figure", "ok"):
         table.add_column(col)

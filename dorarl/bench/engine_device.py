@@ -3,7 +3,7 @@
 Random weights of the shape (no download), the engine with its defaults on that device
 (on cuda: Triton paged attention, device sampling, CUDA graphs, bfloat16), against Hugging
 Face in the same run:
-- the long-tail workload (issue 13: 128 requests, 128-token prompts, forced lognormal
+- the long-tail workload (128 requests, 128-token prompts, forced lognormal
   lengths, p99 / median ~8, batch 64): the engine, HF `generate` on static batches of 64
   (each runs to its longest member) and HF's continuous batching; useful tokens per second;
 - a decode step at batch 8 / 32 / 64 / 128 and context ~256: the engine's, HF's plain
@@ -14,7 +14,7 @@ Face in the same run:
   1k / 4k / 16k tokens, between two engines on one device.
 `engine.json` keeps the CPU bench's top-level keys (tokens_per_s, step_ms_full_batch,
 migration_ms, reprefill_ms, bars, ...) with these figures and adds everything under
-`device_bench`. Bars (issue 13, meant for an H200): step at batch 64 <= 4 ms and <= 1.2x
+`device_bench`. Bars (targets for an H200): step at batch 64 <= 4 ms and <= 1.2x
 HF's fastest plain step; long tail >= 10x HF generate; migration at 16k >= 20x cheaper.
 """
 
@@ -440,7 +440,7 @@ def _print_migration(mig: dict[str, Any], console: Console) -> None:
 
 
 def _print_bars(bars_: dict[str, dict[str, Any]], console: Console) -> None:
-    table = Table(title="issue 13 bars (meant for an H200)")
+    table = Table(title="GPU bars (targets for an H200)")
     for col in ("bar", "what", "target", "value", "pass"):
         table.add_column(col)
     for name, b in bars_.items():

@@ -32,7 +32,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         bos_token_id=1,
         eos_token_id=2,
     ),
-    # Qwen2-0.5B and Qwen2.5-7B (issue 13's GPU shapes): q/k/v biases, untied 7B head
+    # Qwen2-0.5B and Qwen2.5-7B (the GPU bench's shapes): q/k/v biases, untied 7B head
     "qwen2-0.5b": dict(
         hidden_size=896,
         intermediate_size=4864,

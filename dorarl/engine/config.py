@@ -19,7 +19,7 @@ from dorarl.errors import UserInputError
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LinearKernel = Literal["auto", "onednn", "torch"]  # dorarl/engine/linear.py
 LINEAR_KERNELS = get_args(LinearKernel)
-# The fast paths of issue 13 (dorarl/engine/backends.py resolves `auto` for the device).
+# The GPU fast paths (dorarl/engine/backends.py resolves `auto` for the device).
 Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
@@ -127,7 +127,7 @@ class EngineConfig:
             )
 
     def _check_fast_paths(self) -> None:
-        """The choices of issue 13's fast paths that cannot work here, refused up front."""
+        """The fast-path choices that cannot work on this device, refused up front."""
         if isinstance(self.cuda_graphs, bool):
             self.cuda_graphs = "on" if self.cuda_graphs else "off"
         for key, allowed in (

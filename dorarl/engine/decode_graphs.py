@@ -23,7 +23,7 @@ each tensor into its place, `weights.load_in_place`; `load_weights_in_place` her
 whole packed set); then no recapture is needed. Without a GPU (`graphs=False`) `run` executes the same
 forward over the same static buffers eagerly, which is what the CPU tests check.
 
-Wiring (issue 13, done in `engine.py` and `device_runner.py`): the engine, on cuda,
+Wiring (in `engine.py` and `device_runner.py`): the engine, on cuda,
 builds `KVCache` with `kv_blocks + 1` blocks and
 passes the last as `scratch_block`; builds `DecodeGraphs(forward, cache, max_num_seqs,
 ceil(max_model_len / block_size), scratch_block)` and calls `capture()` at start-up; in

@@ -1,4 +1,4 @@
-"""The model runner on issue 13's fast paths: Triton paged attention, device sampling, graphs.
+"""The model runner on the GPU fast paths: Triton paged attention, device sampling, graphs.
 
 Same contract as `model_runner.ModelRunner.run` (rows: decode rows, then one chunk per
 prefill row; a row samples when its chunk reaches the end of its tokens). A decode-only

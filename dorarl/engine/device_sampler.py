@@ -10,7 +10,7 @@ continues the same stream on another engine. The logprob is the chosen token's u
 full softmax of logits / temperature (the README's "Sampling and the importance ratio");
 greedy rows (temperature 0) take the argmax and its logprob under the plain softmax.
 
-Wiring (issue 13: `device_runner.DeviceRunner` with `engine.sampler=device`, cuda's default):
+Wiring (`device_runner.DeviceRunner` with `engine.sampler=device`, cuda's default):
     rows = [SampleRow(s.params, s.seed, s.num_output) for s in seqs]   # sampler.SampleRow
     batch = sampling_batch(rows, vocab_size, device)
     tokens, logprobs = fetch(*sample_on_device(logits, batch))   # the step's one host sync

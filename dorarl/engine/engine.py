@@ -91,7 +91,7 @@ class Engine:
         fused = self._cpu_kernels()
         self.runner = ModelRunner(self.model, self.kv, fused.decode if fused else None)
         self.graphs = None
-        if self.backends.fast:  # issue 13's paths; the CPU default keeps ModelRunner alone
+        if self.backends.fast:  # the GPU fast paths; the CPU default keeps ModelRunner alone
             self.runner, self.graphs = build_device_runner(self.model, self.runner, config)
         self._seqs: dict[str, Sequence] = {}
         self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks

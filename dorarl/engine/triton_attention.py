@@ -28,7 +28,7 @@ probabilities in float32 for P @ V (it is bandwidth-bound, so this is free); pre
 them to the input dtype for P @ V when that is 16-bit, as FlashAttention does (compute-bound).
 float32 inputs use IEEE dots (no TF32).
 
-Wiring (issue 13: `device_runner.DeviceRunner`, `engine.attention=triton`, cuda's default):
+Wiring (`device_runner.DeviceRunner`, `engine.attention=triton`, cuda's default):
     plan = plan_paged_step(rows, num_decode, kv_heads, q_per_kv, block_size, device)
     attention = TritonPagedAttention(cache, plan)      # rows: the runner's SeqRows list
     logits = model.forward(input_ids, positions, attention, sample_rows)

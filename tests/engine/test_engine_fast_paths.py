@@ -1,4 +1,4 @@
-"""The engine on issue 13's fast paths, run on the CPU: Triton attention (in Triton's
+"""The engine on its GPU fast paths, run on the CPU: Triton attention (in Triton's
 interpreter, which tests/conftest.py turns on where there is no GPU), the device sampler,
 and the keys that choose them. The interpreter is slow: tiny models, few tokens."""
 

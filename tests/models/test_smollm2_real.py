@@ -1,6 +1,7 @@
 """The real `dorarl model get smollm2-135m-instruct` (once per session, via the
-`smollm2_dir` fixture in tests/conftest.py): the folder is the model the issue describes,
-and the engine matched transformers on chat prompts (the command exits 0 only then)."""
+`smollm2_dir` fixture in tests/conftest.py): the folder holds SmolLM2-135M-Instruct (its
+shape, tokenizer and chat template), and the engine matched transformers on chat prompts
+(the command exits 0 only then)."""
 
 import json
 import math

@@ -40,7 +40,7 @@ def test_extracts_the_final_answer(response, expected):
 @pytest.mark.parametrize(
     "response",
     [
-        "91 + 67 = ?",  # the question restated: the exploit of issue 17
+        "91 + 67 = ?",  # the question restated: a reward exploit, never a final answer
         "What is 91 plus 67? 91 + 67 = ?",
         "The answer is 91 + 67.",
         "\\boxed{91+67}",
