@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The engine's GPU checks and bench in one run (about 8-11 minutes on an H200; every stage has a time cap):
+# The engine's GPU checks and bench in one run (about 8-11 min on an H200; each stage capped):
 #   1. the engine's cuda tests (exactness against HF, graph replay equals eager, weights
 #      loaded in place under captured graphs, migration between two engines) and the Triton
 #      kernel, device sampler and decode-graph tests, on cuda;
