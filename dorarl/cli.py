@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.jobs.compare",
         "run folders side by side: held-out accuracy and reward by step and wall time",
     ),
+    "report results": (
+        "dorarl.report.results",
+        "docs/results.md from the run records in docs/results/ (--check: is it up to date)",
+    ),
     "simulate": ("dorarl.simulate.cli", "the controller at cluster scale on a cost model"),
     "model get": (
         "dorarl.models.get",
