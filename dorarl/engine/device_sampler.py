@@ -7,7 +7,7 @@ order unfiltered, sorted order when top-k / top-p filter). On the CPU the result
 `sampler.sample` bit for bit; on any device a row's token depends on its logits, seed and
 counter alone, never on its companions or its place in the batch, so a migrated request
 continues the same stream on another engine. The logprob is the chosen token's under the
-full softmax of logits / temperature (the README's "Sampling and the importance ratio");
+full softmax of logits / temperature (docs/training.md, "Sampling and the importance ratio");
 greedy rows (temperature 0) take the argmax and its logprob under the plain softmax.
 
 Wiring (`device_runner.DeviceRunner` with `engine.sampler=device`, cuda's default):

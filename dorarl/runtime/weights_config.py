@@ -41,7 +41,7 @@ class WeightsConfig:
     def resolve(self, engine_device: str, trainer_device: str) -> str:
         """The transport in force: collective needs the trainer and the engines on one kind
         of device (gloo or NCCL for all of them), and `auto` takes it there (the faster on
-        both: README, `dorarl bench weights`)."""
+        both: docs/results.md, `dorarl bench weights`)."""
         kinds = {_kind(engine_device), _kind(trainer_device)}
         if self.transport == "auto":
             return "collective" if len(kinds) == 1 else "object_store"
