@@ -181,12 +181,18 @@ class ShardedTrainer(Trainer):
     def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """Full weights on rank 0 (CPU copies by HF name, as one process gives them; with
         `on_device`, on the device); {} on the other ranks, which only take part in the
-        gathers."""
+        gathers. A tied weight is gathered once and its names share that one tensor, as
+        they share a parameter in one process (senders drop such aliases by storage)."""
         gathered: dict[str, torch.Tensor] = {}
-        for name, tensor in self.model.state_dict().items():
-            full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-            if self.group.is_coordinator:
-                gathered[name] = full.detach() if on_device else full.detach().to("cpu", copy=True)
+        by_param: dict[int, torch.Tensor | None] = {}
+        keep = self.group.is_coordinator
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict(keep_vars=True).items():
+                if id(tensor) not in by_param:
+                    full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+                    by_param[id(tensor)] = _copy(full.detach(), on_device) if keep else None
+                if keep:
+                    gathered[name] = by_param[id(tensor)]
         return gathered
 
     def save_checkpoint(
@@ -215,3 +221,7 @@ class ShardedTrainer(Trainer):
             local = param.to_local()
             return distribute_tensor(value.to(local.device), param.device_mesh, param.placements)
         return value
+
+
+def _copy(tensor: torch.Tensor, on_device: bool) -> torch.Tensor:
+    return tensor if on_device else tensor.to("cpu", copy=True)

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import _make_groups  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 
+from dorarl.runtime.weight_layout import wire_tensors  # noqa: E402
 from dorarl.trainer import Trainer, TrainerConfig  # noqa: E402
 from dorarl.trainer.sharded import ShardedTrainer  # noqa: E402
 
@@ -43,8 +44,14 @@ PACKINGS = ("shared_prompt", "padded")
 def _config(
     micro_batch_tokens: int, checkpointing: bool = False, packing: str = "shared_prompt"
 ) -> TrainerConfig:
+    # adam_eps well above fp32 rounding of a gradient element: at 1e-8 an element that
+    # cancels to ~4e-10 (seen in layer 2's gate_proj) takes a first AdamW step of ~lr * g / eps,
+    # so the rounding of a sum taken in another order (over ranks, or by another CPU's
+    # kernels) moved one weight by 2.4e-5 and the tensor by 2.7e-5 of its norm. That is
+    # AdamW magnifying fp32 rounding, not the ranks computing anything else.
     return TrainerConfig(
         lr=1e-3,
+        adam_eps=1e-6,
         micro_batch_tokens=micro_batch_tokens,
         max_grad_norm=0.5,
         activation_checkpointing=checkpointing,
@@ -68,7 +75,13 @@ def _sharded_runs(group, folder, micro_batch_tokens, checkpointing, batches):
         trainer = ShardedTrainer.from_pretrained_group(folder, config, group)
         assert trainer.packing == packing
         runs[packing] = (_steps(trainer, batches), trainer.named_tensors())
+    runs["sent"] = _sent_names(trainer)
     return runs
+
+
+def _sent_names(trainer: Trainer) -> list[str]:
+    """The names a published version carries (tied aliases dropped, as a peer hosts it)."""
+    return list(wire_tensors(trainer.named_tensors(on_device=True), torch.float32))
 
 
 def _assert_close(got: dict, want: dict, rel: float = 1e-5) -> None:
@@ -89,6 +102,9 @@ def test_world_size_two_equals_one_process(tied_model_dir, micro_batch_tokens, c
     """In both packing modes: packed, each rank takes whole groups and packs its rows."""
     batches = _batches()
     runs = run_ranks(_sharded_runs, 2, tied_model_dir, micro_batch_tokens, checkpointing, batches)
+    sent = runs.pop("sent")
+    assert sent == _sent_names(Trainer.from_pretrained(tied_model_dir, _config(10**6)))
+    assert "lm_head.weight" not in sent  # gathered once, sent once: the engines tie it
     for packing, (got, weights) in runs.items():
         single = Trainer.from_pretrained(
             tied_model_dir, _config(micro_batch_tokens, packing=packing)
