@@ -30,7 +30,7 @@ import torch
 from dorarl.engine import RequestSnapshot
 from dorarl.runtime.calls import DEATHS
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP, sender_death
-from dorarl.runtime.weight_group import KV_TAG, WeightGroup, open_shared, share
+from dorarl.runtime.weight_group import KV_TAG, BucketShape, WeightGroup, open_shared, share
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def send_held(group: WeightGroup, held: HeldKV, ticket: int, dst: int) -> None:
         group.refuse(ticket, dst, KV_TAG)
         return
     on_device = (t.to(group.device) for t in tensors)
-    group.send(on_device, len(tensors), ticket, dst, KV_TAG)
+    group.send(on_device, [BucketShape.of(t) for t in tensors], ticket, dst, KV_TAG)
     held.take(ticket)
 
 

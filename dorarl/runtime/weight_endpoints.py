@@ -20,7 +20,7 @@ import ray
 import torch
 
 from dorarl.runtime.calls import DEATHS
-from dorarl.runtime.weight_group import WeightGroup, open_shared, share
+from dorarl.runtime.weight_group import BucketShape, WeightGroup, open_shared, share
 from dorarl.runtime.weight_layout import (
     Manifest,
     WeightsRefused,
@@ -110,8 +110,8 @@ def send_served(
     if found is None or (expected is not None and found[0].buckets != expected.buckets):
         group.refuse(version, dst)
         return
-    _, buckets = found
-    group.send(iter(buckets), len(buckets), version, dst)
+    manifest, buckets = found
+    group.send(buckets, layout(manifest), version, dst)
 
 
 def export_served(served: ServedVersions, version: int, wait_s: float) -> dict[str, torch.Tensor]:
@@ -132,9 +132,24 @@ def share_served(served: ServedVersions, version: int, wait_s: float) -> list | 
 def send_hosted(
     group: WeightGroup, named: dict[str, torch.Tensor], manifest: Manifest, dst: int
 ) -> None:
-    """A peer's send of the weights it hosts, laid out as `manifest`, one bucket at a time."""
+    """A peer's send of the weights it hosts, laid out as `manifest`, one bucket at a time;
+    a refusal, then an error naming them, if it hosts no tensor of some of `manifest`'s names."""
+    missing = [e.name for e in manifest.tensors if e.name not in named]
+    if missing:
+        group.refuse(manifest.version, dst)
+        raise WeightsRefused(
+            f"version {manifest.version} as hosted here has no {', '.join(missing[:3])}"
+            f"{' ...' if len(missing) > 3 else ''} ({len(missing)} of the manifest's "
+            f"{len(manifest.tensors)} tensors)"
+        )
     count = len(manifest.buckets)
-    group.send((flatten(named, manifest, i) for i in range(count)), count, manifest.version, dst)
+    buckets = (flatten(named, manifest, i) for i in range(count))
+    group.send(buckets, layout(manifest), manifest.version, dst)
+
+
+def layout(manifest: Manifest) -> list[BucketShape]:
+    """The buckets a transfer of `manifest` announces."""
+    return [BucketShape(b.numel, b.torch_dtype) for b in manifest.buckets]
 
 
 def receive(

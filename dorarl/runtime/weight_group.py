@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.multiprocessing.reductions import reduce_tensor
+
+from dorarl.trainer.rendezvous import bind_collectives_to, joined_store, listening_store
 
 HEADER_OK, HEADER_REFUSED = 1, 0
 WEIGHTS_TAG, KV_TAG = 0, 1
@@ -40,6 +42,26 @@ class GroupAddress:
     world: int
     backend: str  # "gloo" | "nccl"
     timeout_s: float
+
+
+@dataclass(frozen=True)
+class BucketShape:
+    """What one bucket of a transfer is: announced with the header, so filler can stand in."""
+
+    numel: int
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> BucketShape:
+        return BucketShape(tensor.numel(), tensor.dtype)
+
+    def check(self, bucket: torch.Tensor) -> torch.Tensor:
+        if bucket.numel() != self.numel or bucket.dtype != self.dtype:
+            raise RuntimeError(
+                f"weight group: a bucket of {bucket.numel()} {bucket.dtype} where "
+                f"{self.numel} {self.dtype} was announced"
+            )
+        return bucket
 
 
 @dataclass(frozen=True)
@@ -70,10 +92,9 @@ def own_host(loopback: bool) -> str:
 
 
 def open_store(host: str, timeout_s: float) -> tuple[dist.TCPStore, int]:
-    """Rank 0's store on a free port of `host` (returns at once; members join later)."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, 0, None, True, timeout, wait_for_workers=False)
-    return store, store.port
+    """Rank 0's store on a free port of `host`, listening there only (returns at once;
+    members join later)."""
+    return listening_store(host, timeout_s)
 
 
 def device_key(device: torch.device) -> str:
@@ -99,7 +120,7 @@ class WeightGroup:
         self.address, self.rank, self.device = address, rank, device
         timeout = datetime.timedelta(seconds=address.timeout_s)
         if store is None:
-            store = dist.TCPStore(address.host, address.port, None, False, timeout)
+            store = joined_store(address.host, address.port, address.timeout_s)
         self._store = store  # rank 0's must outlive the group
         prefixed = dist.PrefixStore("dorarl-weights", store)
         host = own_host(address.host == LOOPBACK)
@@ -108,15 +129,32 @@ class WeightGroup:
     def send(
         self,
         buckets: Iterable[torch.Tensor],
-        count: int,
+        layout: Sequence[BucketShape],
         version: int,
         dst: int,
         tag: int = WEIGHTS_TAG,
     ) -> None:
-        """Header, then `count` buckets to `dst` (`tag`: which stream of the pair)."""
-        self._header(version, HEADER_OK, count, dst, tag)
-        for bucket in buckets:
+        """Header, then the buckets laid out as `layout` to `dst` (`tag`: which stream of
+        the pair). `buckets` may be made lazily; if making one fails (or it is not what
+        `layout` announced), the rest go as zeros of the announced sizes and the error is
+        raised after: the receiver's posted receives complete at once, it learns of the
+        failure from this call's result, and the pair stays in step (a receive left waiting
+        would only end at the group's timeout, and a gloo timeout closes the pair)."""
+        self._header(version, HEADER_OK, len(layout), dst, tag)
+        made = iter(buckets)
+        failure: Exception | None = None
+        for shape in layout:
+            bucket = None
+            if failure is None:
+                try:
+                    bucket = shape.check(next(made))
+                except Exception as exc:  # sent as filler, raised once the pair is in step
+                    failure = exc
+            if bucket is None:
+                bucket = torch.zeros(shape.numel, dtype=shape.dtype, device=self.device)
             self.pg.send([bucket], dst, tag).wait()
+        if failure is not None:
+            raise failure
 
     def refuse(self, version: int, dst: int, tag: int = WEIGHTS_TAG) -> None:
         """Tell `dst`, waiting for `version`, that this member cannot serve it."""
@@ -149,6 +187,7 @@ class WeightGroup:
 
 def _process_group(address: GroupAddress, rank: int, host: str, store: dist.Store, timeout) -> Any:
     if address.backend == "nccl":
+        bind_collectives_to(host)  # NCCL's bootstrap sockets
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, address.world, options)
