@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from dorarl.data import Group
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.runtime.weight_group import own_host
 from dorarl.trainer.config import TrainerConfig
 
 DEATH_WAIT_S = 30.0  # how long rank 0, its own collective broken, waits to learn which rank died
@@ -48,11 +49,13 @@ class TrainerRank:
     def __init__(
         self, rank: int, world_size: int, addr: str, port: int, config: TrainerConfig, threads: int
     ) -> None:
-        from dorarl.trainer.distributed import join_group
+        from dorarl.trainer.distributed import COLLECTIVE_TIMEOUT, join_group
+        from dorarl.trainer.rendezvous import joined_store
 
         apply_threads(threads)
         self.config = config
-        self.group = join_group(rank, world_size, addr, port, config.device)
+        store = joined_store(addr, port, COLLECTIVE_TIMEOUT.total_seconds())
+        self.group = join_group(rank, world_size, store, addr, config.device)
 
     def build(self, model_folder: str, resume_from: str | None) -> None:
         self.trainer, _ = build_rank(model_folder, self.config, self.group, resume_from)
@@ -83,11 +86,13 @@ class TrainerGroupWorker(TrainerWorker):
         )
 
     def _spawn_ranks(self, world: int) -> None:
-        """Ranks 1..N-1 on free actors; MASTER is this actor (loopback on one node)."""
-        from dorarl.trainer.distributed import free_port, join_group
+        """Ranks 1..N-1 on free actors, meeting at a store this actor hosts on loopback (one
+        node) or on its node's address (several)."""
+        from dorarl.trainer.distributed import COLLECTIVE_TIMEOUT, join_group
+        from dorarl.trainer.rendezvous import listening_store
 
-        addr = "127.0.0.1" if len(ray.nodes()) <= 1 else ray.util.get_node_ip_address()
-        port = free_port("0.0.0.0" if addr != "127.0.0.1" else addr)
+        addr = own_host(loopback=len(ray.nodes()) <= 1)
+        self._rendezvous, port = listening_store(addr, COLLECTIVE_TIMEOUT.total_seconds())
         per_rank = max(1, self.threads // world)
         apply_threads(per_rank)
         gpus = 1 if torch.device(self.config.device).type == "cuda" else 0
@@ -95,7 +100,7 @@ class TrainerGroupWorker(TrainerWorker):
         self.ranks = [
             actor.remote(rank, world, addr, port, self.config, per_rank) for rank in range(1, world)
         ]
-        self.group = join_group(0, world, addr, port, self.config.device)
+        self.group = join_group(0, world, self._rendezvous, addr, self.config.device)
 
     def rank_pids(self) -> list[int]:
         """Process ids of ranks 1..N-1 (for the failure tests)."""

@@ -11,7 +11,6 @@ the group is longer than the widest row.
 from __future__ import annotations
 
 import datetime
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +20,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from dorarl.trainer.batch import TrainSequence
 from dorarl.trainer.packing import MAX_ROW_TOKENS, Packing, shared_prompt_segments
+from dorarl.trainer.rendezvous import bind_collectives_to
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
 
@@ -38,21 +38,17 @@ class RankGroup:
         return self.rank == 0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def join_group(rank: int, world_size: int, addr: str, port: int, device: str) -> RankGroup:
-    """Join the group rendezvousing at addr:port (rank 0 hosts the store): gloo on the CPU,
-    NCCL on cuda; a one-dimensional device mesh over every rank."""
+def join_group(rank: int, world_size: int, store: dist.Store, host: str, device: str) -> RankGroup:
+    """Join the group that meets at `store` (`rendezvous.listening_store` on `host`, one
+    process's; the others' `joined_store`): gloo on the CPU, NCCL on cuda, their sockets on
+    `host`'s interface; a one-dimensional device mesh over every rank."""
     device_type = torch.device(device).type
     if device_type == "cuda":
         torch.cuda.set_device(torch.cuda.current_device())
+    bind_collectives_to(host)
     dist.init_process_group(
         "nccl" if device_type == "cuda" else "gloo",
-        init_method=f"tcp://{addr}:{port}",
+        store=store,
         rank=rank,
         world_size=world_size,
         timeout=COLLECTIVE_TIMEOUT,

@@ -1,38 +1,38 @@
-"""A local Ray started by dorarl listens on loopback only (README, Security: services bind
-to loopback unless the user says otherwise)."""
+"""A local run listens on loopback only (services bind to loopback unless the user says
+otherwise): Ray's services and the process groups' stores and sockets."""
 
 import ipaddress
-from pathlib import Path
 
+import psutil
 import pytest
 import ray
 
 from dorarl.errors import UserInputError
 from dorarl.runtime.local_ray import check_cluster_auth, is_loopback, join_hint, start_local_ray
 
-LISTEN = "0A"  # TCP state code in /proc/net/tcp*
 
-
-def _listening() -> set[tuple[str, int]]:
-    """(address, port) of every listening TCP socket on this machine, from /proc."""
+def _listening(processes: list[psutil.Process]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket that `processes` listen on."""
     found = set()
-    for name, width in (("tcp", 4), ("tcp6", 16)):
-        path = Path("/proc/net") / name
-        if not path.exists():
+    for process in processes:
+        try:
+            connections = process.net_connections(kind="tcp")
+        except psutil.Error:  # gone since it was listed
             continue
-        for line in path.read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] != LISTEN:
-                continue
-            hex_addr, hex_port = fields[1].split(":")
-            raw = bytes.fromhex(hex_addr)
-            # /proc stores each 32-bit word in host (little-endian) order
-            words = b"".join(raw[i : i + 4][::-1] for i in range(0, width, 4))
-            addr = ipaddress.ip_address(words)
-            if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
-                addr = addr.ipv4_mapped
-            found.add((str(addr), int(hex_port, 16)))
+        for conn in connections:
+            if conn.status == psutil.CONN_LISTEN:
+                addr = ipaddress.ip_address(conn.laddr.ip.split("%")[0])
+                if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+                    addr = addr.ipv4_mapped
+                found.add((str(addr), conn.laddr.port))
     return found
+
+
+def _this_run() -> list[psutil.Process]:
+    """This process and every process it started (Ray's services, its workers and their
+    children): the run's own sockets, whatever else the machine runs."""
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
 
 
 def test_loopback_names():
@@ -42,27 +42,73 @@ def test_loopback_names():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
-def test_local_ray_listens_on_loopback_only(capfd, monkeypatch):
-    before = _listening()
+def test_a_local_run_listens_on_loopback_only(capfd, monkeypatch):
+    """Ray's services, the weight-transfer group's store and gloo pairs, and a sharded
+    trainer's group (its store and gloo pairs): every socket the run's processes listen on
+    is on loopback."""
     try:
-        node = start_local_ray(num_cpus=1)
-        opened = _listening() - before
-
-        @ray.remote
-        def ping() -> int:
-            return 1
-
-        assert ray.get(ping.remote()) == 1  # workers reach the services over loopback
+        node = start_local_ray(num_cpus=2)
+        groups = _form_the_runs_groups()
+        opened = _listening(_this_run())
         _joining_checks_the_token(ray.get_runtime_context().gcs_address, monkeypatch)
+        del groups
     finally:
         ray.shutdown()
     assert node == "127.0.0.1"
-    assert opened, "Ray opened no listening socket?"
+    assert len(opened) >= 4, f"too few sockets to be the run's: {opened}"
     exposed = sorted(a for a in opened if not is_loopback(a[0]))
-    assert not exposed, f"Ray listens beyond loopback: {exposed}"
+    assert not exposed, f"the run listens beyond loopback: {exposed}"
     # Ray's notice that it turned token auth on (its default) stays off the screen
     assert "Token authentication is enabled" not in capfd.readouterr().err
+
+
+def _form_the_runs_groups() -> list:
+    """Two actors forming the weight-transfer group (rank 0 hosting its store, as the
+    trainer does) and a two-rank trainer group, as the runtime forms them; returns the
+    actors, which keep their groups until they die."""
+
+    @ray.remote(num_cpus=0)
+    class Member:
+        def host_weights(self) -> tuple[str, int]:
+            from dorarl.runtime.weight_group import open_store, own_host
+
+            self.store, port = open_store(own_host(loopback=True), 30.0)
+            return "127.0.0.1", port
+
+        def join_weights(self, address, rank: int) -> int:
+            import torch
+
+            from dorarl.runtime.weight_group import WeightGroup
+
+            store = self.store if rank == 0 else None
+            self.weights = WeightGroup(address, rank, torch.device("cpu"), store)
+            return rank
+
+        def host_trainer_group(self) -> int:
+            from dorarl.trainer.rendezvous import listening_store
+
+            self.rendezvous, port = listening_store("127.0.0.1", 30.0)
+            return port
+
+        def join_trainer_group(self, rank: int, port: int) -> int:
+            from dorarl.trainer.distributed import join_group
+            from dorarl.trainer.rendezvous import joined_store
+
+            store = self.rendezvous if rank == 0 else joined_store("127.0.0.1", port, 30.0)
+            self.group = join_group(rank, 2, store, "127.0.0.1", "cpu")
+            return rank
+
+    from dorarl.runtime.weight_group import GroupAddress
+
+    members = [Member.remote(), Member.remote()]
+    host, port = ray.get(members[0].host_weights.remote())
+    address = GroupAddress(host, port, 2, "gloo", 30.0)
+    joins = [m.join_weights.remote(address, rank) for rank, m in enumerate(members)]
+    assert ray.get(joins, timeout=60) == [0, 1]
+    port = ray.get(members[0].host_trainer_group.remote())
+    joins = [m.join_trainer_group.remote(rank, port) for rank, m in enumerate(members)]
+    assert ray.get(joins, timeout=60) == [0, 1]
+    return members
 
 
 def _joining_checks_the_token(address: str, monkeypatch) -> None:
