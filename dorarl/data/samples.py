@@ -11,6 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a multi-turn episode: the tokens sampled, how its sampling ended (the
+    engine's caps count per turn), and the observation tokens the environment added after it."""
+
+    sampled: int
+    observed: int
+    finish_reason: str  # "stop" | "length"
+
+
 @dataclass
 class Sample:
     """One response of a group, as sampled by the rollout engines."""
@@ -28,10 +38,9 @@ class Sample:
     migrations: int = 0
     offloads: int = 0
     # Multi-turn: per response token, True for an environment's observation (context the
-    # loss masks out, logprob 0); empty for a single-turn sample. `turns` holds, per turn,
-    # (sampled tokens, observation tokens after it).
+    # loss masks out, logprob 0); `turns`, one per turn. Both empty for a single-turn sample.
     observed: list[bool] = field(default_factory=list)
-    turns: list[tuple[int, int]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
 
     @property
     def behavior_version(self) -> int:
@@ -41,6 +50,19 @@ class Sample:
     @property
     def single_version(self) -> bool:
         return len(set(self.versions)) <= 1
+
+    @property
+    def turn_lengths(self) -> list[int]:
+        """Sampled tokens per turn, what the engines' length cap bounds (one for a
+        single-turn sample: its whole response)."""
+        return [t.sampled for t in self.turns] if self.turns else [len(self.response_ids)]
+
+    @property
+    def truncated(self) -> bool:
+        """Some turn was cut by the length cap, not only possibly the last."""
+        if self.turns:
+            return any(t.finish_reason == "length" for t in self.turns)
+        return self.finish_reason == "length"
 
 
 @dataclass

@@ -396,6 +396,6 @@ def _turns(sample: Sample) -> dict[str, Any]:
     """A multi-turn sample's turns: how many, and per turn its sampled and observed tokens."""
     return {
         "turns": len(sample.turns),
-        "turn_tokens": [sampled for sampled, _ in sample.turns],
-        "observation_tokens": [observed for _, observed in sample.turns],
+        "turn_tokens": [t.sampled for t in sample.turns],
+        "observation_tokens": [t.observed for t in sample.turns],
     }

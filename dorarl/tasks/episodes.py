@@ -14,6 +14,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from dorarl.data import Turn
 from dorarl.tasks.base import Prompt
 from dorarl.tasks.env import Env, EnvStep
 
@@ -48,14 +49,14 @@ async def env_call(awaitable: Any, timeout_s: float, what: str) -> Any:
 class EpisodeState:
     prompt: Prompt
     env: Env
-    turns: list[tuple[int, int]] = field(default_factory=list)  # (sampled, observed) tokens
+    turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     error: str | None = None
     done: bool = False
     end_reason: str = ""  # "env" | "max_turns" | "no_room" | "env_error"
 
-    def record(self, sampled: int, step: EnvStep | None, observed: int) -> None:
-        self.turns.append((sampled, observed))
+    def record(self, sampled: int, finish_reason: str, step: EnvStep | None, observed: int) -> None:
+        self.turns.append(Turn(sampled, observed, finish_reason))
         if step is not None:
             self.reward += float(step.reward)
 
@@ -80,24 +81,28 @@ async def reset(task: Any, episode: EpisodeState) -> list[int]:
     return prefix + observation_ids(task, first)
 
 
-async def step(task: Any, episode: EpisodeState, turn_ids: list[int]) -> list[int] | None:
-    """Judge one turn; the next observation's ids, or None when the episode ended."""
+async def step(
+    task: Any, episode: EpisodeState, turn_ids: list[int], finish_reason: str
+) -> list[int] | None:
+    """Judge one turn (its sampled ids, and the engine's finish reason for it); the next
+    observation's ids, or None when the episode ended."""
+    sampled = len(turn_ids)
     if episode.done:  # reset failed: the first turn ends it
-        episode.record(len(turn_ids), None, 0)
+        episode.record(sampled, finish_reason, None, 0)
         return None
     text = task.response_text(turn_ids)
     try:
         answer = await env_call(episode.env.step(text), task.env_timeout_s, "step")
     except EnvError as exc:
-        episode.record(len(turn_ids), None, 0)
+        episode.record(sampled, finish_reason, None, 0)
         episode.end("env_error", str(exc))
         return None
     if answer.done or len(episode.turns) + 1 >= task.max_turns:
-        episode.record(len(turn_ids), answer, 0)
+        episode.record(sampled, finish_reason, answer, 0)
         episode.end("env" if answer.done else "max_turns")
         return None
     ids = observation_ids(task, answer.observation)
-    episode.record(len(turn_ids), answer, len(ids))
+    episode.record(sampled, finish_reason, answer, len(ids))
     return ids
 
 
@@ -115,7 +120,7 @@ async def _play(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> d
     while engine.has_runnable():
         ended = [out for out in engine.step() if out.waits_env]
         nexts = await asyncio.gather(
-            *(step(task, episodes[o.request_id], o.turn_ids) for o in ended)
+            *(step(task, episodes[o.request_id], o.turn_ids, o.finish_reason) for o in ended)
         )
         for out, ids in zip(ended, nexts, strict=True):
             episode = episodes[out.request_id]

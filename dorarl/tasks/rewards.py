@@ -2,8 +2,8 @@
 
 `exact`: 1.0 when the response equals the answer after stripping surrounding whitespace.
 `math`: 1.0 when the response's final answer (`dorarl.tasks.answers`: boxed, "answer is",
-"=", last number; never unevaluated arithmetic copied from the question) is equivalent to
-the reference: equal numbers directly, anything else through math-verify (1/2, 0.5 and
+"=", last number; never unevaluated arithmetic copied from the question, never a hedge such
+as "5 or 6") is equivalent to the reference: equal numbers directly, anything else through math-verify (1/2, 0.5 and
 \\frac{1}{2} agree). Rewards may raise on hostile input; callers go through
 `dorarl.tasks.score`, which turns an exception into reward 0 and a counted error.
 """

@@ -3,11 +3,12 @@
 Invariants: each response token appears in exactly one micro-batch, with its own behavior
 logprob, its group's advantage and a weight normalised over the WHOLE batch, so the sum
 of micro-batch losses is the full-batch loss. Overlong handling (`LossConfig.overlong`)
-acts here: `soft` shapes the rewards before the group advantages, `mask` empties the
-truncated responses after them (they still count in their group's statistics). A multi-turn
-sample's observation tokens (`Sample.observed`) stay in the sequence, as context, but out of
-the loss: no weight, no metric, not counted in the token mean. Samples must carry one behavior logprob per
-response token (mixed-version samples included); anything else is a bug upstream.
+acts here, per turn as the engines' cap counts: `soft` shapes the rewards before the group
+advantages, `mask` empties the truncated responses after them (they still count in their
+group's statistics). A multi-turn sample's observation tokens (`Sample.observed`) stay in
+the sequence, as context, but out of the loss: no weight, no metric, not counted in the
+token mean. Samples must carry one behavior logprob per response token (mixed-version
+samples included); anything else is a bug upstream.
 """
 
 from __future__ import annotations
@@ -74,11 +75,8 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                     f"group {group.group_id} sample {sample.sample_index}: "
                     f"{len(sample.logprobs)} logprobs for {len(sample.response_ids)} tokens"
                 )
-            ids = (
-                []
-                if cfg.overlong == "mask" and sample.finish_reason == "length"
-                else sample.response_ids
-            )
+            # An episode with any turn cut by the cap is a truncated trajectory, whichever turn.
+            ids = [] if cfg.overlong == "mask" and sample.truncated else sample.response_ids
             trained = [not o for o in sample.observed[: len(ids)]] if sample.observed else None
             seqs.append(
                 TrainSequence(
@@ -98,8 +96,13 @@ def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
         return sample.reward
     if cfg.response_cap is None:
         raise ValueError("overlong=soft needs the response cap (LossConfig.response_cap)")
-    length = len(sample.response_ids)
-    return sample.reward + overlong_penalty(length, cfg.response_cap, cfg.overlong_buffer)
+    # The cap bounds each turn, so each turn is judged against it; an episode pays its worst
+    # turn's penalty: in [-1, 0] like one turn's whatever the number of turns, one truncated
+    # turn costs the full -1 (a mean over turns would dilute it), and short turns add nothing.
+    return sample.reward + min(
+        overlong_penalty(length, cfg.response_cap, cfg.overlong_buffer)
+        for length in sample.turn_lengths
+    )
 
 
 def _assign_weights(seqs: list[TrainSequence], aggregation: str) -> None:

@@ -54,9 +54,10 @@ class LossConfig:
         default="none",
         metadata={
             "help": "responses that run into the length cap (DAPO): none: trained as they "
-            "are; mask: truncated ones (finish reason length) are left out of the loss; "
-            "soft: a reward penalty growing linearly from 0 to -1 over the last "
-            "overlong_buffer tokens before the cap (sampling.max_new_tokens)"
+            "are; mask: truncated ones (a turn with finish reason length) are left out of "
+            "the loss; soft: a reward penalty growing linearly from 0 to -1 over the last "
+            "overlong_buffer tokens before the cap (sampling.max_new_tokens, per turn; an "
+            "episode takes its worst turn's)"
         },
     )
     overlong_buffer: int = field(

@@ -25,7 +25,7 @@ def batch_metrics(groups: list[Group], train_version: int) -> dict[str, float | 
         "reward_errors": float(sum(s.reward_error is not None for s in samples)),
         "response_len_mean": statistics.fmean(lengths) if lengths else 0.0,
         "response_len_max": float(max(lengths, default=0)),
-        "truncated_fraction": _fraction(s.finish_reason == "length" for s in samples),
+        "truncated_fraction": _fraction(s.truncated for s in samples),
         "zero_advantage_groups": _fraction(len(set(g.rewards)) <= 1 for g in groups),
         "mixed_version_samples": float(sum(not s.single_version for s in samples)),
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,

@@ -26,7 +26,7 @@ def _play(task, prompt, answers):
     observations = [task.tokenizer.decode(ids, skip_special_tokens=True)]
     for text in answers:
         turn = task.tokenizer(text, add_special_tokens=False)["input_ids"]
-        nxt = asyncio.run(step(task, state, turn + task.stop_token_ids))
+        nxt = asyncio.run(step(task, state, turn + task.stop_token_ids, "stop"))
         if nxt is None:
             break
         observations.append(task.tokenizer.decode(nxt))
@@ -98,7 +98,7 @@ def _episode(task, env, timeout_s=0.05, max_turns=3):
     state = EpisodeState(task.train_prompts()[0], env)
     asyncio.run(reset(task, state))
     for _ in range(10):
-        if asyncio.run(step(task, state, [5, 6])) is None:
+        if asyncio.run(step(task, state, [5, 6], "stop")) is None:
             return state
     raise AssertionError("the episode did not end")
 
@@ -135,3 +135,21 @@ def test_the_shipped_multiturn_base_plays_episodes_through_the_engine(task):
     assert 0.05 <= result["accuracy"] <= 0.6  # room for RL, and something to reinforce
     assert result["mean_turns"] > 1.0 and result["reward_errors"] == 0
     assert not engine.has_unfinished() and engine.stats().kv_blocks_used == 0
+
+
+def test_each_turn_records_how_the_engine_ended_it(task):
+    from dorarl.engine import Engine, EngineConfig, SamplingParams
+    from dorarl.tasks.assets import shipped_base_model
+    from dorarl.tasks.episodes import run_episodes
+
+    engine = Engine.from_pretrained(shipped_base_model("multiturn_sum"), EngineConfig())
+    prompts = task.train_prompts()[:8]
+    for cap in (2, task.max_new_tokens):
+        params = SamplingParams(
+            temperature=0.0, max_new_tokens=cap, stop_token_ids=task.stop_token_ids, multi_turn=True
+        )
+        for state, out in run_episodes(engine, task, prompts, params).values():
+            assert state.turns[-1].finish_reason == out.finish_reason
+            for turn in state.turns:  # an answer needs more than 2 tokens, then a stop
+                assert turn.finish_reason == ("length" if cap == 2 else "stop")
+                assert turn.sampled <= cap

@@ -55,6 +55,41 @@ def test_math_reward_scores_the_final_answer_only(response, reward):
     assert math_equivalent(response, "158") == reward
 
 
+@pytest.mark.parametrize(
+    "response",
+    [
+        "the answer is 5 or 6",
+        "\\boxed{5 \\text{ or } 6}",
+        "The answer is between 5 and 6",
+        "\\boxed{5 \\vee 6}",
+        "The answer is 5 and/or 6",
+        "The answer is either 5 or 6",
+        "The answer is 5, 6",
+        "\\boxed{5 \\lor 6}",
+        "\\boxed{5} or \\boxed{6}",
+    ],
+)
+@pytest.mark.parametrize("answer", ["5", "6"])
+def test_math_reward_gives_a_hedge_nothing_whichever_value_is_right(response, answer):
+    assert math_equivalent(response, answer) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("The answer is 1,234", "1234"),
+        ("5.", "5"),
+        ("-3", "-3"),
+        ("\\boxed{12}", "12"),
+        ("x = 5", "5"),
+        ("The answer is 2.5 meters.", "2.5"),
+        ("The answer is 5, 6", "5, 6"),  # a list answer still meets a list reference
+    ],
+)
+def test_math_reward_still_scores_single_answers(response, answer):
+    assert math_equivalent(response, answer) == 1.0
+
+
 def test_math_reward_raises_on_an_unparseable_reference():
     with pytest.raises(ValueError, match="reference answer"):
         math_equivalent("1", "@@@")

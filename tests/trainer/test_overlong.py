@@ -3,7 +3,7 @@
 import pytest
 
 from dorarl.config import ConfigError, load_config
-from dorarl.data import Group, Sample
+from dorarl.data import Group, Sample, Turn
 from dorarl.jobs.config import TrainConfig
 from dorarl.trainer import LossConfig, Trainer, TrainerConfig
 from dorarl.trainer.advantages import group_advantages, overlong_penalty
@@ -15,6 +15,24 @@ def _group(rewards: list[float], lengths: list[int], finish: list[str]) -> Group
         Sample(0, i, 0, [1, 5], [7] * n, [-1.0] * n, [0] * n, finish_reason=f, reward=r)
         for i, (r, n, f) in enumerate(zip(rewards, lengths, finish, strict=True))
     ]
+    return Group(0, 0, 0, samples)
+
+
+def _episode(reward: float, turns: list[Turn]) -> Sample:
+    """A multi-turn sample as the runtime builds it: each turn's sampled tokens, then its
+    observation (logprob 0, marked observed)."""
+    observed = [flag for t in turns for flag in [False] * t.sampled + [True] * t.observed]
+    n = len(observed)
+    logprobs = [0.0 if o else -1.0 for o in observed]
+    last = turns[-1].finish_reason
+    return Sample(
+        0, 0, 0, [1, 5], [7] * n, logprobs, [0] * n, last, reward, observed=observed, turns=turns
+    )
+
+
+def _with_index(samples: list[Sample]) -> Group:
+    for i, s in enumerate(samples):
+        s.sample_index = i
     return Group(0, 0, 0, samples)
 
 
@@ -45,6 +63,25 @@ def test_soft_shapes_the_rewards_before_the_group_advantages():
     assert [len(s.response_ids) for s in shaped] == [10, 95, 100]  # nothing masked
 
 
+def test_soft_judges_each_turn_of_an_episode_against_the_per_turn_cap():
+    # Three right turns of 30 tokens with two observations of 20: 130 response tokens, yet
+    # no turn comes near the cap of 64 the engines applied to each, so no penalty.
+    fine = [Turn(30, 20, "stop"), Turn(30, 20, "stop"), Turn(30, 0, "stop")]
+    single = _group([1.0, 0.0], [30, 30], ["stop", "stop"]).samples
+    soft = LossConfig(overlong="soft", overlong_buffer=16, response_cap=64)
+    seqs = build_sequences([_with_index([_episode(1.0, fine), *single])], soft)
+    assert [s.advantage for s in seqs] == pytest.approx(group_advantages([1.0, 1.0, 0.0]))
+
+
+def test_soft_takes_the_worst_turns_penalty():
+    # The middle turn is 8 tokens into the buffer of 16 (-0.5), the last 4 (-0.25).
+    turns = [Turn(10, 5, "stop"), Turn(56, 5, "stop"), Turn(52, 0, "stop")]
+    group = _with_index([_episode(1.0, turns), _group([0.0], [5], ["stop"]).samples[0]])
+    soft = LossConfig(overlong="soft", overlong_buffer=16, response_cap=64)
+    seqs = build_sequences([group], soft)
+    assert [s.advantage for s in seqs] == pytest.approx(group_advantages([1.0 - 0.5, 0.0]))
+
+
 def test_soft_without_the_cap_is_a_bug_upstream():
     with pytest.raises(ValueError, match="response cap"):
         build_sequences([_group([1.0, 0.0], [3, 4], ["stop"] * 2)], LossConfig(overlong="soft"))
@@ -57,6 +94,15 @@ def test_mask_drops_truncated_responses_but_keeps_their_rewards_in_the_group():
     assert [len(s.response_ids) for s in masked] == [5, 7, 0]
     assert [s.advantage for s in masked] == [s.advantage for s in kept]
     assert masked[2].weight == 0.0 and masked[0].weight == pytest.approx(1 / 12)
+
+
+def test_mask_drops_an_episode_whose_middle_turn_hit_the_cap():
+    cut_middle = [Turn(10, 4, "stop"), Turn(64, 4, "length"), Turn(10, 0, "stop")]
+    whole = [Turn(10, 4, "stop"), Turn(20, 0, "stop")]
+    group = _with_index([_episode(1.0, cut_middle), _episode(0.0, whole)])
+    masked = build_sequences([group], LossConfig(overlong="mask"))
+    assert [len(s.response_ids) for s in masked] == [0, 34]
+    assert masked[0].weight == 0.0 and masked[1].weight == pytest.approx(1 / 30)
 
 
 def test_a_batch_of_only_truncated_responses_trains_nothing_under_mask(tiny_model_dir):
