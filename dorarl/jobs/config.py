@@ -182,7 +182,9 @@ class RaySection:
     )
     max_trainer_restarts: int = field(
         default=1,
-        metadata={"help": "times a dead trainer restarts from the newest checkpoint mid-run"},
+        metadata={
+            "help": "times a dead trainer (any rank of a sharded one) restarts from the newest checkpoint mid-run"
+        },
     )
     engine_gpus: float | None = field(
         default=None,

@@ -201,10 +201,7 @@ def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) 
         respawn=actors.respawn_engine,
         max_restarts=config.ray.max_engine_restarts,
         respawn_trainer=actors.respawn_trainer,
-        # A group (trainer.world_size > 1) is not restarted: a dead rank stops the run.
-        max_trainer_restarts=config.ray.max_trainer_restarts
-        if config.trainer.world_size == 1
-        else 0,
+        max_trainer_restarts=config.ray.max_trainer_restarts,
         checkpoints=out_dir / "checkpoints",
         max_model_len=config.engine.max_model_len,
         transport=config.transport(),

@@ -5,8 +5,9 @@ starts ranks 1..N-1 as actors it owns (they die with it), hands every rank the b
 step through the object store (each trains its own share: dorarl.trainer.sharded) and runs
 its own share; the collectives keep the ranks in step. Weights and checkpoints are
 gathered and written through rank 0. A rank that dies or raises fails rank 0's call with
-one line naming that rank; the run then stops with the resume command (no restart of a
-group: dorarl.runtime.trainer_recovery covers world size 1).
+one line naming that rank; a death (of any rank) restarts the whole group from the newest
+checkpoint and replays the steps since (dorarl.runtime.trainer_recovery), a rank that
+raises stops the run with the resume command.
 The sharded trainer and its process group are imported inside the actors, as in
 dorarl.runtime.trainer_worker (engines handed rank 0's handle import this module).
 """
@@ -32,6 +33,11 @@ DEATH_WAIT_S = 30.0  # how long rank 0, its own collective broken, waits to lear
 
 class RankFailed(RuntimeError):
     """A trainer rank other than 0 died or raised; the message names it."""
+
+
+class RankDied(RankFailed):
+    """A trainer rank other than 0 died: the group is restarted, as a dead rank 0 is
+    (dorarl.runtime.trainer_recovery)."""
 
 
 def build_rank(model_folder: str, config: TrainerConfig, group, resume_from: str | None):
@@ -142,7 +148,7 @@ class TrainerGroupWorker(TrainerWorker):
             try:
                 ray.get(ref)
             except RayActorError as exc:
-                raise RankFailed(self._name(rank) + f" died ({type(exc).__name__})") from exc
+                raise RankDied(self._name(rank) + f" died ({type(exc).__name__})") from exc
             except RayTaskError as exc:
                 cause = exc.cause if exc.cause is not None else exc
                 raise RankFailed(

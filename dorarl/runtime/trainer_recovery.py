@@ -4,7 +4,8 @@ Design (checkpoint + replay log). The runtime logs every call that changes the t
 state, in submission order: each training step with its batch (`TrainCall`) and each
 checkpoint write with its data position (`SaveCall`). The log is cut each time a checkpoint
 write is known complete (`TrainerLog.durable`, dorarl.runtime.trainer_log), so it holds exactly the calls since the
-newest durable checkpoint. When the trainer's process dies, a new trainer starts from the
+newest durable checkpoint. When the trainer's process dies (with trainer.world_size > 1:
+any rank's; the whole group is replaced), a new trainer starts from the
 newest complete checkpoint under the run's `checkpoints/` (or from the run's start point:
 the base model, or the checkpoint the run resumed from, when none is written yet) and the
 logged calls are re-submitted after it, in order, before anything else reaches it. This
@@ -47,6 +48,7 @@ import ray
 from dorarl.record import Recorder
 from dorarl.runtime.calls import DEATHS, TRAINER_KINDS, Call, CallTable
 from dorarl.runtime.trainer_client import TrainerClient
+from dorarl.runtime.trainer_group import RankDied
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.trainer.checkpoint import checkpoint_version, version_folders
 
@@ -54,6 +56,13 @@ log = logging.getLogger(__name__)
 
 REPLAY_CHECKED = ("loss", "grad_norm")
 """Step metrics a replayed step must reproduce exactly (deterministic training)."""
+
+
+def trainer_died(exc: Exception) -> bool:
+    """Whether a trainer call failed because a trainer process died: the actor's own
+    (rank 0's), or another rank of its group (rank 0 then fails the call with `RankDied`)."""
+    cause = getattr(exc, "cause", None)
+    return isinstance(exc, (*DEATHS, RankDied)) or isinstance(cause, RankDied)
 
 
 def newest_checkpoint(folder: Path | None, lowest: int, highest: int) -> tuple[int, Path] | None:
@@ -105,7 +114,7 @@ class TrainerRecovery:
         self.restarts = 0
 
     def recoverable(self, call: Call, exc: Exception) -> bool:
-        return call.kind in TRAINER_KINDS and isinstance(exc, DEATHS)
+        return call.kind in TRAINER_KINDS and trainer_died(exc)
 
     def on_failure(self, call: Call) -> bool:
         """Replace the dead trainer and replay its calls; False when the budget is spent."""

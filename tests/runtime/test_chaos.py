@@ -1,6 +1,7 @@
-"""Chaos: a `dorarl train` run whose trainer is killed once and engines twice (kill -9 of
-the actors' processes, as the OOM killer or a lost machine would) and whose driver gets
-SIGINT, then is resumed, ends with every invariant intact and one consistent history."""
+"""Chaos: a `dorarl train` run whose trainer and engines are killed mid-run (kill -9 of the
+actors' processes, as the OOM killer or a lost machine would; at trainer.world_size=2 both
+of its ranks in turn) and whose driver gets SIGINT, then is resumed, ends with every
+invariant intact and one consistent history."""
 
 import json
 import os
@@ -20,8 +21,14 @@ from dorarl.runtime.weights_config import WeightsConfig
 pytestmark = pytest.mark.slow
 
 STEPS = 30
-KILLS = {4: "ray::EngineWorker", 9: "ray::TrainerWorker", 14: "ray::EngineWorker"}
-"""Step rows in metrics.jsonl after which a process of that actor class gets SIGKILL."""
+KILLS = {
+    1: {4: "ray::EngineWorker", 9: "ray::TrainerWorker", 14: "ray::EngineWorker"},
+    2: {4: "ray::TrainerRank", 9: "ray::EngineWorker", 14: "ray::TrainerGroupWorker"},
+}
+"""By trainer.world_size: step rows in metrics.jsonl after which a process of that actor
+class gets SIGKILL (with two ranks: rank 1, an engine, then rank 0)."""
+RESTARTS = {1: (1, 2), 2: (2, 1)}
+"""By trainer.world_size: the trainer's and the engines' restarts those kills make."""
 INTERRUPT_AT = 19
 """Step rows after which the driver (this process) gets SIGINT, as from a Ctrl-C."""
 
@@ -42,13 +49,13 @@ def _actor_processes(title: str) -> list[psutil.Process]:
 class Killer(threading.Thread):
     """Follows metrics.jsonl and kills one actor process at each step of `KILLS`."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, kills: dict[int, str]) -> None:
         super().__init__(daemon=True)
-        self.out, self.done, self.killed = out, threading.Event(), []
+        self.out, self.kills, self.done, self.killed = out, kills, threading.Event(), []
         self.interrupted = False
 
     def run(self) -> None:
-        pending = dict(KILLS)
+        pending = dict(self.kills)
         while (pending or not self.interrupted) and not self.done.is_set():
             steps = self._steps()
             for step in [s for s in pending if s <= steps]:
@@ -67,25 +74,32 @@ class Killer(threading.Thread):
         return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, world_size):
     """On the default transport, collective, whose recovery has the more paths (replacements
     outside the group, a trainer replaying while engines ask it for versions); the object
-    store's trainer and engine recovery are tested on both transports in their own files."""
+    store's trainer and engine recovery are tested on both transports in their own files.
+    With two trainer ranks, the death of either replaces the group."""
     assert WeightsConfig().resolve("cpu", "cpu") == "collective"
     out = tmp_path / "run"
-    killer = Killer(out)
+    kills = KILLS[world_size]
+    killer = Killer(out, kills)
     killer.start()
     try:
         interrupted = train_main([f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1",
-                                  f"steps={STEPS}", "checkpoint_every=5", "--out", str(out)])  # fmt: skip
+                                  f"steps={STEPS}", "checkpoint_every=5",
+                                  f"trainer.world_size={world_size}",
+                                  "ray.max_trainer_restarts=2", "--out", str(out)])  # fmt: skip
     finally:
         killer.done.set()
         killer.join()
-    assert [kind for _, kind, _ in killer.killed] == [KILLS[s] for s in sorted(KILLS)]
+    assert [kind for _, kind, _ in killer.killed] == [kills[s] for s in sorted(kills)]
     assert interrupted == 130 and killer.interrupted
     first = json.loads((out / "summary.json").read_text())
     assert first["stopped_by"] == "SIGINT" and first["stopped_at_version"] < STEPS
-    assert first["trainer_restarts"] == 1 and first["engine_restarts"] == 2
+    trainer_restarts, engine_restarts = RESTARTS[world_size]
+    assert first["trainer_restarts"] == trainer_restarts
+    assert first["engine_restarts"] == engine_restarts
     assert first["replay_mismatches"] == 0 and first["dropped_total"] == 0
     assert first["resume_command"] == f"dorarl train resume={out}"
 

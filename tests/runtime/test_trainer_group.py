@@ -13,6 +13,7 @@ from test_ray_runtime import _check_invariants, _run
 
 from dorarl.runtime.actors import TrainerSpec, spawn_trainer
 from dorarl.runtime.local_ray import start_local_ray
+from dorarl.tasks.assets import BASE_MODEL_DIR
 from dorarl.trainer import Trainer, TrainerConfig
 
 _spec = importlib.util.spec_from_file_location(
@@ -57,18 +58,26 @@ def test_a_group_of_two_ranks_behind_one_actor(local_ray, tiny_model_dir, tmp_pa
         ray.get(group.train_step.remote(_make_groups(seed=30)))
 
 
-def test_dorarl_train_with_two_trainer_ranks(tmp_path, tiny_model_dir):
-    out, summary, trajectories, metrics, _ = _run(
+def test_dorarl_train_with_two_trainer_ranks(tmp_path):
+    """On the collective transport, with the shipped base (tied embeddings, as SmolLM2 and
+    Qwen2.5's small models have), long enough that versions go from engine to engine: a
+    peer serves what the group's rank 0 published. A publish the peer cannot serve left
+    its receiver waiting out weights.timeout_s, then failed the run."""
+    out, summary, trajectories, metrics, trace = _run(
         tmp_path,
-        tiny_model_dir,
+        BASE_MODEL_DIR,
         "mode=dora",
         "K=1",
-        "steps=4",
+        "steps=8",
         "trainer.world_size=2",
-        "checkpoint_every=2",
+        "checkpoint_every=4",
+        "weights.transport=collective",
+        "weights.timeout_s=60",
     )
     _check_invariants(summary, trajectories, k=1)
-    assert [m["version"] for m in metrics] == [0, 1, 2, 3]
+    assert [m["version"] for m in metrics] == list(range(8))
     assert all(m["tokens"] > 0 and torch.isfinite(torch.tensor(m["loss"])) for m in metrics)
-    newest = out / "checkpoints" / "version_00004"
+    loads = [e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("load v")]
+    assert any("from instance" in name for name in loads), loads
+    newest = out / "checkpoints" / "version_00008"
     assert (newest / "shards").is_dir() and (newest / "model.safetensors").is_file()
