@@ -120,8 +120,9 @@ def bars_table(result: dict[str, Any]) -> Table:
                           _bound_cell(b), held)  # fmt: skip
     table.caption = (
         "K bound: the best a schedule with the run's staleness bound K can reach when a "
-        "batch's slowest group takes the sync rollout time R and a training step T (a step "
-        "every max(T, (R+T)/(K+1)) at best; from the sync run's R and T)"
+        "batch's slowest group takes what sync's rollout of it took (R_b) and its training "
+        "step sync's T_b. K=1: step b starts no earlier than R_b after the end of step b-2; "
+        "K >= 2: a step every max(T, (R+T)/(K+1)) at best, from the means"
     )
     return table
 

@@ -44,6 +44,10 @@ def mode_figures(rows: Sequence[dict[str, Any]], warmup: int, num_instances: int
         "reprefill_tokens": sum(r["reprefill_tokens"] for r in measured),
         "migrations": sum(r["migrations"] for r in measured),
         "pace": _pace(measured),
+        "per_step": {  # the measured steps in order (what a staleness ceiling is built on)
+            "rollout_only_s": [r["rollout_only_s"] for r in measured],
+            "train_time_s": [r["train_time_s"] for r in measured],
+        },
         "all_steps": {
             "steps": len(rows),
             "wall_s": sum(r["step_time_s"] for r in rows),

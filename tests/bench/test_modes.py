@@ -26,7 +26,7 @@ from dorarl.sim.runtime import SimRuntime
 MODE_KEYS = {
     "measured_steps", "warmup_steps", "step_time_s", "rollout_only_share", "train_time_s",
     "consumed_tokens", "consumed_tokens_per_s", "slot_utilization", "staleness", "overhead_share",
-    "reprefill_tokens", "migrations", "pace", "all_steps",
+    "reprefill_tokens", "migrations", "pace", "per_step", "all_steps",
 }  # fmt: skip
 
 
@@ -84,9 +84,12 @@ def test_sync_waits_for_rollout_more_than_dora(tmp_path):
 
 def _figure(tps: float, rollout_only=0.1, overhead=0.01, over=(0.0, 0.0)) -> dict:
     pace = {"engine": {"over_share": over[0]}, "train": {"over_share": over[1]}}
+    steps = 12  # alike, of 3 s each
+    per_step = {"rollout_only_s": [3.0 * rollout_only] * steps,
+                "train_time_s": [3.0 * (1 - rollout_only)] * steps}  # fmt: skip
     return {"consumed_tokens_per_s": tps, "rollout_only_share": rollout_only,
             "overhead_share": {"total": overhead}, "pace": pace,
-            "step_time_s": {"mean": 3.0}}  # fmt: skip
+            "step_time_s": {"mean": 3.0}, "per_step": per_step}  # fmt: skip
 
 
 def test_bars_compare_the_named_dora_run():
@@ -116,7 +119,7 @@ def test_bars_compare_the_named_dora_run():
 def test_staleness_bound_caps_speedup_and_floors_rollout_only_time(
     k, rollout, train, speedup, share
 ):
-    most, least = staleness_ceiling(k, rollout, train)
+    most, least = staleness_ceiling(k, [rollout] * 12, [train] * 12)
     assert most == pytest.approx(speedup) and least == pytest.approx(share)
 
 
