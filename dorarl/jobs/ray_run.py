@@ -4,15 +4,16 @@ A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to ma
 again), its runtime (`RayRuntime`), what happens at each new version (a periodic
 checkpoint before the controller hears of it; after it, the evaluation, scalars and
 progress of the step), and its end (the final checkpoint, evaluations merged into
-metrics.jsonl, the summary). Evaluation runs in its own actor on the versions it is asked
-for, so it never stalls rollout or training; with `defer_eval` it runs after training, so
-it takes no CPU from a timed run either. `pace` turns on device emulation
+metrics.jsonl, this segment's summary, then the whole run's summary and trace rebuilt from
+its segments: dorarl.record.segments). Evaluation runs in its own actor on the versions it
+is asked for, so it never stalls rollout or training; with `defer_eval` it runs after
+training, so it takes no CPU from a timed run either. `pace` turns on device emulation
 (dorarl.record.pacing) for the engines and the trainer.
 """
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record import Recorder
 from dorarl.record.pacing import DeviceModel
+from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
@@ -65,8 +67,11 @@ def run_ray(
     try:
         placed = place_actors(config)  # a cluster that cannot hold them: refused, no files
         open_run_folder(out_dir, config, resume_version=point.version if point else None)
+        segment = open_segment(
+            out_dir, point.version if point else 0, config.instances, config.engine.max_num_seqs
+        )
         actors = RayActors.start(config, model_folder, task, point, placed, pace)
-        return _run(config, out_dir, task, actors, defer_eval=defer_eval, stop=stop)
+        return _run(config, out_dir, segment, task, actors, defer_eval=defer_eval, stop=stop)
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
@@ -149,13 +154,15 @@ class RayActors:
 def _run(
     config: TrainConfig,
     out_dir: Path,
+    segment: Path,
     task: Task,
     actors: RayActors,
     *,
     defer_eval: bool,
     stop: StopRequest | None,
 ) -> dict[str, Any]:
-    runtime = _runtime(config, out_dir, task, actors)
+    """Run this segment; returns the whole run's summary."""
+    runtime = _runtime(config, out_dir, segment, task, actors)
     start = runtime.controller.config.initial_version
     evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
@@ -164,7 +171,7 @@ def _run(
         runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
         runtime.on_step = _step_hook(runtime, evals, scalars, progress)
-        summary = runtime.run()
+        summary = _run_segment(runtime, out_dir, segment)
         results = _gather(runtime, evals, progress)
     final = runtime.controller.resume_state()  # no step in flight once the run finished
     _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
@@ -176,10 +183,30 @@ def _run(
     if runtime.stopped and stop is not None:
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
         summary["resume_command"] = resume_command(out_dir)
-    return _final_summary(out_dir, summary, results, runtime)
+    return _final_summary(out_dir, segment, summary, results, runtime)
 
 
-def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) -> RayRuntime:
+def _run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
+    """The runtime's summary; a failed run's segment is recorded as such before it raises
+    (an abort's is not: its books may be mid-update, and it leaves at once)."""
+    try:
+        return runtime.run()
+    except WorkerFailed:
+        summary = runtime.recorder.close(runtime.now())
+        summary["reward_errors"] = runtime.reward_errors
+        end_segment(segment, summary, "failed", _clock_started(runtime))
+        write_run_records(out_dir)
+        raise
+
+
+def _clock_started(runtime: RayRuntime) -> float:
+    """When the runtime's clock read 0, in seconds since the epoch."""
+    return time.time() - runtime.now()
+
+
+def _runtime(
+    config: TrainConfig, out_dir: Path, segment: Path, task: Task, actors: RayActors
+) -> RayRuntime:
     controller = config.controller_config()
     recorder = Recorder(
         out_dir,
@@ -190,6 +217,7 @@ def _runtime(config: TrainConfig, out_dir: Path, task: Task, actors: RayActors) 
         first_version=controller.initial_version,
         overhead_kinds=RayRuntime.OVERHEAD_KINDS,
         texts=trajectory_texts(task) if config.record.text else None,
+        records_dir=segment,
     )
     return RayRuntime(
         controller,
@@ -265,8 +293,13 @@ def _checkpoint(
 
 
 def _final_summary(
-    out_dir: Path, summary: dict[str, Any], evals: dict[int, dict[str, Any]], runtime: RayRuntime
+    out_dir: Path,
+    segment: Path,
+    summary: dict[str, Any],
+    evals: dict[int, dict[str, Any]],
+    runtime: RayRuntime,
 ) -> dict[str, Any]:
+    """Write the segment's summary, with its evaluations; returns the whole run's."""
     ordered = [evals[v] for v in sorted(evals)]
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
@@ -277,5 +310,6 @@ def _final_summary(
     summary.update(sampled_eval_summary(ordered))
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    ended = "stopped" if runtime.stopped else "finished"
+    end_segment(segment, summary, ended, _clock_started(runtime))
+    return write_run_records(out_dir)

@@ -4,7 +4,8 @@
 a run folder (or a checkpoint inside one) takes that run's config.json as its config and that
 folder as its output, so `dorarl train resume=RUN_DIR` alone finishes the run. Resumed into
 its own folder from version V, everything logged after V (metrics and trajectory rows,
-TensorBoard, newer checkpoints) is moved to `rolled_back/`, so the files read as one history.
+TensorBoard, newer checkpoints, the records of segments that started at V or later) is
+moved to `rolled_back/`, so the files read as one history.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from dorarl.config import ConfigError, to_dict
 from dorarl.jobs.resume import CHECKPOINTS, STATE_FILE
+from dorarl.record.segments import roll_back_segments
 
 CONFIG_FILE = "config.json"
 ROLLED_BACK = "rolled_back"
@@ -100,7 +102,8 @@ def open_run_folder(out_dir: Path, config: Any, resume_version: int | None) -> N
 def roll_back(out_dir: Path, version: int) -> dict[str, int]:
     """Move everything of versions after `version` to rolled_back/: metrics rows of steps
     that made a later version, trajectory rows trained at `version` or later, newer
-    checkpoints; TensorBoard is rebuilt from the rows kept. Returns what moved, by kind."""
+    checkpoints, the segments whose every step made one; TensorBoard is rebuilt from the
+    rows kept. Returns what moved, by kind."""
     aside = out_dir / ROLLED_BACK
     moved = {
         "metrics": _split_rows(
@@ -110,6 +113,7 @@ def roll_back(out_dir: Path, version: int) -> dict[str, int]:
             out_dir / "trajectories.jsonl", aside, lambda r: _history_version(r) < version
         ),
         "checkpoints": _move_newer_checkpoints(out_dir / CHECKPOINTS, aside, version),
+        "segments": roll_back_segments(out_dir, aside, version),
     }
     if moved["metrics"] and (out_dir / "tensorboard").is_dir():
         _rebuild_tensorboard(out_dir, aside)

@@ -3,7 +3,8 @@
 Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key
 (and imports no torch, Ray or transformers, so it answers at once). The run folder holds
 config.json, metrics.jsonl, trajectories.jsonl, summary.json, trace.json, reward_curve.png,
-tensorboard/ and checkpoints/. Ctrl-C stops a run cleanly; `resume=RUN_DIR` continues it.
+tensorboard/, checkpoints/ and segments/ (each process's own summary and trace; summary.json
+and trace.json are the whole run's). Ctrl-C stops a run cleanly; `resume=RUN_DIR` continues it.
 """
 
 from __future__ import annotations
@@ -152,7 +153,11 @@ def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"dorarl train: {summary.get('mode')} (K={summary.get('K')})")
+    title = f"dorarl train: {summary.get('mode')} (K={summary.get('K')})"
+    segments = len(summary.get("segments", []))
+    if segments > 1:
+        title += f", the whole run: {segments} segments"
+    table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key in (

@@ -1,5 +1,6 @@
 """A run's output files: metrics.jsonl and trajectories.jsonl as they grow, summary.json
-and trace.json at the end. A resumed run (`append`) adds to its run's files."""
+and trace.json at the end (in `records_dir`: a segment's folder when the run has segments,
+dorarl.record.segments). A resumed run (`append`) adds to its run's files."""
 
 from __future__ import annotations
 
@@ -11,8 +12,16 @@ from dorarl.record.trace import TraceBuilder
 
 
 class RunFiles:
-    def __init__(self, out_dir: str | Path | None, *, trajectories: bool, append: bool) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path | None,
+        *,
+        trajectories: bool,
+        append: bool,
+        records_dir: str | Path | None = None,
+    ) -> None:
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.records_dir = Path(records_dir) if records_dir is not None else self.out_dir
         self._metrics = self._trajectories = None
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -38,8 +47,8 @@ class RunFiles:
         for f in (self._metrics, self._trajectories):
             if f is not None:
                 f.close()
-        if self.out_dir is None:
+        if self.records_dir is None:
             return
-        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.records_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         if trace is not None:
-            trace.write(self.out_dir / "trace.json")
+            trace.write(self.records_dir / "trace.json")

@@ -81,6 +81,7 @@ class Recorder:
         first_version: int = 0,
         overhead_kinds: Sequence[str] = OVERHEAD_KINDS,
         texts: Callable[[Sample], dict[str, str]] | None = None,
+        records_dir: str | Path | None = None,  # summary.json and trace.json (default out_dir)
     ) -> None:
         unknown = set(overhead_kinds) - set(OVERHEAD_KINDS)
         if unknown:
@@ -89,7 +90,9 @@ class Recorder:
             mode, k, num_instances, slots_per_instance, first_version, tuple(overhead_kinds)
         )
         self.texts = texts  # sample -> text fields of its trajectory row (record.text)
-        self.files = RunFiles(out_dir, trajectories=trajectories, append=bool(first_version))
+        self.files = RunFiles(
+            out_dir, trajectories=trajectories, append=bool(first_version), records_dir=records_dir
+        )
         self.trace = TraceBuilder(num_instances) if trace and out_dir is not None else None
         self.steps: list[dict[str, Any]] = []
         self.summary: dict[str, Any] | None = None
@@ -99,6 +102,7 @@ class Recorder:
         self.faults: Counter = Counter()  # restarts, replayed steps, replay mismatches
         self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
         self._totals: Counter = Counter()
+        self._staleness: Counter = Counter()  # consumed groups by staleness, over the steps
         self._step = self._new_step(0.0, [0.0] * num_instances)
         self._events = self._event_handlers()
         self._commands = self._command_handlers()
@@ -211,6 +215,7 @@ class Recorder:
             rollout_only_s=line["rollout_only_s"],
             tokens=line["consumed_tokens"],
         )
+        self._staleness.update(self._step.staleness)
         self._step = self._new_step(e.now, list(self.usage.area))
 
     def _new_step(self, start: float, area0: list[float]) -> _Step:
@@ -377,6 +382,7 @@ class Recorder:
                 k: _share(totals[f"overhead_{k}"], wall * run.num_instances)
                 for k in run.overhead_kinds
             },
+            "staleness": {str(s): n for s, n in sorted(self._staleness.items())},
             "migrations": totals["migrations"],
             "offloads": totals["offloads"],
             "reprefill_tokens": totals["reprefill"],

@@ -48,7 +48,31 @@ class TraceBuilder:
         self.events.append(event)
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps({"traceEvents": self.events, "displayTimeUnit": "ms"}))
+        write_events(path, self.events)
+
+
+def write_events(path: Path, events: list[dict[str, Any]]) -> None:
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(path.read_text())
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def shifted(event: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """`event` `seconds` later (metadata events have no time to shift)."""
+    if event.get("ph") == "M":
+        return event
+    return event | {"ts": round(event["ts"] + _us(seconds), 3)}
+
+
+def marker(name: str, at: float, **args: Any) -> dict[str, Any]:
+    """An instant across every track (Perfetto draws it as a line through the timeline)."""
+    event = {"name": name, "ph": "i", "s": "g", "pid": TRAINER_PID, "tid": 0, "ts": _us(at)}
+    if args:
+        event["args"] = args
+    return event
 
 
 def _us(seconds: float) -> float:

@@ -78,6 +78,7 @@ def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_mod
     assert train_main(run) == 0
     kept = sorted(p.name for p in (first / "checkpoints").iterdir())
     assert kept == ["version_00001", "version_00002", "version_00003"]
+    before = json.loads((first / "summary.json").read_text())
     # v1: the first rbs groups went out at the start and step 0 trained tbs of them, so its
     # position holds untrained prompts whatever the timing (a later one may hold none: its
     # groups can all be trained before the engines load the version new groups go to)
@@ -108,9 +109,24 @@ def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_mod
     # keeping two checkpoints prunes the older ones
     resumed = [f"resume={first}", "steps=4", "checkpoint_keep=2", "--out", str(first)]
     assert train_main([*args, *resumed]) == 0
-    assert [m["step"] for m in _lines(first / "metrics.jsonl")] == [0, 1, 2, 3]
+    metrics = _lines(first / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     kept = sorted(p.name for p in (first / "checkpoints").iterdir())
     assert kept == ["version_00003", "version_00004"]
+    # its summary and trace are the whole run's: both segments, every step once
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["dropped_total"] == 0
+    assert summary["consumed_tokens"] == sum(m["consumed_tokens"] for m in metrics)
+    segments = summary["segments"]
+    assert [(s["start_version"], s["end_version"], s["ended"]) for s in segments] == [
+        (0, 3, "finished"),
+        (3, 4, "finished"),
+    ]
+    assert segments[0]["wall_time_s"] == before["wall_time_s"] < summary["wall_time_s"]
+    trace = json.loads((first / "trace.json").read_text())["traceEvents"]
+    steps = [e for e in trace if e["name"].startswith("train step")]
+    assert [e["name"] for e in steps] == [f"train step {s} (v{s} -> v{s + 1})" for s in range(4)]
+    assert steps[3]["ts"] > steps[2]["ts"] + steps[2]["dur"]  # the resume, later on one clock
 
 
 def test_a_failed_worker_says_what_failed_and_how_to_resume(tmp_path):

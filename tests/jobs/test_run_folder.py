@@ -118,7 +118,7 @@ def test_roll_back_moves_everything_after_the_checkpoint_aside(tmp_path):
     run = _run_folder(tmp_path / "run", versions=6)
     assert _tensorboard_steps(run) == [0, 1, 2, 3, 4, 5]
     moved = roll_back(run, 4)
-    assert moved == {"metrics": 2, "trajectories": 4, "checkpoints": 1}
+    assert moved == {"metrics": 2, "trajectories": 4, "checkpoints": 1, "segments": 0}
     assert [m["new_version"] for m in _lines(run / "metrics.jsonl")] == [1, 2, 3, 4]
     assert {t["train_version"] for t in _lines(run / "trajectories.jsonl")} == {0, 1, 2, 3}
     aside = run / "rolled_back"
@@ -130,7 +130,7 @@ def test_roll_back_moves_everything_after_the_checkpoint_aside(tmp_path):
     ]
     assert (aside / "checkpoints" / "version_00006").is_dir()
     assert _tensorboard_steps(run) == [0, 1, 2, 3]  # rebuilt from the rows kept
-    assert roll_back(run, 4) == {"metrics": 0, "trajectories": 0, "checkpoints": 0}
+    assert roll_back(run, 4) == {"metrics": 0, "trajectories": 0, "checkpoints": 0, "segments": 0}
 
 
 def test_roll_back_keeps_groups_filtered_before_the_checkpoint(tmp_path):

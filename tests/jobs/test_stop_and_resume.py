@@ -93,6 +93,17 @@ def test_sigint_stops_the_run_and_the_printed_command_finishes_it(tmp_path):
     assert len(samples) == len(set(samples))  # each trajectory trained once in this history
     trained = [t["train_version"] for t in trajectories]
     assert trained == sorted(trained) and set(trained) == set(range(STEPS))
-    assert json.loads((out / "summary.json").read_text()).get("stopped_by") is None
+    # summary and trace are the whole run's: the stopped segment and the one that finished
+    # it (the aborted one's steps were all rolled back, its records with them)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary.get("stopped_by") is None and summary["steps"] == STEPS
+    assert [(s["start_version"], s["end_version"], s["ended"]) for s in summary["segments"]] == [
+        (0, stopped, "stopped"),
+        (stopped, STEPS, "finished"),
+    ]
+    assert len(list((out / "rolled_back" / "segments").iterdir())) == 1
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    steps = [e["name"] for e in trace if e["name"].startswith("train step")]
+    assert steps == [f"train step {s} (v{s} -> v{s + 1})" for s in range(STEPS)]
     assert (out / "checkpoints" / f"version_{STEPS:05d}").is_dir()
     assert json.loads((out / "config.json").read_text())["steps"] == STEPS

@@ -1,0 +1,308 @@
+"""A run's segments, one per process that ran it (the first, then each resume), and the run's
+summary.json and trace.json rebuilt from them, so both describe the whole run.
+
+Each segment keeps its records in segments/NNN/: segment.json as it starts, its recorder's
+summary.json and trace.json as it ends (stopped, finished or failed). A segment killed
+before its end loses only its own summary and trace, never another's. A segment's steps
+are the metrics.jsonl rows from its start version to the next segment's: a resume from
+version V moves later rows aside, and the segments that started at V or later with them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dorarl.record.pacing import PaceStats
+from dorarl.record.trace import marker, read_events, shifted, write_events
+
+SEGMENTS = "segments"
+START_FILE = "segment.json"
+SUMMARY_FILE = "summary.json"
+TRACE_FILE = "trace.json"
+KILLED = "killed"  # what a segment without the end of its record was; the others say
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One segment as its records and the run's history show it."""
+
+    index: int
+    folder: Path
+    start_version: int
+    opened_at: float  # seconds since the epoch, as the process set the segment up
+    instances: int
+    slots: int
+    summary: dict[str, Any] | None  # its own summary; None when killed before writing it
+    rows: list[dict[str, Any]]  # its metrics rows that the history keeps
+
+    @property
+    def ended(self) -> str:
+        return (self.summary or {}).get("ended", KILLED)
+
+    @property
+    def end_version(self) -> int:
+        return self.rows[-1]["new_version"] if self.rows else self.start_version
+
+    @property
+    def intact(self) -> bool:
+        """Its own summary covers exactly the steps the history keeps of it."""
+        return self.summary is not None and self.summary["steps"] == len(self.rows)
+
+    @property
+    def wall_time_s(self) -> float:
+        """Its run time in the history: to the end of its last kept step, unless intact."""
+        if self.intact:
+            return self.summary["wall_time_s"]
+        return self.rows[-1]["time_s"] if self.rows else 0.0
+
+    @property
+    def started_at(self) -> float:
+        """When its clock started (seconds since the epoch); a killed one's is when it was
+        set up, a little earlier."""
+        return (self.summary or {}).get("started_at", self.opened_at)
+
+    @property
+    def slot_utilization(self) -> float:
+        if self.intact:
+            return self.summary["slot_utilization"]
+        busy = sum(r["slot_utilization"] * r["step_time_s"] for r in self.rows)
+        return _share(busy, self.wall_time_s)
+
+    def entry(self) -> dict[str, Any]:
+        """Its line in the run summary's `segments`."""
+        entry = {
+            "segment": self.index,
+            "start_version": self.start_version,
+            "end_version": self.end_version,
+            "steps": len(self.rows),
+            "wall_time_s": self.wall_time_s,
+            "started_at": self.started_at,
+            "ended": self.ended,
+        }
+        if "stopped_by" in (self.summary or {}):
+            entry["stopped_by"] = self.summary["stopped_by"]
+        return entry
+
+
+# ---- a segment's records -----------------------------------------------------------------
+def open_segment(out_dir: Path, start_version: int, instances: int, slots: int) -> Path:
+    """The folder of a new segment of the run in `out_dir`, its start recorded."""
+    parent = out_dir / SEGMENTS
+    index = 1 + max((int(p.name) for p in _folders(parent)), default=-1)
+    folder = parent / f"{index:03d}"
+    folder.mkdir(parents=True)
+    start = {"start_version": start_version, "opened_at": time.time()}
+    start |= {"instances": instances, "slots": slots}
+    (folder / START_FILE).write_text(json.dumps(start, indent=2) + "\n")
+    return folder
+
+
+def end_segment(folder: Path, summary: dict[str, Any], ended: str, started_at: float) -> None:
+    """Write the segment's summary: how it `ended`, when its clock started."""
+    record = summary | {"ended": ended, "started_at": started_at}
+    (folder / SUMMARY_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def roll_back_segments(out_dir: Path, aside: Path, version: int) -> int:
+    """Move the segments that started at `version` or later (every step of theirs made a
+    version after it) to aside/segments/; returns how many moved."""
+    moved = 0
+    for folder in _folders(out_dir / SEGMENTS):
+        if _start(folder)["start_version"] >= version:
+            dest = _free(aside / SEGMENTS / folder.name)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            folder.rename(dest)
+            moved += 1
+    return moved
+
+
+def read_segments(out_dir: Path, rows: Sequence[dict[str, Any]]) -> list[Segment]:
+    """The run's segments in order, each with its rows of the history `rows`."""
+    folders = _folders(out_dir / SEGMENTS)
+    starts = [_start(f) for f in folders]
+    bounds = [s["start_version"] for s in starts[1:]] + [float("inf")] * bool(starts)
+    segments = []
+    for folder, start, end in zip(folders, starts, bounds, strict=True):
+        mine = [r for r in rows if start["start_version"] < r["new_version"] <= end]
+        summary_path = folder / SUMMARY_FILE
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        segments.append(Segment(int(folder.name), folder, summary=summary, rows=mine, **start))
+    return segments
+
+
+def run_times(segments: Sequence[Segment]) -> list[float]:
+    """When each kept step ended on the run's clock: the segments' run times end to end
+    (not the time between them, when nothing ran)."""
+    times: list[float] = []
+    before = 0.0
+    for segment in segments:
+        times += [before + r["time_s"] for r in segment.rows]
+        before += segment.wall_time_s
+    return times
+
+
+# ---- the whole run -----------------------------------------------------------------------
+def write_run_records(out_dir: Path) -> dict[str, Any]:
+    """Rebuild out_dir/summary.json and trace.json from the segments; returns the summary."""
+    segments = read_segments(out_dir, _rows(out_dir / "metrics.jsonl"))
+    summary = run_summary(segments)
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    if any((s.folder / TRACE_FILE).is_file() for s in segments):
+        write_events(out_dir / TRACE_FILE, run_trace(segments))
+    return summary
+
+
+# Fields of a segment's summary that describe where the run stands: the last segment's.
+LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
+        "resume_command")  # fmt: skip
+# Work that only a segment's own books count: summed (a killed segment's is unknown, 0),
+# rolled-back work included.
+SUMMED = ("dispatched", "completed", "consumed", "filtered")
+FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
+          "replay_mismatches", "reward_errors")  # fmt: skip
+
+
+def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
+    """The whole run's summary. Per field: mode and K from the newest segment's summary;
+    `LAST` from the last segment's; `SUMMED`, drops and `FAULTS` summed over the segments'
+    summaries; steps, tokens, step times, staleness, migrations, offloads and re-prefill
+    recomputed from the history's rows, which hold each kept step once; wall time summed
+    over the segments' run times (`Segment.wall_time_s`), and the throughput, slot
+    utilization and overhead shares taken over it; evaluations from each segment's summary,
+    for the versions the history keeps of it (a later segment's result of the same version
+    wins: the resumed start is evaluated again); plus each segment's line (`segments`)."""
+    rows = [r for s in segments for r in s.rows]
+    own = [s.summary for s in segments if s.summary is not None]
+    newest = own[-1] if own else {}
+    last = (segments[-1].summary or {}) if segments else {}
+    wall = sum(s.wall_time_s for s in segments)
+    tokens = sum(r["consumed_tokens"] for r in rows)
+    step_time = sum(r["step_time_s"] for r in rows)
+    dropped = sum((Counter(s.get("dropped", {})) for s in own), Counter())
+    summary: dict[str, Any] = {"mode": newest.get("mode"), "K": newest.get("K"), "steps": len(rows)}
+    summary |= {key: sum(s.get(key, 0) for s in own) for key in SUMMED}
+    summary |= {key: last[key] for key in LAST if key in last}
+    summary |= {
+        "dropped": dict(dropped),
+        "dropped_total": sum(dropped.values()),
+        "wall_time_s": wall,
+        "consumed_tokens": tokens,
+        "throughput_tokens_per_s": _share(tokens, wall),
+        "mean_step_time_s": _share(step_time, len(rows)),
+        "rollout_only_share": _share(sum(r["rollout_only_s"] for r in rows), step_time),
+        "slot_utilization": _slot_utilization(segments),
+        "overhead_share": _overhead_share(segments, list(newest.get("overhead_share", {}))),
+        "staleness": _staleness(rows),
+    }
+    summary |= {key: sum(r[key] for r in rows) for key in ("migrations", "offloads")}
+    summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
+    summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}
+    summary |= _evaluations(segments)
+    pace = _pace([s["pace"] for s in own if "pace" in s])
+    return summary | ({"pace": pace} if pace else {}) | {"segments": [s.entry() for s in segments]}
+
+
+def _slot_utilization(segments: Sequence[Segment]) -> float:
+    """Busy slot-seconds over slot-seconds, every segment weighted by its capacity."""
+    capacity = [s.wall_time_s * s.instances * s.slots for s in segments]
+    busy = sum(s.slot_utilization * c for s, c in zip(segments, capacity, strict=True))
+    return _share(busy, sum(capacity))
+
+
+def _overhead_share(segments: Sequence[Segment], kinds: list[str]) -> dict[str, float]:
+    """Instance-seconds of each overhead over the run's instance-seconds."""
+    rows = [r for s in segments for r in s.rows]
+    instance_s = sum(s.wall_time_s * s.instances for s in segments)
+    return {k: _share(sum(r["overhead_s"].get(k, 0.0) for r in rows), instance_s) for k in kinds}
+
+
+def _staleness(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    total: Counter = Counter()
+    for r in rows:
+        total.update({int(s): n for s, n in r["staleness"].items()})
+    return {str(s): total[s] for s in sorted(total)}
+
+
+def _evaluations(segments: Sequence[Segment]) -> dict[str, Any]:
+    accuracy: dict[int, float] = {}
+    sampled: dict[int, dict[str, float]] = {}
+    for s in segments:
+        own = s.summary or {}
+        kept = range(s.start_version, s.end_version + 1)
+        accuracy |= {int(v): a for v, a in own.get("eval", {}).items() if int(v) in kept}
+        sampled |= {int(v): x for v, x in own.get("eval_sampled", {}).items() if int(v) in kept}
+    ordered = [accuracy[v] for v in sorted(accuracy)]
+    out: dict[str, Any] = {"eval": {str(v): accuracy[v] for v in sorted(accuracy)}}
+    if ordered:
+        out |= {"eval_accuracy_first": ordered[0], "eval_accuracy_last": ordered[-1]}
+    if sampled:
+        out["eval_sampled"] = {str(v): sampled[v] for v in sorted(sampled)}
+    return out
+
+
+def _pace(totals: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Paced work summed over the segments that were paced, engines and trainer apart."""
+    merged: dict[str, PaceStats] = {}
+    for total in totals:
+        for kind, values in total.items():
+            stats = PaceStats(**{k: v for k, v in values.items() if k != "over_share"})
+            merged.setdefault(kind, PaceStats()).merge(stats)
+    return {kind: stats.to_dict() for kind, stats in merged.items()}
+
+
+def run_trace(segments: Sequence[Segment]) -> list[dict[str, Any]]:
+    """Every segment's trace events on one timeline: each shifted by the wall-clock time
+    from the first segment's start to its own (never onto the one before, should the
+    clock have been set back), with a marker where each starts."""
+    meta: dict[str, dict[str, Any]] = {}
+    events: list[dict[str, Any]] = []
+    first = segments[0].started_at if segments else 0.0
+    floor = 0.0
+    for s in segments:
+        offset = max(s.started_at - first, floor)
+        ran = (s.summary or {}).get("wall_time_s", s.wall_time_s)
+        floor = offset + ran
+        name = f"segment {s.index}: v{s.start_version} -> v{s.end_version}, {s.ended}"
+        events.append(marker(name, offset, **s.entry()))
+        path = s.folder / TRACE_FILE
+        for event in read_events(path) if path.is_file() else []:
+            if event.get("ph") == "M":  # track names: each segment names its tracks again
+                meta.setdefault(json.dumps(event, sort_keys=True), event)
+            else:
+                events.append(shifted(event, offset))
+    return list(meta.values()) + events
+
+
+# ---- helpers -----------------------------------------------------------------------------
+def _folders(parent: Path) -> list[Path]:
+    found = [p for p in parent.glob("[0-9]*") if p.name.isdigit() and (p / START_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name))
+
+
+def _start(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / START_FILE).read_text())
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _free(path: Path) -> Path:
+    """`path`, or `path`-1, -2, ... when taken (a segment number rolled back before)."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    return candidate
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0

@@ -1,0 +1,124 @@
+"""A resumed run's summary.json and trace.json describe the whole run: real recorders write
+two or three segments into one folder, as stopped, killed and resumed processes leave it."""
+
+import json
+
+import pytest
+
+from dorarl.controller import Dispatch, SampleDone, Start, Train, TrainDone
+from dorarl.data import Group, Sample
+from dorarl.jobs.run_folder import roll_back
+from dorarl.record import Recorder
+from dorarl.record.segments import end_segment, open_segment, write_run_records
+
+EPOCH = 1_700_000_000.0
+
+
+def _group(gid, version, tokens):
+    sample = Sample(gid, 0, prompt_id=gid, prompt_ids=[1], response_ids=[7] * tokens,
+                    versions=[version] * tokens, reward=1.0)  # fmt: skip
+    return Group(gid, gid, version, [sample])
+
+
+def _segment(out, start, steps, *, stale=0, close=True):
+    """A segment from version `start`: per step one group of 4 tokens sampled `stale`
+    versions back (1 s of rollout, then 1 s of training, on 1 instance of 2 slots); not
+    closed: killed after its last step."""
+    folder = open_segment(out, start, instances=1, slots=2)
+    rec = Recorder(out, mode="dora", k=1, num_instances=1, slots_per_instance=2,
+                   first_version=start, records_dir=folder, trajectories=close)  # fmt: skip
+
+    def dispatch(i):
+        gid = 100 * start + i
+        return [Dispatch(gid, gid, start + i - stale, 0, (0,))] if i < steps else []
+
+    rec.observe(Start(0.0), dispatch(0))
+    for i in range(steps):
+        v, t, gid = start + i, 2.0 * i, 100 * start + i
+        rec.observe(SampleDone(gid, 0, 0, 4, t + 1.0), [Train((gid,), v)])
+        rec.consumed([_group(gid, v - stale, 4)], v)
+        rec.observe(TrainDone(v + 1, t + 2.0), dispatch(i + 1))
+    if close:
+        summary = rec.close(2.0 * steps + 0.5)
+        summary["eval"] = {str(start): 0.1 * start, str(start + steps): 0.1 * (start + steps)}
+        end_segment(folder, summary, "stopped" if start == 0 else "finished", EPOCH + 10 * start)
+    return folder  # killed: what it leaves are the metrics rows it flushed, step by step
+
+
+def _trace(out):
+    return json.loads((out / "trace.json").read_text())["traceEvents"]
+
+
+def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp_path):
+    _segment(tmp_path, 0, 2)
+    one = write_run_records(tmp_path)
+    assert (one["steps"], one["wall_time_s"], one["segments"][0]["ended"]) == (2, 4.5, "stopped")
+    _segment(tmp_path, 2, 3, stale=1)
+    summary = write_run_records(tmp_path)
+
+    assert summary["steps"] == 5 and summary["consumed"] == summary["dispatched"] == 5
+    assert summary["dropped_total"] == 0 and summary["in_flight_at_end"] == 0
+    assert summary["wall_time_s"] == 4.5 + 6.5  # each segment's run time, not the gap
+    assert summary["consumed_tokens"] == 20
+    assert summary["throughput_tokens_per_s"] == pytest.approx(20 / 11.0)
+    assert summary["mean_step_time_s"] == 2.0 and summary["rollout_only_share"] == 0.5
+    assert summary["staleness"] == {"0": 2, "1": 3}
+    assert summary["eval"] == {"0": 0.0, "2": 0.2, "5": 0.5}
+    assert (summary["eval_accuracy_first"], summary["eval_accuracy_last"]) == (0.0, 0.5)
+    ends = [
+        (s["start_version"], s["end_version"], s["steps"], s["ended"]) for s in summary["segments"]
+    ]
+    assert ends == [(0, 2, 2, "stopped"), (2, 5, 3, "finished")]
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    # one segment's own records stay in its folder
+    own = json.loads((tmp_path / "segments" / "001" / "summary.json").read_text())
+    assert own["steps"] == 3 and own["ended"] == "finished" and own["staleness"] == {"1": 3}
+
+    # every step on one timeline, the second segment 20 s (of wall clock) after the first
+    trace = _trace(tmp_path)
+    steps = {e["name"]: e["ts"] for e in trace if e["name"].startswith("train step")}
+    assert list(steps) == [f"train step {s} (v{s} -> v{s + 1})" for s in range(5)]
+    assert steps["train step 1 (v1 -> v2)"] == 3.0e6 and steps["train step 2 (v2 -> v3)"] == 21.0e6
+    markers = [e for e in trace if e.get("s") == "g"]
+    assert [(m["ts"], m["args"]["ended"]) for m in markers] == [(0.0, "stopped"),
+                                                              (20.0e6, "finished")]  # fmt: skip
+    names = [e for e in trace if e["name"] == "process_name"]
+    assert len(names) == 2  # the trainer and instance 0, named once
+
+
+def test_a_killed_segment_keeps_the_others_and_its_kept_steps_count(tmp_path):
+    _segment(tmp_path, 0, 2)
+    write_run_records(tmp_path)
+    _segment(tmp_path, 2, 2, close=False)  # killed after making v4 (say, checkpointed)
+    roll_back(tmp_path, 3)  # resumed from v3: its second step is rolled back, not the first
+    _segment(tmp_path, 3, 1)
+    summary = write_run_records(tmp_path)
+
+    assert [(s["start_version"], s["end_version"], s["ended"]) for s in summary["segments"]] == [
+        (0, 2, "stopped"),
+        (2, 3, "killed"),
+        (3, 4, "finished"),
+    ]
+    assert summary["steps"] == 4 and summary["consumed_tokens"] == 16
+    assert summary["wall_time_s"] == 4.5 + 2.0 + 2.5  # the killed one: to its last kept step
+    assert summary["consumed"] == 3  # only closed segments' books count groups
+    trace = _trace(tmp_path)
+    assert sum(e["name"].startswith("train step") for e in trace) == 3  # killed: no trace
+    assert [e["args"]["ended"] for e in trace if e.get("s") == "g"] == [
+        "stopped",
+        "killed",
+        "finished",
+    ]
+
+
+def test_a_resume_from_an_older_version_moves_later_segments_aside(tmp_path):
+    _segment(tmp_path, 0, 2)
+    _segment(tmp_path, 2, 2)
+    assert roll_back(tmp_path, 2)["segments"] == 1
+    assert (tmp_path / "rolled_back" / "segments" / "001" / "summary.json").is_file()
+    _segment(tmp_path, 2, 1)
+    summary = write_run_records(tmp_path)
+    assert [s["segment"] for s in summary["segments"]] == [0, 1]
+    assert summary["steps"] == 3 and summary["wall_time_s"] == 4.5 + 2.5
+    assert roll_back(tmp_path, 2)["segments"] == 1
+    assert (tmp_path / "rolled_back" / "segments" / "001-1").is_dir()  # the earlier one kept
