@@ -10,6 +10,7 @@ from dorarl.data import Group, Sample
 from dorarl.jobs.run_folder import roll_back
 from dorarl.record import Recorder
 from dorarl.record.segments import end_segment, open_segment, write_run_records
+from dorarl.report.run_curve import read_curve
 
 EPOCH = 1_700_000_000.0
 
@@ -84,6 +85,9 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
                                                               (20.0e6, "finished")]  # fmt: skip
     names = [e for e in trace if e["name"] == "process_name"]
     assert len(names) == 2  # the trainer and instance 0, named once
+
+    curve = read_curve(tmp_path)  # the compare plot's clock runs on across segments
+    assert curve["time_s"] == [2.0, 4.0, 4.5 + 2.0, 4.5 + 4.0, 4.5 + 6.0]
 
 
 def test_a_killed_segment_keeps_the_others_and_its_kept_steps_count(tmp_path):
