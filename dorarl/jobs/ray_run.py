@@ -171,7 +171,7 @@ def _run(
         runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
         runtime.on_step = _step_hook(runtime, evals, scalars, progress)
-        summary = _run_segment(runtime, out_dir, segment)
+        summary = run_segment(runtime, out_dir, segment)
         results = _gather(runtime, evals, progress)
     final = runtime.controller.resume_state()  # no step in flight once the run finished
     _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
@@ -186,7 +186,7 @@ def _run(
     return _final_summary(out_dir, segment, summary, results, runtime)
 
 
-def _run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
+def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
     """The runtime's summary; a failed run's segment is recorded as such before it raises
     (an abort's is not: its books may be mid-update, and it leaves at once)."""
     try:

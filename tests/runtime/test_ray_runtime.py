@@ -9,11 +9,12 @@ import ray
 from dorarl.config import load_config
 from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.ray_run import run_ray
+from dorarl.jobs.ray_run import run_ray, run_segment
 from dorarl.jobs.train import main as train_main
 from dorarl.jobs.workload import build_task, rollout_settings
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.recorder import Recorder
+from dorarl.record.segments import open_segment
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, start_workers
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRuntime, _describe
@@ -172,7 +173,9 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
     assert all(row["prompt"].endswith("=") and isinstance(row["response"], str) for row in rows)
 
 
-def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0, *extra) -> RayRuntime:
+def _dora_k1_runtime(
+    model_dir, out=None, pace=None, max_restarts=0, *extra, records_dir=None
+) -> RayRuntime:
     """dora K=1 for 8 steps on 3 engines (`extra` overrides change that), driven directly so
     a test can reach in mid-run (local Ray must be up); with `max_restarts`, dead engines
     are replaced."""
@@ -186,7 +189,7 @@ def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0, *extra) -> 
     )
     recorder = Recorder(
         out, mode="dora", k=1, num_instances=config.instances, slots_per_instance=8,
-        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
+        overhead_kinds=RayRuntime.OVERHEAD_KINDS, records_dir=records_dir,
     )  # fmt: skip
     return RayRuntime(
         config.controller_config(), task, rollout_settings(config, task), workers, trainer,
@@ -195,10 +198,11 @@ def _dora_k1_runtime(model_dir, out=None, pace=None, max_restarts=0, *extra) -> 
     )  # fmt: skip
 
 
-def test_a_dead_engine_stops_the_run_naming_it(tiny_model_dir):
+def test_a_dead_engine_stops_the_run_naming_it(tmp_path, tiny_model_dir):
     start_local_ray(num_cpus=2)
     try:
-        runtime = _dora_k1_runtime(tiny_model_dir)
+        segment = open_segment(tmp_path, 0, instances=3, slots=8)
+        runtime = _dora_k1_runtime(tiny_model_dir, tmp_path, records_dir=segment)
 
         def kill_instance_1(row, groups):
             if row["step"] == 1:
@@ -206,10 +210,15 @@ def test_a_dead_engine_stops_the_run_naming_it(tiny_model_dir):
 
         runtime.on_step = kill_instance_1
         with pytest.raises(WorkerFailed, match=r"^engine instance 1 \(.*\) failed: ActorDied"):
-            runtime.run()
+            run_segment(runtime, tmp_path, segment)
         assert runtime.controller.counts()["steps_done"] < 8
     finally:
         ray.shutdown()
+    # the failed segment is recorded as such, and the run's summary and trace with it
+    (entry,) = json.loads((tmp_path / "summary.json").read_text())["segments"]
+    assert entry["ended"] == "failed" and entry["end_version"] >= 2
+    assert json.loads((segment / "summary.json").read_text())["ended"] == "failed"
+    assert (tmp_path / "trace.json").is_file()
 
 
 def test_a_worker_error_leads_with_the_workers_own_exception():
