@@ -13,6 +13,7 @@ training, so it takes no CPU from a timed run either. `pace` turns on device emu
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ from dorarl.runtime.ray_runtime import RayRuntime
 from dorarl.runtime.threads import share_threads
 from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
+
+log = logging.getLogger(__name__)
 
 
 def run_ray(
@@ -192,11 +195,18 @@ def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, 
     try:
         return runtime.run()
     except WorkerFailed:
+        _record_failure(runtime, out_dir, segment)
+        raise
+
+
+def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
+    try:
         summary = runtime.recorder.close(runtime.now())
         summary["reward_errors"] = runtime.reward_errors
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
-        raise
+    except Exception:  # the worker's failure is what must reach the user, not this one
+        log.warning("could not record the failed segment %s", segment, exc_info=True)
 
 
 def _clock_started(runtime: RayRuntime) -> float:

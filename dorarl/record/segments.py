@@ -25,7 +25,7 @@ SEGMENTS = "segments"
 START_FILE = "segment.json"
 SUMMARY_FILE = "summary.json"
 TRACE_FILE = "trace.json"
-KILLED = "killed"  # what a segment without the end of its record was; the others say
+KILLED = "killed"  # how a segment ended that never wrote its summary (the others write it)
 
 
 @dataclass(frozen=True)
