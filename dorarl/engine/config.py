@@ -24,6 +24,20 @@ Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
+TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
+
+
+def triton_unfit(block_size: int, head_dim: int | None = None) -> str | None:
+    """What the Triton kernels cannot run, e.g. "block_size 24" (their tiles are powers of
+    two of at least 16), or None; the head dim is known once the model is."""
+    for name, value in (("block_size", block_size), ("head_dim", head_dim)):
+        if value is not None and not _power_of_two_from(value, TRITON_MIN):
+            return f"{name} {value}"
+    return None
+
+
+def _power_of_two_from(value: int, least: int) -> bool:
+    return value >= least and value & (value - 1) == 0
 
 
 @dataclass(kw_only=True)
@@ -151,6 +165,14 @@ class EngineConfig:
             raise ConfigError(
                 f"engine.attention: cpp runs on cpu in float32 only (got engine.device="
                 f"{self.device!r}, engine.dtype={self.dtype!r})"
+            )
+        unfit = triton_unfit(self.block_size)
+        if unfit and (self.attention == "triton" or self.cuda_graphs == "on"):
+            asked = "attention=triton" if self.attention == "triton" else "cuda_graphs=on"
+            raise ConfigError(
+                f"engine.block_size: engine.{asked} needs a power of two >= {TRITON_MIN} "
+                f"(the Triton kernels' tiles), got {self.block_size}; engine.attention=torch "
+                "runs any block size"
             )
         if self.cuda_graphs == "on" and not on_cuda:
             raise ConfigError(

@@ -68,11 +68,9 @@ class Engine:
         self.hf_config = hf_config
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
+        queries_per_kv = self.spec.num_heads // self.spec.num_kv_heads
         self.backends = fit_to_model(
-            resolve_backends(config),
-            config,
-            self.spec.head_dim,
-            self.spec.num_heads // self.spec.num_kv_heads,
+            resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where
         )
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version

@@ -22,6 +22,7 @@ import ray
 from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
 from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
 from dorarl.jobs.learning_signal import LearningSignal
@@ -39,7 +40,6 @@ from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.ray_runtime import RayRuntime
 from dorarl.runtime.threads import share_threads
 from dorarl.tasks import Task
-from dorarl.tasks.assets import shipped_base_model
 
 
 def run_ray(
@@ -55,17 +55,17 @@ def run_ray(
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
     point = config.resume_point()
-    model_folder = str(
-        point.folder if point else (config.model or shipped_base_model(config.task.name))
-    )
-    task = build_task(config, model_folder)  # bad data stops the run before any file is written
+    folder = model_folder(config)
+    task = build_task(config, folder)  # bad data stops the run before any file is written
+    spec, where = model_spec(folder)
+    check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)
     try:
         placed = place_actors(config)  # a cluster that cannot hold them: refused, no files
         open_run_folder(out_dir, config, resume_version=point.version if point else None)
-        actors = RayActors.start(config, model_folder, task, point, placed, pace)
+        actors = RayActors.start(config, folder, task, point, placed, pace)
         return _run(config, out_dir, task, actors, defer_eval=defer_eval, stop=stop)
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc

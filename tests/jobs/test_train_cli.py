@@ -209,3 +209,30 @@ def test_help_lists_the_workload_keys(capsys):
                 "trainer.loss.overlong", "trainer.loss.overlong_buffer"):  # fmt: skip
         assert f"\n  {key} " in text
     assert "response_cap" not in text and "mask_truncated" not in text
+
+
+def test_a_block_size_triton_cannot_run_exits_2_before_anything_starts(capsys):
+    rc, err = _err(
+        capsys, "engine.device=cuda", "trainer.device=cuda", "engine.attention=triton",
+        "engine.block_size=24", "progress=false",
+    )  # fmt: skip
+    assert rc == 2 and len(err) == 1 and err[0].startswith("dorarl: error: engine.block_size:")
+
+
+def test_a_head_dim_triton_cannot_run_exits_2_before_ray_starts(tmp_path, capsys, tiny_model_dir):
+    import ray
+
+    model = tmp_path / "odd_heads"
+    model.mkdir()
+    for item in tiny_model_dir.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
+    rc, err = _err(
+        capsys, f"model={model}", "engine.device=cuda", "trainer.device=cuda",
+        "engine.attention=triton", "progress=false", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert rc == 2 and len(err) == 1, err
+    assert "engine.attention: triton needs head_dim a power of two >= 16" in err[0]
+    assert f"{model}/config.json has head_dim 24" in err[0]
+    assert not (tmp_path / "run").exists() and not ray.is_initialized()
