@@ -50,7 +50,10 @@ class EngineConfig:
     block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
     num_blocks: int | None = field(
         default=None,
-        metadata={"help": "KV blocks on the device; None: max_num_seqs full-length sequences"},
+        metadata={
+            "help": "KV blocks on the device; None: max_num_seqs full-length sequences, on "
+            "cuda at most what engine.gpu_memory_share leaves after weights and workspace"
+        },
     )
     max_model_len: int = field(default=2048, metadata={"help": "max prompt + output tokens"})
     prefill_chunk_size: int = field(
@@ -64,6 +67,13 @@ class EngineConfig:
         default=0.95, metadata={"help": "offload running requests above this share of used blocks"}
     )
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
+    gpu_memory_share: float | None = field(
+        default=None,
+        metadata={
+            "help": "on cuda, the share of the GPU's memory for this engine's weights, "
+            "workspace and KV pool (None: its GPU share in Ray, else 0.9)"
+        },
+    )
     dtype: str = field(
         default="auto",
         metadata={"help": "auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16"},
@@ -108,7 +118,8 @@ class EngineConfig:
     @property
     def kv_blocks(self) -> int:
         """KV blocks on the device: `num_blocks`, or room for max_num_seqs full-length
-        sequences when unset (derived, not stored, so it follows the keys it comes from)."""
+        sequences when unset (derived, not stored, so it follows the keys it comes from); on
+        cuda an unset pool is at most this, what its memory share holds (memory.py)."""
         if self.num_blocks is not None:
             return self.num_blocks
         return self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
@@ -122,6 +133,9 @@ class EngineConfig:
         self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
         if self.num_blocks is not None:
             self._check_positive("num_blocks")
+        share = self.gpu_memory_share
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ConfigError(f"engine.gpu_memory_share: must be in (0, 1], got {share}")
         if self.host_blocks < 0:
             raise ConfigError(f"engine.host_blocks: must be >= 0, got {self.host_blocks}")
         if not 0.0 < self.offload_threshold <= 1.0:

@@ -20,9 +20,17 @@ from typing import Any
 import ray
 
 from dorarl.config import ConfigError
+from dorarl.engine.model_spec import ModelSpec
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
+from dorarl.jobs.engine_plan import (
+    budget_lines,
+    check_engines,
+    engine_budgets,
+    gpu_memory,
+    model_folder,
+    model_spec,
+)
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
 from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
 from dorarl.jobs.learning_signal import LearningSignal
@@ -36,7 +44,7 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
-from dorarl.runtime.placement import PlacedActors
+from dorarl.runtime.placement import PlacedActors, check_fits
 from dorarl.runtime.ray_runtime import RayRuntime
 from dorarl.runtime.threads import share_threads
 from dorarl.tasks import Task
@@ -63,7 +71,7 @@ def run_ray(
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)
     try:
-        placed = place_actors(config)  # a cluster that cannot hold them: refused, no files
+        placed = place_actors(config, spec)  # a cluster that cannot hold them: refused
         open_run_folder(out_dir, config, resume_version=point.version if point else None)
         actors = RayActors.start(config, folder, task, point, placed, pace)
         return _run(config, out_dir, task, actors, defer_eval=defer_eval, stop=stop)
@@ -87,12 +95,20 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     return f"{exc} (full error in {details}); {how}"
 
 
-def place_actors(config: TrainConfig) -> PlacedActors:
+def place_actors(config: TrainConfig, spec: ModelSpec) -> PlacedActors:
     """Reserve the actors' GPU shares on the cluster, or refuse in one line (exit 2) when it
-    cannot hold them; the plan is printed when it asks for GPUs."""
-    plan = config.placement(ray.cluster_resources().get("GPU", 0.0))
+    cannot hold them or an engine's share cannot hold the model and one max_model_len
+    sequence; the plan and the engines' KV budgets are printed when it asks for GPUs."""
+    cluster = ray.cluster_resources()
+    plan = config.placement(cluster.get("GPU", 0.0))
+    gpu_bytes = gpu_memory(config) if plan.uses_gpus else None
+    budgets = engine_budgets(config, spec, plan, gpu_bytes)
     if plan.uses_gpus:
-        print("\n".join(f"placement: {line}" for line in plan.lines()))
+        lines = plan.lines() + budget_lines(budgets, gpu_bytes)
+        print("\n".join(f"placement: {line}" for line in lines))
+        check_fits(plan, cluster)
+    for budget in budgets:
+        budget.check()
     return PlacedActors(plan, timeout_s=config.ray.placement_timeout_s)
 
 

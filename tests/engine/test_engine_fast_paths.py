@@ -157,14 +157,12 @@ def test_decode_graph_path_over_static_buffers_equals_the_torch_path(monkeypatch
     """The graphs' wiring without a GPU: `cuda_graphs` forced on, `DecodeGraphs` runs the
     same forward over its static buffers eagerly (padding rows into the scratch block), and
     a new version goes into the live weights in place."""
-    import dorarl.engine.device_runner as device_runner
     import dorarl.engine.engine as engine_module
 
     def forced(config):
         return dataclasses.replace(resolve_backends(config), attention="triton", cuda_graphs=True)
 
     monkeypatch.setattr(engine_module, "resolve_backends", forced)
-    monkeypatch.setattr(device_runner, "resolve_backends", forced)
     model = tiny_model("qwen2", seed=1)
     batch = prompts([20, 3, 9], seed=2)
     engine, got = _run(model, batch, max_num_seqs=4)  # buckets 1, 2, 4: 3 rows pad to 4
@@ -173,7 +171,6 @@ def test_decode_graph_path_over_static_buffers_equals_the_torch_path(monkeypatch
     monkeypatch.undo()
     _same_tokens(got, _run(model, batch, max_num_seqs=4)[1], atol=1e-5)
     monkeypatch.setattr(engine_module, "resolve_backends", forced)
-    monkeypatch.setattr(device_runner, "resolve_backends", forced)
     new = random_named(engine.spec, seed=3, std=0.1)
     embed = engine.model.weights.embed
     engine.load_weights(new, version=1)
