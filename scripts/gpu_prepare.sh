@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Here, before a GPU session: the wheels gpu_check.sh needs that the lent GPU machine lacks
-# (pytest and its needs; Ray for the actor-migration stage, its Java jar and the libraries we
-# never import dropped so one call's 64 MiB carry holds it), into .gpu/whl (git-ignored).
-# Then call the device tool with carry [".gpu"] and `bash scripts/gpu_check.sh`
+# Here, before a GPU session: the wheels gpu_check_1.sh and gpu_check_2.sh need that the
+# lent GPU machine lacks (pytest and its needs; Ray for the training run and the actor
+# migration, its Java jar and the libraries we never import dropped so one call's 64 MiB
+# carry holds it), into .gpu/whl (git-ignored). Then call the device tool twice with carry
+# [".gpu"]: `bash scripts/gpu_check_1.sh`, then `bash scripts/gpu_check_2.sh`
 # (../shared/gpu/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."

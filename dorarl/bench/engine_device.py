@@ -130,6 +130,8 @@ def long_tail(model, dev: Device, spec: DeviceSpec, console: Console) -> dict[st
 
     wall = dev.timed(partial(_drain, engine, prompts, lengths))
     out["engine"] = _contender(wall, total, steps=engine.stats().steps)
+    # what it ran: the fast paths as checked on the device (fallbacks named), its KV pool
+    out["engine_setup"] = engine.setup().as_dict()
     del engine  # its pool and graphs go before HF's models run
     console.log("long tail: HF generate, static batches")
     wall, decoded = hf_static(model, dev, spec, prompts, lengths)

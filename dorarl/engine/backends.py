@@ -3,7 +3,9 @@
 `auto` means the fast path on cuda (Triton paged attention, sampling on the device, CUDA
 graphs of decode, bfloat16) and today's path on the CPU (attention.py with its decode rows on
 the fused C++ kernel where it builds and fits the model, sampler.py, no graphs, float32).
-`EngineConfig.validate` has refused the combinations that cannot work.
+`EngineConfig.validate` has refused the combinations that cannot work; `fit_to_model`
+refuses an explicit choice the model's head shape cannot run (the driver calls it before
+any actor starts) and moves `auto` to the torch path, in one log line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from dorarl.config import ConfigError
 from dorarl.engine import cpu_kernels
-from dorarl.engine.config import EngineConfig
+from dorarl.engine.config import TRITON_MIN, EngineConfig, triton_unfit
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Backends:
 def resolve_backends(config: EngineConfig) -> Backends:
     on_cuda = torch.device(config.device).type == "cuda"
     dtype_name = config.dtype if config.dtype != "auto" else ("bfloat16" if on_cuda else "float32")
-    attention = _attention(config.attention, on_cuda, dtype_name == "float32")
+    attention = _attention(config, on_cuda, dtype_name == "float32")
     sampler = config.sampler if config.sampler != "auto" else ("device" if on_cuda else "host")
     graphs = config.cuda_graphs == "on" or (
         config.cuda_graphs == "auto" and on_cuda and attention == "triton"
@@ -47,25 +49,56 @@ def resolve_backends(config: EngineConfig) -> Backends:
 
 
 def fit_to_model(
-    backends: Backends, config: EngineConfig, head_dim: int, queries_per_kv: int
+    backends: Backends,
+    config: EngineConfig,
+    head_dim: int,
+    queries_per_kv: int,
+    where: str = "the model",
 ) -> Backends:
-    """`backends` for a model of this head shape: the fused CPU kernel covers head_dim 16-256
-    in powers of two and up to 32 query heads per kv head; `auto` falls back to torch."""
-    if backends.attention != "cpp" or cpu_kernels.supports(
+    """`backends` for a model of this head shape (read from `where`): an explicit choice it
+    cannot run is refused (`refuse_unfit`), `auto` falls back to torch in one log line."""
+    refuse_unfit(config, head_dim, queries_per_kv, where)
+    if backends.attention == "cpp" and not cpu_kernels.supports(
         head_dim, queries_per_kv, backends.dtype
     ):
-        return backends
-    shape = f"head_dim {head_dim}, {queries_per_kv} query heads per kv head"
-    if config.attention == "cpp":
+        shape = f"head_dim {head_dim}, {queries_per_kv} query heads per kv head"
+        logger.info("engine.attention=auto: the fused CPU kernel does not fit %s: torch", shape)
+        return dataclasses.replace(backends, attention="torch")
+    if backends.attention == "triton" and triton_unfit(config.block_size, head_dim):
+        logger.warning(
+            "engine.attention=auto: Triton attention needs head_dim a power of two >= %d, "
+            "%s has %d: torch", TRITON_MIN, where, head_dim,
+        )  # fmt: skip
+        return dataclasses.replace(backends, attention="torch", cuda_graphs=False)
+    return backends
+
+
+def refuse_unfit(config: EngineConfig, head_dim: int, queries_per_kv: int, where: str) -> None:
+    """One line naming the key when an explicit choice cannot run this model's heads: the
+    fused CPU kernel covers head_dim 16-256 in powers of two and up to 32 query heads per kv
+    head, the Triton kernels head dims that are powers of two >= 16. Pure: the driver calls
+    it with the model's config before any engine starts."""
+    if config.attention == "cpp" and not cpu_kernels.supports(
+        head_dim, queries_per_kv, torch.float32
+    ):
         raise ConfigError(
             f"engine.attention: cpp takes head_dim in {cpu_kernels.HEAD_DIMS} and at most "
-            f"{cpu_kernels.MAX_QUERIES_PER_KV} query heads per kv head; the model has {shape}"
+            f"{cpu_kernels.MAX_QUERIES_PER_KV} query heads per kv head; {where} has head_dim "
+            f"{head_dim}, {queries_per_kv} query heads per kv head"
         )
-    logger.info("engine.attention=auto: the fused CPU kernel does not fit %s: torch", shape)
-    return dataclasses.replace(backends, attention="torch")
+    if triton_unfit(config.block_size, head_dim) is None:
+        return
+    for key, value in (("attention", "triton"), ("cuda_graphs", "on")):
+        if getattr(config, key) == value:
+            raise ConfigError(
+                f"engine.{key}: {value} needs head_dim a power of two >= {TRITON_MIN} (the "
+                f"Triton kernels' tiles); {where} has head_dim {head_dim} "
+                "(engine.attention=torch runs it)"
+            )
 
 
-def _attention(choice: str, on_cuda: bool, float32: bool) -> str:
+def _attention(config: EngineConfig, on_cuda: bool, float32: bool) -> str:
+    choice = config.attention
     if choice == "cpp" and cpu_kernels.load_kernels() is None:
         raise ConfigError(
             "engine.attention: cpp could not be built here (the log line above says why); "
@@ -77,5 +110,12 @@ def _attention(choice: str, on_cuda: bool, float32: bool) -> str:
         return "cpp" if float32 and cpu_kernels.load_kernels() is not None else "torch"
     if importlib.util.find_spec("triton") is None:
         logger.warning("engine.attention=auto: triton is not installed, cuda runs attention.py")
+        return "torch"
+    unfit = triton_unfit(config.block_size)
+    if unfit:
+        logger.warning(
+            "engine.attention=auto: Triton attention needs a block size that is a power of two "
+            ">= %d, engine.block_size is %d: torch", TRITON_MIN, config.block_size,
+        )  # fmt: skip
         return "torch"
     return "triton"

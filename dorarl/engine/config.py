@@ -24,6 +24,22 @@ Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
+TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
+# Keys per Triton decode partition; fixed so a row's result never depends on its batch.
+DECODE_PARTITION_TOKENS = 512
+
+
+def triton_unfit(block_size: int, head_dim: int | None = None) -> str | None:
+    """What the Triton kernels cannot run, e.g. "block_size 24" (their tiles are powers of
+    two of at least 16), or None; the head dim is known once the model is."""
+    for name, value in (("block_size", block_size), ("head_dim", head_dim)):
+        if value is not None and not _power_of_two_from(value, TRITON_MIN):
+            return f"{name} {value}"
+    return None
+
+
+def _power_of_two_from(value: int, least: int) -> bool:
+    return value >= least and value & (value - 1) == 0
 
 
 @dataclass(kw_only=True)
@@ -34,7 +50,10 @@ class EngineConfig:
     block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
     num_blocks: int | None = field(
         default=None,
-        metadata={"help": "KV blocks on the device; None: max_num_seqs full-length sequences"},
+        metadata={
+            "help": "KV blocks on the device; None: max_num_seqs full-length sequences, on "
+            "cuda at most what engine.gpu_memory_share leaves after weights and workspace"
+        },
     )
     max_model_len: int = field(default=2048, metadata={"help": "max prompt + output tokens"})
     prefill_chunk_size: int = field(
@@ -48,6 +67,13 @@ class EngineConfig:
         default=0.95, metadata={"help": "offload running requests above this share of used blocks"}
     )
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
+    gpu_memory_share: float | None = field(
+        default=None,
+        metadata={
+            "help": "on cuda, the share of the GPU's memory for this engine's weights, "
+            "workspace and KV pool (None: its GPU share in Ray, else 0.9)"
+        },
+    )
     dtype: str = field(
         default="auto",
         metadata={"help": "auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16"},
@@ -92,7 +118,8 @@ class EngineConfig:
     @property
     def kv_blocks(self) -> int:
         """KV blocks on the device: `num_blocks`, or room for max_num_seqs full-length
-        sequences when unset (derived, not stored, so it follows the keys it comes from)."""
+        sequences when unset (derived, not stored, so it follows the keys it comes from); on
+        cuda an unset pool is at most this, what its memory share holds (memory.py)."""
         if self.num_blocks is not None:
             return self.num_blocks
         return self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
@@ -106,6 +133,9 @@ class EngineConfig:
         self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
         if self.num_blocks is not None:
             self._check_positive("num_blocks")
+        share = self.gpu_memory_share
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ConfigError(f"engine.gpu_memory_share: must be in (0, 1], got {share}")
         if self.host_blocks < 0:
             raise ConfigError(f"engine.host_blocks: must be >= 0, got {self.host_blocks}")
         if not 0.0 < self.offload_threshold <= 1.0:
@@ -151,6 +181,14 @@ class EngineConfig:
             raise ConfigError(
                 f"engine.attention: cpp runs on cpu in float32 only (got engine.device="
                 f"{self.device!r}, engine.dtype={self.dtype!r})"
+            )
+        unfit = triton_unfit(self.block_size)
+        if unfit and (self.attention == "triton" or self.cuda_graphs == "on"):
+            asked = "attention=triton" if self.attention == "triton" else "cuda_graphs=on"
+            raise ConfigError(
+                f"engine.block_size: engine.{asked} needs a power of two >= {TRITON_MIN} "
+                f"(the Triton kernels' tiles), got {self.block_size}; engine.attention=torch "
+                "runs any block size"
             )
         if self.cuda_graphs == "on" and not on_cuda:
             raise ConfigError(

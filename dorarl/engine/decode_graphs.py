@@ -2,7 +2,8 @@
 
 A decode step of n rows runs the graph of the smallest bucket >= n. Every input the graph
 reads lives in one static int64 device buffer (token ids, positions, pool write rows,
-context lengths, block tables `[max_batch, max_blocks]`), filled each step from a pinned
+context lengths, each row's first split-K partition, block tables `[max_batch,
+max_blocks]`), filled each step from a pinned
 host mirror by one non-blocking copy; rows n..bucket are padding: context length 0 (the
 decode kernel gives 0 and reads nothing) and their K/V written to a scratch block the
 block manager never hands out. Logits come back in the graph's static output; sampling
@@ -16,6 +17,9 @@ static buffer are allocated once. Allocations inside are fine (they come from th
 private pool, shared by all buckets, largest captured first). Triton kernels compile in
 the warm-up before capture; the decode grid depends only on shapes, so a bucket's graph
 serves any contexts up to `max_blocks` blocks.
+The split-K partials of long contexts are packed row after row (each row's first
+partition is in the static buffer), in a buffer sized for what the pool can hold: its tokens
+in partitions plus one per row (`memory.split_partitions`), not `max_batch` full tables.
 
 Weights: a graph bakes in the addresses of the weights it read, so a new version must be
 copied into the same storage, never swapped for new tensors (`Engine.load_weights` copies
@@ -24,9 +28,10 @@ whole packed set); then no recapture is needed. Without a GPU (`graphs=False`) `
 forward over the same static buffers eagerly, which is what the CPU tests check.
 
 Wiring (in `engine.py` and `device_runner.py`): the engine, on cuda,
-builds `KVCache` with `kv_blocks + 1` blocks and
-passes the last as `scratch_block`; builds `DecodeGraphs(forward, cache, max_num_seqs,
-ceil(max_model_len / block_size), scratch_block)` and calls `capture()` at start-up; in
+builds `KVCache` with `kv_blocks + 1` blocks and passes the last as `scratch_block`;
+`device_runner.build_graphs` builds `DecodeGraphs(forward, cache, max_num_seqs,
+ceil(max_model_len / block_size), scratch_block)`, calls `capture()` and checks a replay
+against `eager` at start-up (preflight.py; where either fails, `auto` decodes eagerly); in
 `DeviceRunner.run`, a batch of decode rows only goes to `graphs.run(token_ids, rows)` (a
 batch with prefill chunks runs eagerly on `TritonPagedAttention`); `Engine.load_weights`
 copies the new tensors into the live ones (`weights.load_in_place`).
@@ -41,17 +46,20 @@ import torch
 
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.linear import Linear
-from dorarl.engine.triton_attention import PagedStep, StepRows, TritonPagedAttention
+from dorarl.engine.memory import default_buckets, split_partitions
+from dorarl.engine.triton_attention import (
+    PARTITION_TOKENS,
+    PagedStep,
+    SplitLayout,
+    StepRows,
+    TritonPagedAttention,
+)
 from dorarl.engine.weights import ModelWeights
+
+__all__ = ["DecodeGraphs", "default_buckets", "load_weights_in_place"]
 
 # forward(input_ids, positions, attention) -> logits [rows, vocab]
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, TritonPagedAttention], torch.Tensor]
-
-
-def default_buckets(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 8, up to and including max_batch."""
-    sizes = {b for b in (1, 2, 4) if b < max_batch} | set(range(8, max_batch, 8)) | {max_batch}
-    return sorted(sizes)
 
 
 class DecodeGraphs:
@@ -72,6 +80,12 @@ class DecodeGraphs:
         self.buckets = sorted(buckets or default_buckets(max_batch))
         assert self.buckets[-1] == max_batch, "the largest bucket must be max_batch"
         self.max_batch, self.max_blocks, self.scratch_block = max_batch, max_blocks, scratch_block
+        # The split-K partials of a step, for what the pool holds (its blocks below the
+        # scratch block), not max_batch tables of max_blocks each.
+        table = max_blocks * cache.shape.block_size
+        self.split_parts = split_partitions(
+            scratch_block * cache.shape.block_size, max_batch, table
+        )
         self.use_graphs = cache.device.type == "cuda" if graphs is None else graphs
         self.layout = _Layout(max_batch, cache.shape.num_kv_heads, max_blocks)
         pin = cache.device.type == "cuda"
@@ -110,7 +124,8 @@ class DecodeGraphs:
 
     def _forward(self, bucket: int) -> torch.Tensor:
         v = self.layout.views(self.static, bucket)
-        step = PagedStep(v["write_rows"], bucket, v["tables"], v["lens"], None)
+        split = SplitLayout(v["part_starts"], max(1, self.split_parts))
+        step = PagedStep(v["write_rows"], bucket, v["tables"], v["lens"], None, split)
         return self.forward(v["ids"], v["positions"], TritonPagedAttention(self.cache, step))
 
     # --- a step -----------------------------------------------------------------------
@@ -131,6 +146,11 @@ class DecodeGraphs:
             return self.outputs[bucket][:n]
         return self._forward(bucket)[:n]
 
+    def eager(self, rows: int) -> torch.Tensor:
+        """The eager forward of the latest `run`'s inputs, still in the static buffer (what a
+        replay must equal: the start-up check, preflight.py)."""
+        return self._forward(self.bucket_for(rows))[:rows]
+
     def _fill(self, token_ids: Sequence[int], rows: Sequence[StepRows]) -> None:
         """Write the step into the host mirror (numpy: a few array writes, no torch ops)."""
         n = len(rows)
@@ -147,6 +167,11 @@ class DecodeGraphs:
         blocks = v["tables"][np.arange(n), starts // bs]
         tiles = blocks[:, None] * kv_heads + np.arange(kv_heads)[None, :]
         v["write_rows"][: n * kv_heads] = (tiles * bs + (starts % bs)[:, None]).reshape(-1)
+        parts = -(-(starts + 1) // PARTITION_TOKENS)
+        v["part_starts"][:n] = np.cumsum(parts) - parts
+        used = int(parts.sum())
+        v["part_starts"][n:] = used  # padding rows have no partitions
+        assert not self.split_parts or used <= self.split_parts, "partials beyond their bound"
 
     def _fill_padding(self, first: int) -> None:
         """Rows first.. attend to nothing and write their K/V into the scratch block."""
@@ -155,6 +180,8 @@ class DecodeGraphs:
         v["ids"][first:] = 0
         v["positions"][first:] = 0
         v["lens"][first:] = 0
+        if first == 0:
+            v["part_starts"][:] = 0
         scratch = (self.scratch_block * kv_heads + np.arange(kv_heads)) * bs
         v["write_rows"].reshape(-1, kv_heads)[first:] = scratch
 
@@ -167,6 +194,7 @@ class _Layout:
             "ids": (max_batch,),
             "positions": (max_batch,),
             "lens": (max_batch,),
+            "part_starts": (max_batch,),
             "write_rows": (max_batch * kv_heads,),
             "tables": (max_batch, max_blocks),
         }

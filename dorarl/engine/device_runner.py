@@ -14,11 +14,13 @@ from __future__ import annotations
 import torch
 
 from dorarl.engine.attention import SeqRows
-from dorarl.engine.backends import Backends, resolve_backends
+from dorarl.engine.backends import Backends
 from dorarl.engine.config import EngineConfig
 from dorarl.engine.device_sampler import fetch, sample_on_device, sampling_batch
+from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.model import Transformer
 from dorarl.engine.model_runner import ModelRunner
+from dorarl.engine.preflight import check_graph_replay
 from dorarl.engine.sampler import SampleRow, sample
 from dorarl.engine.scheduler import Batch
 from dorarl.engine.sequence import Sequence
@@ -95,18 +97,17 @@ def _upload(values: list[int], device: torch.device) -> torch.Tensor:
 
 
 # --- set-up ---------------------------------------------------------------------------------
-def build_device_runner(model: Transformer, base: ModelRunner, config: EngineConfig):
-    """The runner for `config`'s backends and, with CUDA graphs, its captured graphs (the
-    pool's last block is their scratch block; `Engine` made the pool one block larger)."""
-    backends = resolve_backends(config)
-    graphs = None
-    if backends.cuda_graphs:
-        from dorarl.engine.decode_graphs import DecodeGraphs
+def build_graphs(model: Transformer, cache: KVCache, config: EngineConfig, kv_blocks: int):
+    """The decode graphs over `cache`, captured (on cuda) and checked against their eager
+    forward (preflight.py); the pool's last block, past the `kv_blocks` the block manager
+    hands out, is their scratch block (`Engine` made the pool one block larger)."""
+    from dorarl.engine.decode_graphs import DecodeGraphs
 
-        max_blocks = -(-config.max_model_len // config.block_size)
-        graphs = DecodeGraphs(
-            lambda ids, pos, attention: model.forward(ids, pos, attention),
-            base.cache, config.max_num_seqs, max_blocks, scratch_block=config.kv_blocks,
-        )  # fmt: skip
-        graphs.capture()
-    return DeviceRunner(model, base, backends, graphs), graphs
+    max_blocks = -(-config.max_model_len // config.block_size)
+    graphs = DecodeGraphs(
+        lambda ids, pos, attention: model.forward(ids, pos, attention),
+        cache, config.max_num_seqs, max_blocks, scratch_block=kv_blocks,
+    )  # fmt: skip
+    graphs.capture()
+    check_graph_replay(graphs)
+    return graphs

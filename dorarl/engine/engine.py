@@ -6,30 +6,44 @@ kept: the history is not prefilled again), exports and imports requests with the
 from tokens (any version), offloads KV to host memory, and swaps weights. Invariants: every
 sampled token is tagged with the version of the weights that sampled it; a bad request or
 a bad weight update raises `UserInputError` and leaves every other request and the current
-weights untouched.
+weights untouched. At start the engine checks its fast paths on its device (preflight.py;
+`auto` falls back to torch attention or eager decode, recorded in `setup()`) and, on cuda,
+sizes its KV pool from its share of the device's memory (memory.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import operator
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PretrainedConfig
 
+from dorarl.config import ConfigError
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
-from dorarl.engine.device_runner import build_device_runner
+from dorarl.engine.device_runner import DeviceRunner, build_graphs
 from dorarl.engine.kv_cache import KVCache, KVShape
 from dorarl.engine.linear import choose_kernel
+from dorarl.engine.memory import DEFAULT_SHARE, KVPlan, plan_kv
 from dorarl.engine.model import Transformer, rms_norm, rotate
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
-from dorarl.engine.outputs import EngineStats, RequestOutput, RequestSnapshot, StepWork
+from dorarl.engine.outputs import (
+    EngineSetup,
+    EngineStats,
+    FastPathFallback,
+    RequestOutput,
+    RequestSnapshot,
+    StepWork,
+)
+from dorarl.engine.preflight import check_triton_attention
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.token_ids import checked_token_ids
@@ -42,6 +56,9 @@ from dorarl.engine.weights import (
     unpack,
 )
 from dorarl.errors import UserInputError
+
+if TYPE_CHECKING:
+    from dorarl.engine.decode_graphs import DecodeGraphs  # needs triton
 
 logger = logging.getLogger(__name__)
 _COUNTERS = (
@@ -68,36 +85,115 @@ class Engine:
         self.hf_config = hf_config
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
+        queries_per_kv = self.spec.num_heads // self.spec.num_kv_heads
         self.backends = fit_to_model(
-            resolve_backends(config),
-            config,
-            self.spec.head_dim,
-            self.spec.num_heads // self.spec.num_kv_heads,
+            resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where
         )
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version
+        self.fallbacks: list[FastPathFallback] = []
         self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
         self.model = self._build_model(named_weights, where)
+        if self.backends.attention == "triton":
+            self._check_triton(queries_per_kv)
+        self.kv_plan = self._plan_pool()  # on cuda: what its memory share holds
+        self.kv_blocks = config.kv_blocks if self.kv_plan is None else self.kv_plan.blocks
         shape = KVShape(
             self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
         )
         # With graphs, one more block than the block manager hands out: padding rows' scratch.
-        pool_blocks = config.kv_blocks + int(self.backends.cuda_graphs)
+        pool_blocks = self.kv_blocks + int(self.backends.cuda_graphs)
         self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
-        self.blocks = BlockManager(config.kv_blocks, config.host_blocks, config.block_size)
+        self.blocks = BlockManager(self.kv_blocks, config.host_blocks, config.block_size)
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )
         fused = self._cpu_kernels()
         self.runner = ModelRunner(self.model, self.kv, fused.decode if fused else None)
-        self.graphs = None
+        self.graphs = self._graphs() if self.backends.cuda_graphs else None
         if self.backends.fast:  # the GPU fast paths; the CPU default keeps ModelRunner alone
-            self.runner, self.graphs = build_device_runner(self.model, self.runner, config)
+            self.runner = DeviceRunner(self.model, self.runner, self.backends, self.graphs)
         self._seqs: dict[str, Sequence] = {}
         self._detached: dict[str, torch.Tensor] = {}  # imported KV waiting for device blocks
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self.last_step = StepWork()  # what the latest `step` computed
+
+    # --- fast paths and memory, at start ------------------------------------------------
+    def _check_triton(self, queries_per_kv: int) -> None:
+        """Triton attention against the torch path on a tiny pool of this model's shape."""
+        s = self.spec
+        try:
+            check_triton_attention(
+                s.num_kv_heads, s.head_dim, queries_per_kv, self.config.block_size,
+                self.device, self.dtype,
+            )  # fmt: skip
+        except Exception as exc:  # any failure there: a compile error, a launch, wrong values
+            self._fall_back("attention", "torch", exc)
+            if self.config.cuda_graphs == "on":
+                raise ConfigError(
+                    "engine.cuda_graphs: on captures the Triton decode step, which failed its "
+                    f"start-up check on {self.device}: {_one_line(exc)}"
+                ) from exc
+            self.backends = dataclasses.replace(self.backends, attention="torch", cuda_graphs=False)
+
+    def _graphs(self) -> DecodeGraphs | None:
+        """The decode graphs, captured and checked; None (eager decode) where that fails."""
+        try:
+            return build_graphs(self.model, self.kv, self.config, self.kv_blocks)
+        except Exception as exc:
+            self._fall_back("cuda_graphs", "off", exc)
+            self.backends = dataclasses.replace(self.backends, cuda_graphs=False)
+            return None
+
+    def _fall_back(self, key: str, instead: str, exc: Exception) -> None:
+        """`auto` chose a path that failed here: warn and record it. An explicit choice fails
+        in one line: the user asked for that path."""
+        error = _one_line(exc)
+        asked = getattr(self.config, key)
+        if asked != "auto":
+            raise ConfigError(
+                f"engine.{key}: {asked} failed its start-up check on {self.device}: {error}"
+            ) from exc
+        logger.warning(
+            "engine.%s=auto: its fast path failed its start-up check on %s, running %s "
+            "instead: %s", key, self.device, instead, error,
+        )  # fmt: skip
+        self.fallbacks.append(FastPathFallback(key, instead, error))
+
+    def _plan_pool(self) -> KVPlan | None:
+        """On cuda, the pool its memory share holds (an explicit engine.num_blocks wins);
+        refused in one line when not even one max_model_len sequence fits."""
+        memory = device_memory(self.device)
+        if memory is None:
+            return None
+        free, total = memory
+        share = self.config.gpu_memory_share or DEFAULT_SHARE
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        plan = plan_kv(self.spec, self.config, elem, self.backends.cuda_graphs, total, share, free)
+        if not plan.explicit and not plan.fits:
+            raise ConfigError(
+                f"engine.gpu_memory_share: {plan.shortfall()} on {self.device} (a larger "
+                "share, ray.engine_gpus, a smaller engine.max_model_len or a smaller model)"
+            )
+        logger.info("engine on %s: %s", self.device, plan.describe())
+        return plan
+
+    def setup(self) -> EngineSetup:
+        """What this engine runs and how its pool was sized (reported at start)."""
+        b = self.backends
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None
+        return EngineSetup(
+            attention=b.attention,
+            sampler=b.sampler,
+            cuda_graphs=b.cuda_graphs,
+            dtype=str(b.dtype).removeprefix("torch."),
+            kv_blocks=self.kv_blocks,
+            block_size=self.config.block_size,
+            kv_budget=None if self.kv_plan is None else self.kv_plan.describe(),
+            peak_bytes=peak,
+            fast_path_fallbacks=list(self.fallbacks),
+        )
 
     def _build_model(self, named_weights: dict[str, torch.Tensor], where: str) -> Transformer:
         check_named(self.spec, named_weights, f"{where}: weights")
@@ -455,6 +551,18 @@ class Engine:
         """The current weights by Hugging Face name (read-only views; with CUDA graphs a
         later `load_weights` copies into the same storage, so copy what you keep)."""
         return unpack(self.spec, self.model.weights)
+
+
+def device_memory(device: torch.device) -> tuple[int, int] | None:
+    """(free, total) bytes of a cuda device now; None elsewhere (a CPU pool keeps its size)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)
+
+
+def _one_line(exc: Exception) -> str:
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _output(seq: Sequence) -> RequestOutput:

@@ -1,6 +1,7 @@
-"""What leaves an engine: finished requests, request snapshots, step work and load statistics.
+"""What leaves an engine: finished requests, request snapshots, step work, load statistics
+and how it set itself up.
 
-All four are plain picklable dataclasses (lists, ints, floats, one CPU tensor), cheap to
+All are plain picklable dataclasses (lists, ints, floats, one CPU tensor), cheap to
 send through Ray's object store. A snapshot's KV covers its first `num_computed` tokens in
 the layout `[2 (k, v), num_layers, num_kv_heads, num_computed, head_dim]` on the CPU; the
 random stream of the request is (seed, len(output_ids)), so no generator state is needed.
@@ -118,3 +119,30 @@ class EngineStats:
     @property
     def free_slots(self) -> int:
         return max(0, self.max_num_seqs - self.running)
+
+
+@dataclass(frozen=True)
+class FastPathFallback:
+    """A fast path the engine chose (`auto`) that failed its start-up check on the device."""
+
+    path: str  # the engine key: attention | cuda_graphs
+    instead: str  # what runs in its place: torch | off
+    error: str  # the failure, one line
+
+
+@dataclass
+class EngineSetup:
+    """What an engine runs, as it resolved its keys and checked its fast paths at start."""
+
+    attention: str  # triton | torch | cpp
+    sampler: str  # device | host
+    cuda_graphs: bool
+    dtype: str
+    kv_blocks: int  # blocks the block manager hands out
+    block_size: int
+    kv_budget: str | None = None  # on cuda: how the pool was sized (memory.KVPlan.describe)
+    peak_bytes: int | None = None  # on cuda: torch's peak allocation by the end of start-up
+    fast_path_fallbacks: list[FastPathFallback] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -10,12 +10,14 @@ loaded once per kv head. Softmax is online, in float32, with exp2.
 
 - Decode (`paged_decode`): one program per (sequence, kv head, partition of
   `partition_tokens` keys). With one partition it writes the result; with more (long
-  contexts) it writes per-partition (max, sum, weighted sum) and a second kernel combines
-  them in partition order. The partition size is fixed, never chosen from the batch, so a
-  sequence's output is a function of its own logical K/V alone: it does not depend on its
-  companions, on the batch's widest table, or on which physical blocks hold its keys (a
-  migrated request continues bit for bit on any engine using these kernels, whatever its
-  block size: the loops walk key tiles of a fixed size, the block is only a lookup).
+  contexts) it writes per-partition (max, sum, weighted sum), each row's partitions packed
+  one after another (`SplitLayout`: a buffer sized by the rows' own contexts, not by the
+  widest table), and a second kernel combines them in partition order. The partition size
+  is fixed, never chosen from the batch, so a sequence's output is a function of its own
+  logical K/V alone: it does not depend on its companions, on the batch's widest table, or
+  on which physical blocks hold its keys (a migrated request continues bit for bit on any
+  engine using these kernels, whatever its block size: the loops walk key tiles of a fixed
+  size, the block is only a lookup).
 - Prefill (`paged_prefill`): one program per (tile of `BLOCK_M` packed (token, head) rows of
   one chunk, kv head). A chunk's queries attend causally to all keys of their sequence up to
   their own position, read from the pool: the caller writes the chunk's new K/V into their
@@ -49,10 +51,11 @@ import torch
 import triton
 import triton.language as tl
 
+from dorarl.engine.config import DECODE_PARTITION_TOKENS
 from dorarl.engine.kv_cache import KVCache
 
 LOG2E = 1.4426950408889634
-PARTITION_TOKENS = 512  # keys per decode partition; fixed so results never depend on the batch
+PARTITION_TOKENS = DECODE_PARTITION_TOKENS  # fixed, so results never depend on the batch
 DECODE_KEYS = 64  # keys a decode program reads per step of its loop (whatever the block size)
 PREFILL_BLOCK_M = 64  # packed (token, head) query rows per prefill program
 PREFILL_BLOCK_N = 64  # keys per step of a prefill program's loop
@@ -116,9 +119,10 @@ def _load_kv(
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_m_ptr, part_den_ptr, part_acc_ptr,
+    q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, part_start_ptr,
+    part_m_ptr, part_den_ptr, part_acc_ptr,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_tb, stride_ob, stride_oh,
-    num_parts, scale,
+    scale,
     G: tl.constexpr, M: tl.constexpr, BS: tl.constexpr, D: tl.constexpr, KEYS: tl.constexpr,
     PART: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
@@ -148,8 +152,8 @@ def _decode_kernel(
             q, m, den, acc, k_tile, v_tile, valid[None, :], scale, PREC, False, UPCAST
         )
     if SPLIT:
-        if first < end:
-            at = (seq * tl.num_programs(1) + kvh) * num_parts + part
+        if first < end:  # a row's partitions are packed from its start: (partition, kv head)
+            at = (tl.load(part_start_ptr + seq) + part) * tl.num_programs(1) + kvh
             tl.store(part_m_ptr + at * M + rows, m)
             tl.store(part_den_ptr + at * M + rows, den)
             tl.store(part_acc_ptr + (at * M + rows[:, None]) * D + dims[None, :], acc)
@@ -164,19 +168,21 @@ def _decode_kernel(
 
 @triton.jit
 def _combine_kernel(
-    lens_ptr, out_ptr, part_m_ptr, part_den_ptr, part_acc_ptr, stride_ob, stride_oh, num_parts,
+    lens_ptr, out_ptr, part_start_ptr, part_m_ptr, part_den_ptr, part_acc_ptr,
+    stride_ob, stride_oh,
     G: tl.constexpr, M: tl.constexpr, D: tl.constexpr, PART: tl.constexpr,
 ):  # fmt: skip
     """Merge a sequence's partitions in partition order (only its own, however wide the grid)."""
     seq, kvh = tl.program_id(0), tl.program_id(1)
     own_parts = tl.cdiv(tl.load(lens_ptr + seq), PART)
+    first = tl.load(part_start_ptr + seq)
     rows = tl.arange(0, M)
     dims = tl.arange(0, D)
     m = tl.full([M], float("-inf"), tl.float32)
     den = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, D], tl.float32)
     for part in range(0, own_parts):
-        at = (seq * tl.num_programs(1) + kvh) * num_parts + part
+        at = (first + part) * tl.num_programs(1) + kvh
         m_p = tl.load(part_m_ptr + at * M + rows)
         m_new = tl.maximum(m, m_p)
         alpha, beta = tl.exp2(m - m_new), tl.exp2(m_p - m_new)
@@ -264,6 +270,7 @@ def paged_decode(
     out: torch.Tensor | None = None,
     partition_tokens: int = PARTITION_TOKENS,
     keys_per_tile: int = DECODE_KEYS,
+    split: SplitLayout | None = None,
 ) -> torch.Tensor:
     """One new query per sequence over its cached keys (its own key written already).
 
@@ -271,6 +278,8 @@ def paged_decode(
     block_size, dim]`; tables `[batch, width]` block ids (entries past a row's context are
     never read); context_lens `[batch]` keys per row (0: a padded row, output 0). Returns
     `[batch, heads, dim]` (into `out` when given). No host sync: the grid comes from shapes.
+    `split` packs the partials of long contexts (`SplitLayout`); None gives every row room
+    for the widest table's partitions.
     """
     _check_layer_cache(k_cache, v_cache, q)
     batch, heads, dim = q.shape
@@ -280,28 +289,57 @@ def paged_decode(
     assert partition_tokens % keys_per_tile == 0 and keys_per_tile >= 16, "tile sizes"
     num_parts = triton.cdiv(tables.shape[1] * block_size, partition_tokens)
     out = torch.empty_like(q) if out is None else out
-    split = num_parts > 1
-    dummy = out  # partial buffers are not touched when not split
-    part_m = part_den = part_acc = dummy
-    if split:
-        part_m = torch.empty(batch, kv_heads, num_parts, rows, device=q.device)
-        part_den = torch.empty_like(part_m)
-        part_acc = torch.empty(batch, kv_heads, num_parts, rows, dim, device=q.device)
+    is_split = num_parts > 1
+    starts = part_m = part_den = part_acc = out  # not touched when not split
+    if is_split:
+        if split is None:
+            split = SplitLayout(torch.arange(batch, device=q.device) * num_parts, batch * num_parts)
+        starts = split.starts
+        part_m, part_den, part_acc = split_buffers(split.parts, kv_heads, rows, dim, q.device)
     scale = LOG2E / math.sqrt(dim)
     _decode_kernel[(batch, kv_heads, num_parts)](
-        q, k_cache, v_cache, tables, context_lens, out, part_m, part_den, part_acc,
+        q, k_cache, v_cache, tables, context_lens, out, starts, part_m, part_den, part_acc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        tables.stride(0), out.stride(0), out.stride(1), num_parts, scale,
+        tables.stride(0), out.stride(0), out.stride(1), scale,
         G=group, M=rows, BS=block_size, D=dim, KEYS=keys_per_tile, PART=partition_tokens,
-        SPLIT=split, PREC=_precision(q.dtype),
+        SPLIT=is_split, PREC=_precision(q.dtype),
         UPCAST=_UPCAST_DOTS,
     )  # fmt: skip
-    if split:
+    if is_split:
         _combine_kernel[(batch, kv_heads)](
-            context_lens, out, part_m, part_den, part_acc, out.stride(0), out.stride(1), num_parts,
+            context_lens, out, starts, part_m, part_den, part_acc, out.stride(0), out.stride(1),
             G=group, M=rows, D=dim, PART=partition_tokens,
         )  # fmt: skip
     return out
+
+
+@dataclass
+class SplitLayout:
+    """Where each decode row's split-K partials go: its partitions one after another from
+    `starts[row]`, in a buffer of `parts` partitions (the rows' total, or a bound on it: a
+    graph's buffer must serve every step it replays)."""
+
+    starts: torch.Tensor  # [batch] int64, on the device
+    parts: int
+
+
+def split_buffers(
+    parts: int, kv_heads: int, rows: int, dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The partials of `parts` partitions, `(partition, kv head)`-major: max, sum, values."""
+    part_m = torch.empty(parts, kv_heads, rows, device=device)
+    return part_m, torch.empty_like(part_m), torch.empty(parts, kv_heads, rows, dim, device=device)
+
+
+def packed_partitions(
+    contexts: Sequence[int], partition_tokens: int = PARTITION_TOKENS
+) -> tuple[list[int], int]:
+    """Each row's first partition in a packed split layout (its own follow), and the total."""
+    starts, at = [], 0
+    for ctx in contexts:
+        starts.append(at)
+        at += -(-ctx // partition_tokens)
+    return starts, at
 
 
 @dataclass
@@ -350,6 +388,7 @@ class PagedStep:
     decode_tables: torch.Tensor  # [num_decode, width]
     decode_lens: torch.Tensor  # [num_decode]
     prefill: PrefillWork | None
+    decode_split: SplitLayout | None = None  # packed partials (None: room for the widest)
 
 
 def plan_paged_step(
@@ -375,7 +414,10 @@ def plan_paged_step(
             tables=_as_rows(parts["prefill_tables"], len(rows) - num_decode),
             **{k: parts[k] for k in ("q_start", "q_len", "cached", "tile_chunk", "tile_row")},
         )
-    return PagedStep(parts["write_rows"], num_decode, decode_tables, parts["decode_lens"], prefill)
+    split = SplitLayout(parts["decode_part_starts"], host.decode_parts)
+    return PagedStep(
+        parts["write_rows"], num_decode, decode_tables, parts["decode_lens"], prefill, split
+    )
 
 
 def _as_rows(flat: torch.Tensor, rows: int) -> torch.Tensor:
@@ -398,6 +440,8 @@ class _HostStep:
         decode, prefill = rows[:num_decode], rows[num_decode:]
         self.arrays["decode_tables"] = _padded_tables(decode, block_size)
         self.arrays["decode_lens"] = [r.start + 1 for r in decode]
+        starts, self.decode_parts = packed_partitions(self.arrays["decode_lens"])
+        self.arrays["decode_part_starts"] = starts
         if prefill:
             self.arrays["prefill_tables"] = _padded_tables(prefill, block_size)
             self.arrays["q_start"] = _chunk_starts(prefill, num_decode)
@@ -463,7 +507,10 @@ class TritonPagedAttention:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if s.num_decode:
             d = s.num_decode
-            paged_decode(q[:d], k_cache, v_cache, s.decode_tables, s.decode_lens, out=out[:d])
+            paged_decode(
+                q[:d], k_cache, v_cache, s.decode_tables, s.decode_lens, out=out[:d],
+                split=s.decode_split,
+            )  # fmt: skip
         if s.prefill is not None:
             paged_prefill(q, k_cache, v_cache, s.prefill, out)
         return out.view(q.shape[0], -1)

@@ -202,6 +202,13 @@ class RaySection:
     placement_timeout_s: float = field(
         default=60.0, metadata={"help": "seconds to wait for Ray to place the actors' GPUs"}
     )
+    gpu_memory_gb: float | None = field(
+        default=None,
+        metadata={
+            "help": "memory of each GPU, to check the engines' KV budgets before any actor "
+            "starts and for --print-placement (None: what nvidia-smi reports here)"
+        },
+    )
 
     def validate(self) -> None:
         if self.max_engine_restarts < 0:
@@ -214,6 +221,8 @@ class RaySection:
                 raise ConfigError(f"{key}: must be > 0 (or unset), got {share}")
         if not self.placement_timeout_s > 0:
             raise ConfigError("placement_timeout_s: must be > 0")
+        if self.gpu_memory_gb is not None and not self.gpu_memory_gb > 0:
+            raise ConfigError(f"gpu_memory_gb: must be > 0 (or unset), got {self.gpu_memory_gb}")
 
 
 def _default_engine() -> EngineConfig:

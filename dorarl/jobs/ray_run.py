@@ -22,8 +22,17 @@ from typing import Any
 import ray
 
 from dorarl.config import ConfigError
+from dorarl.engine.model_spec import ModelSpec
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.engine_plan import (
+    budget_lines,
+    check_engines,
+    engine_budgets,
+    gpu_memory,
+    model_folder,
+    model_spec,
+)
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
 from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
 from dorarl.jobs.learning_signal import LearningSignal
@@ -38,11 +47,10 @@ from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
-from dorarl.runtime.placement import PlacedActors
+from dorarl.runtime.placement import PlacedActors, check_fits
 from dorarl.runtime.ray_runtime import RayRuntime
 from dorarl.runtime.threads import share_threads
 from dorarl.tasks import Task
-from dorarl.tasks.assets import shipped_base_model
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +68,20 @@ def run_ray(
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
     point = config.resume_point()
-    model_folder = str(
-        point.folder if point else (config.model or shipped_base_model(config.task.name))
-    )
-    task = build_task(config, model_folder)  # bad data stops the run before any file is written
+    folder = model_folder(config)
+    task = build_task(config, folder)  # bad data stops the run before any file is written
+    spec, where = model_spec(folder)
+    check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)
     try:
-        placed = place_actors(config)  # a cluster that cannot hold them: refused, no files
+        placed = place_actors(config, spec)  # a cluster that cannot hold them: refused
         open_run_folder(out_dir, config, resume_version=point.version if point else None)
         segment = open_segment(
             out_dir, point.version if point else 0, config.instances, config.engine.max_num_seqs
         )
-        actors = RayActors.start(config, model_folder, task, point, placed, pace)
+        actors = RayActors.start(config, folder, task, point, placed, pace)
         return _run(config, out_dir, segment, task, actors, defer_eval=defer_eval, stop=stop)
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc
@@ -95,12 +103,20 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     return f"{exc} (full error in {details}); {how}"
 
 
-def place_actors(config: TrainConfig) -> PlacedActors:
+def place_actors(config: TrainConfig, spec: ModelSpec) -> PlacedActors:
     """Reserve the actors' GPU shares on the cluster, or refuse in one line (exit 2) when it
-    cannot hold them; the plan is printed when it asks for GPUs."""
-    plan = config.placement(ray.cluster_resources().get("GPU", 0.0))
+    cannot hold them or an engine's share cannot hold the model and one max_model_len
+    sequence; the plan and the engines' KV budgets are printed when it asks for GPUs."""
+    cluster = ray.cluster_resources()
+    plan = config.placement(cluster.get("GPU", 0.0))
+    gpu_bytes = gpu_memory(config) if plan.uses_gpus else None
+    budgets = engine_budgets(config, spec, plan, gpu_bytes)
     if plan.uses_gpus:
-        print("\n".join(f"placement: {line}" for line in plan.lines()))
+        lines = plan.lines() + budget_lines(budgets, gpu_bytes)
+        print("\n".join(f"placement: {line}" for line in lines))
+        check_fits(plan, cluster)
+    for budget in budgets:
+        budget.check()
     return PlacedActors(plan, timeout_s=config.ray.placement_timeout_s)
 
 

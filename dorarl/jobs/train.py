@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         print(to_yaml(config), end="")
         return 0
     if args.print_placement is not None:
-        print("\n".join(config.placement(args.print_placement).lines()))
+        print("\n".join(_placement_lines(config, args.print_placement)))
         return 0
     out_dir = choose_out(out, config.resume, config.mode)
     _setup_logging()
@@ -66,6 +66,19 @@ def _train_on_ray(config: TrainConfig, out_dir: Path) -> int:
         print(f"  {resume_command(out_dir)}")
         return stop.exit_code
     return 0 if summary.get("dropped_total", 0) == 0 else 1
+
+
+def _placement_lines(config: TrainConfig, gpus: float) -> list[str]:
+    """The GPU shares on a node of `gpus` GPUs and each engine's KV budget in its share."""
+    plan = config.placement(gpus)
+    if not plan.uses_gpus:
+        return plan.lines()
+    from dorarl.jobs.engine_plan import budget_lines, engine_budgets, gpu_memory, model_spec
+    from dorarl.jobs.engine_plan import model_folder as folder_of
+
+    spec, _ = model_spec(folder_of(config))
+    gpu_bytes = gpu_memory(config)
+    return plan.lines() + budget_lines(engine_budgets(config, spec, plan, gpu_bytes), gpu_bytes)
 
 
 def _how_to_resume(out_dir: Path) -> str:
@@ -137,7 +150,8 @@ def _help() -> str:
         "",
         "--print-config prints the resolved settings as YAML (a file --config reads back);",
         "--print-placement prints the GPU shares the actors would ask for on a node with",
-        "GPUS GPUs. Neither starts anything.",
+        "GPUS GPUs, and each engine's KV budget in its share (of ray.gpu_memory_gb, else",
+        "of this machine's GPU). Neither starts anything.",
         "",
         "Runs RL training (default: the built-in running_sum task, dora mode, local Ray,",
         "the shipped base model). Ctrl-C stops after the step in flight with a checkpoint;",

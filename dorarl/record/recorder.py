@@ -100,6 +100,7 @@ class Recorder:
         self.usage = SlotUsage(num_instances, self._busy_counter if self.trace else None)
         self.lanes = VersionLanes(num_instances, first_version, self.trace)
         self.faults: Counter = Counter()  # restarts, replayed steps, replay mismatches
+        self.engines: dict[int, dict[str, Any]] = {}  # each engine's set-up, where reported
         self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
         self._totals: Counter = Counter()
         self._staleness: Counter = Counter()  # consumed groups by staleness, over the steps
@@ -176,6 +177,11 @@ class Recorder:
     def replay_mismatch(self) -> None:
         """A replayed training step did not reproduce the original's loss exactly."""
         self.faults["replay_mismatches"] += 1
+
+    def engine_setup(self, instance_id: int, setup: Mapping[str, Any]) -> None:
+        """How an engine set itself up at start: what it runs, its KV pool, and the fast
+        paths that failed their start-up check there (`fast_path_fallbacks`)."""
+        self.engines[instance_id] = dict(setup)
 
     def lost(self, group_id: int, reason: str) -> None:
         """A runtime could not keep a group (e.g. an engine failed): reported as dropped."""
@@ -391,7 +397,19 @@ class Recorder:
             "trainer_restarts": faults["trainer_restarts"],
             "replayed_steps": faults["replayed_steps"],
             "replay_mismatches": faults["replay_mismatches"],
-        }
+        } | self._engine_summary()
+
+    def _engine_summary(self) -> dict[str, Any]:
+        """The engines' set-ups and, flat, every fast-path fallback (none: an empty list)."""
+        if not self.engines:
+            return {}
+        ordered = sorted(self.engines.items())
+        fallbacks = [
+            {"instance": iid, **fallback}
+            for iid, setup in ordered
+            for fallback in setup.get("fast_path_fallbacks", [])
+        ]
+        return {"engines": {str(i): e for i, e in ordered}, "fast_path_fallbacks": fallbacks}
 
 
 def _share(part: float, whole: float) -> float:

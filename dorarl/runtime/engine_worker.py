@@ -6,11 +6,17 @@ only sends of its weights (or of migrated KV) to a peer run beside them, on the 
 `weights` concurrency group (dorarl.runtime.weight_endpoints, dorarl.runtime.kv_transfer).
 Every weight load is checked against the sender's manifest before it is swapped in,
 whatever carried it. With a `DeviceModel`, every engine
-step lasts its device time (dorarl.record.pacing).
+step lasts its device time (dorarl.record.pacing). On cuda the engine's memory share is its
+GPU share in Ray unless `engine.gpu_memory_share` says otherwise. A setting the engine
+refuses at start (`ConfigError`, `UserInputError`) is raised by the first call, `started`
+at a run's start, so it reaches the driver as itself (an error raised while an actor is
+constructed reaches it only as the actor's death, and recovery would restart it into the
+same error).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -18,6 +24,7 @@ from typing import Any
 
 import torch
 
+from dorarl.config import ConfigError
 from dorarl.engine import (
     Engine,
     EngineConfig,
@@ -26,6 +33,8 @@ from dorarl.engine import (
     RequestSnapshot,
     SamplingParams,
 )
+from dorarl.engine.outputs import EngineSetup
+from dorarl.errors import UserInputError
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
 from dorarl.runtime import kv_transfer
 from dorarl.runtime import weight_endpoints as endpoints
@@ -81,21 +90,39 @@ class EngineWorker:
         apply_threads(threads, nice)
         self.instance_id = instance_id
         self.model_folder = model_folder
-        self.config = config
+        self.config = with_ray_gpu_share(config)
         self.first_version = version  # the folder's weights: a base model, or a checkpoint
-        self.engine = Engine.from_pretrained(model_folder, config, version=version)
+        self._engine: Engine | None = None
+        self._refused: Exception | None = None
+        try:
+            self._engine = Engine.from_pretrained(model_folder, self.config, version=version)
+        except (ConfigError, UserInputError) as exc:
+            self._refused = exc
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
         self.group: WeightGroup | None = None  # the weight-transfer group, once joined
         self._shared: dict[int, list[torch.Tensor]] = {}  # buckets a peer on this GPU reads
         self.held_kv = kv_transfer.HeldKV()  # exported KV waiting for its destination
 
+    @property
+    def engine(self) -> Engine:
+        """The engine; raises what refused it at start."""
+        if self._engine is None:
+            assert self._refused is not None
+            raise self._refused
+        return self._engine
+
+    def started(self) -> EngineSetup:
+        """What the engine runs (its fast paths as checked on the device, fallbacks
+        included, and its KV pool): the first call of a run, which raises a refused setting."""
+        return self.engine.setup()
+
     def reset(self) -> int:
         """A fresh engine on the folder's weights, as if the actor had just started; lets a
         benchmark run several modes on one set of actors instead of paying process start-up
         per mode. Returns the hosted version."""
-        del self.engine  # free the old KV pool before the new one is allocated
-        self.engine = Engine.from_pretrained(self.model_folder, self.config, self.first_version)
+        self._engine = None  # free the old KV pool before the new one is allocated
+        self._engine = Engine.from_pretrained(self.model_folder, self.config, self.first_version)
         self.pacer = Pacer() if self.pace is not None else None
         return self.engine.version
 
@@ -300,3 +327,26 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+
+def with_ray_gpu_share(config: EngineConfig) -> EngineConfig:
+    """On cuda with no `gpu_memory_share`, the GPU share Ray gave this actor (at most a
+    whole GPU: the engine uses one device); elsewhere, or outside a Ray actor, `config`."""
+    if config.gpu_memory_share is not None or not config.device.startswith("cuda"):
+        return config
+    share = _ray_gpu_share()
+    if share is None:
+        return config
+    return dataclasses.replace(config, gpu_memory_share=min(1.0, share))
+
+
+def _ray_gpu_share() -> float | None:
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    context = ray.get_runtime_context()
+    if context.worker.mode != ray.WORKER_MODE:
+        return None  # the driver: nothing is assigned to it
+    share = context.get_assigned_resources().get("GPU", 0.0)
+    return share if share > 0 else None

@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from dorarl.config import ConfigError
 from dorarl.controller import (
     TRAINER,
     Controller,
@@ -35,7 +36,8 @@ from dorarl.controller import (
 )
 from dorarl.data import Group
 from dorarl.driver import Driver, RequestSpec
-from dorarl.errors import WorkerFailed
+from dorarl.engine.outputs import EngineSetup
+from dorarl.errors import UserInputError, WorkerFailed
 from dorarl.record import Recorder
 from dorarl.record.pacing import PaceTally
 from dorarl.runtime.calls import DEATHS, ENGINE_KINDS, TRAINER_KINDS, Call, CallTable
@@ -214,9 +216,10 @@ class RayRuntime:
         return self.recorder.close(self.now())
 
     def start(self) -> None:
-        """Wait for every actor to be up, start the clock, deliver Start (the first
-        dispatches go out)."""
-        ray.get([w.stats.remote() for w in self.workers])
+        """Wait for every actor to be up (each engine's set-up goes to the recorder), start
+        the clock, deliver Start (the first dispatches go out)."""
+        for iid, setup in enumerate(_started(self.workers)):
+            self.recorder.engine_setup(iid, setup.as_dict())
         self.weights.start(self.trainer, self.workers)
         self.trainer_client.start()
         self.t0 = time.monotonic()
@@ -336,6 +339,17 @@ class _RayExecutor:
 
     def set_timer(self, at: float) -> None:
         heapq.heappush(self.timers, at)
+
+
+def _started(workers: list[Any]) -> list[EngineSetup]:
+    """Every engine's set-up, once it is up; a setting an engine refused at start is raised
+    as itself (one line, exit 2), not as Ray's report of a failed call."""
+    try:
+        return ray.get([w.started.remote() for w in workers])
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, ConfigError | UserInputError):
+            raise exc.cause from None
+        raise
 
 
 def _check_overheads(recorder: Recorder) -> None:

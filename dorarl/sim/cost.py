@@ -13,11 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dorarl.config import ConfigError
+from dorarl.engine.memory import kv_bytes_per_token  # the engine's pool: one arithmetic
 
-
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
-    """K and V of one token across all layers."""
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+__all__ = ["PRESETS", "CostModel", "kv_bytes_per_token", "local"]
 
 
 @dataclass(kw_only=True)

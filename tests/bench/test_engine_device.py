@@ -1,5 +1,5 @@
 """`dorarl bench engine --device`: every section runs end to end on the CPU at a tiny size
-(the cuda run is scripts/gpu_check.sh), bars and the CPU bench's keys come out filled."""
+(the cuda run is scripts/gpu_check_1.sh), bars and the CPU bench's keys come out filled."""
 
 from dataclasses import replace
 
@@ -23,6 +23,7 @@ def test_device_bench_on_cpu_fills_every_section(single_thread):
     assert len(seen) == 3  # after each section, for a run cut short
     tail = bench["long_tail"]
     assert tail["engine"]["tokens"] == tail["hf_static"]["tokens"] == tail["total_tokens"]
+    assert tail["engine_setup"]["fast_path_fallbacks"] == []  # what the engine ran, recorded
     assert set(bench["steps"]["ms"]) == {"2", "4"}
     for row in bench["steps"]["ms"].values():
         assert row["engine"] > 0 and row["hf_static_cache"] > 0 and 0 < row["floor"] < row["engine"]

@@ -1,7 +1,7 @@
 """The engine on a GPU with its defaults there (Triton attention, device sampling, CUDA
 graphs): exact against Hugging Face, graph replay equal to eager, weights of a new version
 loaded in place under captured graphs, migration between two engines on one GPU. Skipped
-where torch sees no GPU (`scripts/gpu_check.sh` runs them on one)."""
+where torch sees no GPU (`scripts/gpu_check_1.sh` runs them on one)."""
 
 import copy
 import pickle
@@ -49,6 +49,24 @@ def test_defaults_on_cuda_are_the_fast_paths():
         "triton", "device", True, torch.bfloat16,
     )  # fmt: skip
     assert engine.graphs is not None and engine.graphs.graphs  # captured at start
+    setup = engine.setup()  # the Triton and graph start-up checks passed on this GPU
+    assert setup.fast_path_fallbacks == [] and setup.attention == "triton" and setup.cuda_graphs
+
+
+def test_an_unset_pool_is_sized_from_the_memory_share_and_start_up_stays_within_it():
+    """No num_blocks: the pool is what 0.05 of this GPU holds after weights and workspace
+    (at most what 64 sequences of 4k tokens use), and torch's peak allocation by the end of
+    start-up (weights, pool, the graphs' private pool, the checks) stays within the plan."""
+    torch.cuda.reset_peak_memory_stats()
+    config = dict(device="cuda", max_num_seqs=64, max_model_len=4096, gpu_memory_share=0.05)
+    engine = make_engine(_cuda_hf("qwen2"), **{**config, "num_blocks": None})
+    plan = engine.kv_plan
+    assert plan is not None and engine.kv_blocks == plan.blocks <= engine.config.kv_blocks
+    assert engine.setup().kv_budget.startswith(f"KV {plan.blocks} blocks")
+    pool = engine.kv.pool.numel() * engine.kv.pool.element_size()
+    assert torch.cuda.max_memory_allocated() <= plan.weight_bytes + pool + plan.workspace.allocated
+    engine.add_request("a", prompts([30], seed=1)[0], greedy(8))
+    assert len(run_all(engine)["a"].output_ids) == 8
 
 
 @pytest.mark.parametrize("variant", ["qwen2", "llama-tied-bias-llama3rope", "qwen3"])

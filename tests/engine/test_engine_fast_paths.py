@@ -12,7 +12,7 @@ from engine_testlib import make_engine, prompts, run_all, seeded, tiny_model
 
 from dorarl.config import ConfigError
 from dorarl.engine import EngineConfig, SamplingParams
-from dorarl.engine.backends import resolve_backends
+from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.cpu_kernels import load_kernels
 from dorarl.engine.device_runner import DeviceRunner
 from dorarl.engine.weights import random_named
@@ -118,6 +118,34 @@ def test_bad_choices_are_refused_naming_the_key(settings, key):
         EngineConfig(**settings)
 
 
+@pytest.mark.parametrize("block_size", [24, 8])
+@pytest.mark.parametrize("settings", [dict(attention="triton"), dict(cuda_graphs="on")])
+def test_a_block_size_the_triton_kernels_cannot_take_is_refused_at_start(block_size, settings):
+    with pytest.raises(ConfigError, match="^engine.block_size: engine.* needs a power of two"):
+        EngineConfig(device="cuda", block_size=block_size, **settings)
+
+
+def test_auto_on_cuda_takes_torch_for_a_block_size_or_head_dim_triton_cannot_run(caplog):
+    odd = EngineConfig(device="cuda", block_size=24)
+    b = resolve_backends(odd)
+    assert (b.attention, b.cuda_graphs) == ("torch", False)
+    assert sum("engine.block_size is 24: torch" in r.getMessage() for r in caplog.records) == 1
+    fast = resolve_backends(EngineConfig(device="cuda"))
+    b = fit_to_model(fast, EngineConfig(device="cuda"), 80, 2, "m/config.json")
+    assert (b.attention, b.cuda_graphs) == ("torch", False)
+    assert "m/config.json has 80: torch" in caplog.records[-1].getMessage()
+    assert fit_to_model(fast, EngineConfig(device="cuda"), 64, 7).attention == "triton"
+
+
+@pytest.mark.parametrize(("settings", "key"), [
+    (dict(attention="triton"), "engine.attention"), (dict(cuda_graphs="on"), "engine.cuda_graphs"),
+])  # fmt: skip
+def test_an_explicit_fast_path_the_models_head_dim_rules_out_is_refused(settings, key):
+    config = EngineConfig(device="cuda", **settings)
+    with pytest.raises(ConfigError, match=f"^{key}: .* m/config.json has head_dim 80"):
+        fit_to_model(resolve_backends(config), config, 80, 2, "m/config.json")
+
+
 def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match="^engine.attention: triton needs engine.device=cuda"):
@@ -129,14 +157,12 @@ def test_decode_graph_path_over_static_buffers_equals_the_torch_path(monkeypatch
     """The graphs' wiring without a GPU: `cuda_graphs` forced on, `DecodeGraphs` runs the
     same forward over its static buffers eagerly (padding rows into the scratch block), and
     a new version goes into the live weights in place."""
-    import dorarl.engine.device_runner as device_runner
     import dorarl.engine.engine as engine_module
 
     def forced(config):
         return dataclasses.replace(resolve_backends(config), attention="triton", cuda_graphs=True)
 
     monkeypatch.setattr(engine_module, "resolve_backends", forced)
-    monkeypatch.setattr(device_runner, "resolve_backends", forced)
     model = tiny_model("qwen2", seed=1)
     batch = prompts([20, 3, 9], seed=2)
     engine, got = _run(model, batch, max_num_seqs=4)  # buckets 1, 2, 4: 3 rows pad to 4
@@ -145,7 +171,6 @@ def test_decode_graph_path_over_static_buffers_equals_the_torch_path(monkeypatch
     monkeypatch.undo()
     _same_tokens(got, _run(model, batch, max_num_seqs=4)[1], atol=1e-5)
     monkeypatch.setattr(engine_module, "resolve_backends", forced)
-    monkeypatch.setattr(device_runner, "resolve_backends", forced)
     new = random_named(engine.spec, seed=3, std=0.1)
     embed = engine.model.weights.embed
     engine.load_weights(new, version=1)

@@ -21,7 +21,9 @@ from triton_testlib import (
 from dorarl.engine.attention import PagedAttention, StepPlan, plan_decode, plan_prefill
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.triton_attention import (
+    SplitLayout,
     TritonPagedAttention,
+    packed_partitions,
     paged_decode,
     plan_paged_step,
 )
@@ -77,6 +79,19 @@ def test_split_decode_combines_partitions_and_matches_one_partition_bitwise(dtyp
     whole = _decode(pool, q, step, partition_tokens=1024, keys_per_tile=16)
     short = [i for i, c in enumerate(ctx) if c <= 32]  # one partition either way
     assert torch.equal(split[short], whole[short])
+
+
+def test_packed_partials_give_the_same_bits_in_a_buffer_of_the_rows_own_partitions():
+    """Rows' partitions one after another: 1 + 1 + 1 + 2 + 3 + 5 = 13, not 6 rows x 5."""
+    ctx = [5, 31, 32, 33, 95, 130]
+    pool = random_pool(ctx, 2, 64, 16, torch.bfloat16)
+    q, step = _decode_inputs(pool, ctx, 6)
+    starts, parts = packed_partitions(ctx, partition_tokens=32)
+    assert parts == 13
+    layout = SplitLayout(torch.tensor(starts, device=DEVICE), parts)
+    packed = _decode(pool, q, step, partition_tokens=32, keys_per_tile=16, split=layout)
+    dense = _decode(pool, q, step, partition_tokens=32, keys_per_tile=16)
+    assert torch.equal(packed, dense)
 
 
 def test_a_rows_output_ignores_companions_and_physical_placement():

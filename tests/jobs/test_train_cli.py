@@ -1,6 +1,7 @@
 """`dorarl train` refuses bad input with one line naming the key, file or line, exit code 2."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -209,3 +210,52 @@ def test_help_lists_the_workload_keys(capsys):
                 "trainer.loss.overlong", "trainer.loss.overlong_buffer"):  # fmt: skip
         assert f"\n  {key} " in text
     assert "response_cap" not in text and "mask_truncated" not in text
+
+
+def test_a_block_size_triton_cannot_run_exits_2_before_anything_starts(capsys):
+    rc, err = _err(
+        capsys, "engine.device=cuda", "trainer.device=cuda", "engine.attention=triton",
+        "engine.block_size=24", "progress=false",
+    )  # fmt: skip
+    assert rc == 2 and len(err) == 1 and err[0].startswith("dorarl: error: engine.block_size:")
+
+
+def test_a_head_dim_triton_cannot_run_exits_2_before_ray_starts(tmp_path, capsys, tiny_model_dir):
+    import ray
+
+    model = tmp_path / "odd_heads"
+    model.mkdir()
+    for item in tiny_model_dir.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
+    rc, err = _err(
+        capsys, f"model={model}", "engine.device=cuda", "trainer.device=cuda",
+        "engine.attention=triton", "progress=false", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert rc == 2 and len(err) == 1, err
+    assert "engine.attention: triton needs head_dim a power of two >= 16" in err[0]
+    assert f"{model}/config.json has head_dim 24" in err[0]
+    assert not (tmp_path / "run").exists() and not ray.is_initialized()
+
+
+def test_print_placement_shows_each_engines_kv_budget(tmp_path, capsys):
+    from transformers import Qwen2Config
+
+    from dorarl.bench.shapes import SHAPES
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "gpu-1.yaml"
+    gpu_1 = ["--print-placement", "1", "--config", str(config)]
+    assert cli_main(["train", *gpu_1, "ray.gpu_memory_gb=24"]) == 0
+    out = capsys.readouterr().out
+    assert "KV budget per engine on a 24.0 GB GPU:" in out
+    for engine in ("engine0", "engine1"):  # 64 full sequences of 256 tokens: all it can use
+        assert f"  {engine}: KV 1024 blocks of 16 tokens" in out and "in 0.3333 of 24.0 GB" in out
+    Qwen2Config(**SHAPES["qwen2.5-7b"]).save_pretrained(tmp_path)  # its config.json alone
+    long = [f"model={tmp_path}", "engine.max_model_len=32768"]
+    assert cli_main(["train", *gpu_1, *long, "ray.gpu_memory_gb=141"]) == 0
+    assert "engine0: KV 32" in capsys.readouterr().out  # ~32k blocks of the 131k 64 x 32k need
+    assert cli_main(["train", *gpu_1, *long, "ray.gpu_memory_gb=24"]) == 0
+    assert "engine0: does not fit: 0.3333 of 24.0 GB (8.00 GB) cannot hold" in (
+        capsys.readouterr().out
+    )

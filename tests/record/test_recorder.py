@@ -195,3 +195,16 @@ def test_the_ray_runtime_refuses_a_recorder_that_would_report_free_cache():
     rec = Recorder(None, mode="dora", k=1, num_instances=1, slots_per_instance=1)
     with pytest.raises(ValueError, match="overhead_kinds=RayRuntime.OVERHEAD_KINDS"):
         RayRuntime(ControllerConfig(), None, None, [], None, rec)
+
+
+def test_the_engines_setups_and_their_fast_path_fallbacks_reach_the_summary(tmp_path):
+    rec = Recorder(tmp_path, mode="dora", k=1, num_instances=2, slots_per_instance=1)
+    assert "fast_path_fallbacks" not in rec.close(0.0)  # a runtime that reports none (sim)
+    rec = Recorder(tmp_path, mode="dora", k=1, num_instances=2, slots_per_instance=1)
+    fallback = {"path": "attention", "instead": "torch", "error": "RuntimeError: ptxas"}
+    rec.engine_setup(1, {"attention": "torch", "fast_path_fallbacks": [fallback]})
+    rec.engine_setup(0, {"attention": "triton", "fast_path_fallbacks": []})
+    rec.close(1.0)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["fast_path_fallbacks"] == [{"instance": 1, **fallback}]
+    assert summary["engines"]["0"]["attention"] == "triton"

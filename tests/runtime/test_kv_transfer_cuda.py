@@ -1,6 +1,6 @@
 """Two engine actors on one GPU (half of it each): a migration's KV goes device to device
 through CUDA IPC, the request continuing as it would have unmoved. Needs a GPU and Ray
-(`scripts/gpu_check.sh` carries Ray's wheel)."""
+(`scripts/gpu_check_2.sh` runs it; scripts/gpu_prepare.sh carries Ray's wheel)."""
 
 import pytest
 import ray

@@ -94,6 +94,9 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     summary, trajectories, metrics, trace = _read(out)
     _check_invariants(summary, trajectories, k=1)
     assert summary["steps"] == 12 and len(metrics) == 12
+    # each engine's set-up, reported at start: none of its chosen paths fell back
+    assert set(summary["engines"]) == {str(i) for i in range(config.instances)}
+    assert summary["fast_path_fallbacks"] == []
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     loads = [e["name"] for e in events if e.get("name", "").startswith("load v")]
     assert any("from instance" in name for name in loads), loads

@@ -139,3 +139,57 @@ def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_
     # The prefill step charges both prompts beyond one token a row; decodes their KV.
     assert charged[0] == dev.engine_step_s(2 * (len(PROMPT) - 1), 2 * len(PROMPT))
     assert report.pace.steps == 1 and report.pace.paced_s == charged[-1]
+
+
+def _odd_heads(tmp_path, tiny_model_dir):
+    """A model folder whose config.json does not match its weights (head_dim 24 of 16)."""
+    import json
+
+    model = tmp_path / "odd_heads"
+    model.mkdir()
+    for item in tiny_model_dir.iterdir():
+        (model / item.name).write_bytes(item.read_bytes())
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
+    return model
+
+
+def test_an_engine_reports_its_setup_and_raises_a_refused_setting_at_its_first_call(
+    tmp_path, tiny_model_dir
+):
+    from dorarl.errors import UserInputError
+
+    config = EngineConfig(max_num_seqs=2, max_model_len=64)
+    setup = EngineWorker(0, str(tiny_model_dir), config).started()
+    assert (setup.kv_blocks, setup.block_size, setup.fast_path_fallbacks) == (
+        config.kv_blocks, config.block_size, [],
+    )  # fmt: skip
+    assert setup.kv_budget is None and setup.sampler == "host"  # the CPU: no memory plan
+    refused = EngineWorker(0, str(_odd_heads(tmp_path, tiny_model_dir)), config)  # no raise
+    for call in (refused.started, refused.stats):
+        with pytest.raises(UserInputError, match="has shape"):
+            call()
+
+
+@pytest.mark.slow
+def test_a_setting_an_engine_actor_refuses_reaches_the_driver_as_itself(tmp_path, tiny_model_dir):
+    """Raised in the actor's constructor it would arrive as the actor's death (Ray's report,
+    the error inside its text), and engine recovery would restart it into the same error."""
+    import ray
+
+    from dorarl.errors import UserInputError
+    from dorarl.runtime.local_ray import start_local_ray
+    from dorarl.runtime.ray_runtime import _started
+
+    start_local_ray(num_cpus=1)
+    try:
+        config = EngineConfig(max_num_seqs=2, max_model_len=64)
+        options = actor_options("engine0", "cpu", None)
+        bad = ray.remote(**options)(EngineWorker).remote(
+            0, str(_odd_heads(tmp_path, tiny_model_dir)), config
+        )
+        with pytest.raises(UserInputError) as refused:
+            _started([bad])
+        assert "\n" not in str(refused.value) and "has shape" in str(refused.value)
+    finally:
+        ray.shutdown()
