@@ -88,16 +88,29 @@ def test_a_padded_bucket_gives_the_unpadded_steps_logits_and_writes_only_scratch
     cache = _pool(blocks)
     graphs = DecodeGraphs(_forward(model), cache, 8, 6, blocks - 1, buckets=[2, 8], graphs=False)
     reference = _clone(cache)
+    written = torch.zeros(blocks - 1, BLOCK, dtype=torch.bool)  # the steps' new tokens so far
     for contexts, seed in (([5, 17, 40, 33, 64], 1), ([80, 2], 2)):  # buckets 8 (3 pads), 2
         rows = _rows(contexts, blocks - 1, seed)
         ids = [(7 * i + seed) % SPEC.vocab_size for i in range(len(rows))]
         logits = graphs.run(ids, rows)
         expected = _eager_step(model, reference, ids, rows)
         torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
-        sequences = slice(0, blocks - 1)
-        torch.testing.assert_close(
-            cache.pool[:, :, sequences], reference.pool[:, :, sequences], atol=1e-6, rtol=0
-        )
+        for row in rows:
+            written[row.table[row.start // BLOCK], row.start % BLOCK] = True
+        _assert_only_the_rows_wrote(cache, reference, written)
+
+
+def _assert_only_the_rows_wrote(cache, reference, written: torch.Tensor) -> None:
+    """Every cell of the sequences' blocks but the steps' own new tokens (`written`: block,
+    slot) is bit-identical to the unpadded steps' pool (the pads wrote only the scratch
+    block); the new tokens' K/V are within the logits' tolerance (in Triton's interpreter,
+    layer 1's K/V follow layer 0's attention, whose float32 sums numpy may order by the
+    batch's shape)."""
+    blocks = written.shape[0]
+    got, want = cache.pool[:, :, :blocks], reference.pool[:, :, :blocks]
+    mask = written[None, None, :, None, :, None].expand_as(got)
+    assert torch.equal(got[~mask], want[~mask]), "a pad wrote into a sequence's block"
+    torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=1e-5)
 
 
 def test_weights_copied_in_place_keep_their_storage_and_reach_the_next_step():
