@@ -15,7 +15,7 @@ from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.errors import RunComplete
 from dorarl.jobs.resume import ResumePoint, read_resume_point
-from dorarl.runtime.placement import PlacementPlan, plan_placement
+from dorarl.runtime.placement import PlacementPlan, check_resource_names, plan_placement
 from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
@@ -202,6 +202,20 @@ class RaySection:
     placement_timeout_s: float = field(
         default=60.0, metadata={"help": "seconds to wait for Ray to place the actors' GPUs"}
     )
+    engine_resources: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "custom Ray resources each engine asks for, e.g. {rollout: 0.01}: engines "
+            "run only on nodes started with them (ray start --resources='{\"rollout\": 1}')"
+        },
+    )
+    trainer_resources: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "custom Ray resources the trainer (each rank) asks for, and the evaluator "
+            "beside it (beside the first engine when only the engines are on cuda)"
+        },
+    )
 
     def validate(self) -> None:
         if self.max_engine_restarts < 0:
@@ -214,6 +228,8 @@ class RaySection:
                 raise ConfigError(f"{key}: must be > 0 (or unset), got {share}")
         if not self.placement_timeout_s > 0:
             raise ConfigError("placement_timeout_s: must be > 0")
+        check_resource_names("engine_resources", self.engine_resources)
+        check_resource_names("trainer_resources", self.trainer_resources)
 
 
 def _default_engine() -> EngineConfig:
@@ -353,7 +369,8 @@ class TrainConfig:
         )
 
     def placement(self, node_gpus: float) -> PlacementPlan:
-        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs."""
+        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs,
+        and the custom resources they ask for (the nodes they may run on)."""
         return plan_placement(
             instances=self.instances,
             engine_on_gpu=self.engine.device != "cpu",
@@ -362,6 +379,9 @@ class TrainConfig:
             engine_gpus=self.ray.engine_gpus,
             trainer_gpus=self.ray.trainer_gpus,
             eval_gpus=self.ray.eval_gpus,
+            engine_resources=self.ray.engine_resources,
+            trainer_resources=self.ray.trainer_resources,
+            trainer_ranks=self.trainer.world_size,
         )
 
     def transport(self) -> TransportSpec:

@@ -97,9 +97,10 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
 
 def place_actors(config: TrainConfig) -> PlacedActors:
     """Reserve the actors' GPU shares on the cluster, or refuse in one line (exit 2) when it
-    cannot hold them; the plan is printed when it asks for GPUs."""
+    cannot hold them or lacks the custom resources they ask for; the plan is printed when it
+    asks for GPUs or custom resources."""
     plan = config.placement(ray.cluster_resources().get("GPU", 0.0))
-    if plan.uses_gpus:
+    if plan.uses_gpus or plan.asks:
         print("\n".join(f"placement: {line}" for line in plan.lines()))
     return PlacedActors(plan, timeout_s=config.ray.placement_timeout_s)
 

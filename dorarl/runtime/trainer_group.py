@@ -23,6 +23,7 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from dorarl.data import Group
+from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.runtime.weight_group import own_host
@@ -80,7 +81,20 @@ class TrainerRank:
 
 
 class TrainerGroupWorker(TrainerWorker):
-    """Rank 0 of the group and the coordinator the runtime talks to."""
+    """Rank 0 of the group and the coordinator the runtime talks to; the other ranks ask
+    for `rank_resources` (custom Ray resources: the nodes they may run on)."""
+
+    def __init__(
+        self,
+        model_folder: str,
+        config: TrainerConfig,
+        threads: int = 1,
+        resume_from: str | None = None,
+        pace: DeviceModel | None = None,
+        rank_resources: dict[str, float] | None = None,
+    ) -> None:
+        self.rank_resources = dict(rank_resources or {})
+        super().__init__(model_folder, config, threads, resume_from, pace)
 
     def _start(self, resume_from: str | None) -> None:
         world = self.config.world_size
@@ -102,7 +116,7 @@ class TrainerGroupWorker(TrainerWorker):
         per_rank = max(1, self.threads // world)
         apply_threads(per_rank)
         gpus = 1 if torch.device(self.config.device).type == "cuda" else 0
-        actor = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerRank)
+        actor = ray.remote(num_cpus=0, num_gpus=gpus, resources=self.rank_resources)(TrainerRank)
         self.ranks = [
             actor.remote(rank, world, addr, port, self.config, per_rank) for rank in range(1, world)
         ]
