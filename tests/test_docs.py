@@ -122,11 +122,17 @@ def _loader(line: CommandLine) -> Callable[[], object]:
 
 def problems_of(line: CommandLine) -> list[str]:
     """What is wrong with one command line: unknown keys, then what the loader refuses."""
-    settings = {key for key, _, _ in describe(_config_class(line.command))}
+    rows = describe(_config_class(line.command))
+    settings = {key for key, _, _ in rows}
+    mappings = {key for key, default, _ in rows if default.startswith("{")}  # key.entry=...
+
+    def known(key: str) -> bool:
+        return key in settings or key.rpartition(".")[0] in mappings
+
     problems = [
         f"{line}: unknown key {item.split('=', 1)[0]!r}"
         for item in line.overrides + line.keys_only
-        if item.split("=", 1)[0] not in settings
+        if not known(item.split("=", 1)[0])
     ]
     if problems:
         return problems

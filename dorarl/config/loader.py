@@ -266,7 +266,11 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise _type_error(key, ftype, value, source)
-        return dict(value)
+        key_type, value_type = get_args(ftype) or (Any, Any)
+        return {
+            _coerce(key_type, k, key, source): _coerce(value_type, v, f"{key}.{k}", source)
+            for k, v in value.items()
+        }
     return _coerce_scalar(ftype, value, key, source)
 
 
@@ -300,5 +304,5 @@ def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
 
 
 def _type_error(key: str, ftype: Any, value: Any, source: str) -> ConfigError:
-    name = getattr(ftype, "__name__", str(ftype))
+    name = "a mapping" if get_origin(ftype) is dict else getattr(ftype, "__name__", str(ftype))
     return ConfigError(f"{key}: expected {name}, got {value!r} ({source})")

@@ -15,7 +15,7 @@ from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.errors import RunComplete
 from dorarl.jobs.resume import ResumePoint, read_resume_point
-from dorarl.runtime.placement import PlacementPlan, plan_placement
+from dorarl.runtime.placement import PlacementPlan, check_resource_names, plan_placement
 from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
@@ -209,6 +209,20 @@ class RaySection:
             "starts and for --print-placement (None: what nvidia-smi reports here)"
         },
     )
+    engine_resources: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "custom Ray resources each engine asks for, e.g. {rollout: 0.01}: engines "
+            "run only on nodes started with them (ray start --resources='{\"rollout\": 1}')"
+        },
+    )
+    trainer_resources: dict[str, float] = field(
+        default_factory=dict,
+        metadata={
+            "help": "custom Ray resources the trainer (each rank) asks for, and the evaluator "
+            "beside it (beside the first engine when only the engines are on cuda)"
+        },
+    )
 
     def validate(self) -> None:
         if self.max_engine_restarts < 0:
@@ -223,6 +237,8 @@ class RaySection:
             raise ConfigError("placement_timeout_s: must be > 0")
         if self.gpu_memory_gb is not None and not self.gpu_memory_gb > 0:
             raise ConfigError(f"gpu_memory_gb: must be > 0 (or unset), got {self.gpu_memory_gb}")
+        check_resource_names("engine_resources", self.engine_resources)
+        check_resource_names("trainer_resources", self.trainer_resources)
 
 
 def _default_engine() -> EngineConfig:
@@ -362,7 +378,8 @@ class TrainConfig:
         )
 
     def placement(self, node_gpus: float) -> PlacementPlan:
-        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs."""
+        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs,
+        and the custom resources they ask for (the nodes they may run on)."""
         return plan_placement(
             instances=self.instances,
             engine_on_gpu=self.engine.device != "cpu",
@@ -371,6 +388,9 @@ class TrainConfig:
             engine_gpus=self.ray.engine_gpus,
             trainer_gpus=self.ray.trainer_gpus,
             eval_gpus=self.ray.eval_gpus,
+            engine_resources=self.ray.engine_resources,
+            trainer_resources=self.ray.trainer_resources,
+            trainer_ranks=self.trainer.world_size,
         )
 
     def transport(self) -> TransportSpec:

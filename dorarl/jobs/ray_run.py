@@ -105,15 +105,17 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
 
 def place_actors(config: TrainConfig, spec: ModelSpec) -> PlacedActors:
     """Reserve the actors' GPU shares on the cluster, or refuse in one line (exit 2) when it
-    cannot hold them or an engine's share cannot hold the model and one max_model_len
-    sequence; the plan and the engines' KV budgets are printed when it asks for GPUs."""
+    cannot hold them, lacks the custom resources they ask for, or an engine's share cannot
+    hold the model and one max_model_len sequence; the plan (with the engines' KV budgets) is
+    printed when it asks for GPUs or custom resources."""
     cluster = ray.cluster_resources()
     plan = config.placement(cluster.get("GPU", 0.0))
     gpu_bytes = gpu_memory(config) if plan.uses_gpus else None
     budgets = engine_budgets(config, spec, plan, gpu_bytes)
-    if plan.uses_gpus:
+    if plan.uses_gpus or plan.asks:
         lines = plan.lines() + budget_lines(budgets, gpu_bytes)
         print("\n".join(f"placement: {line}" for line in lines))
+    if plan.uses_gpus:
         check_fits(plan, cluster)
     for budget in budgets:
         budget.check()

@@ -68,13 +68,14 @@ def spawn_trainer(
     """The trainer actor (at start, or replacing a dead one in the same bundle); with
     trainer.world_size > 1, rank 0 of a trainer group, which starts the other ranks."""
     options = actor_options("trainer", spec.config.device, placed)
-    worker = TrainerWorker
+    worker, ranks = TrainerWorker, {}
     if spec.config.world_size > 1:
         from dorarl.runtime.trainer_group import TrainerGroupWorker  # torch.distributed
 
         worker = TrainerGroupWorker
+        ranks = {"rank_resources": placed.plan.resources_of("trainer_rank1") if placed else {}}
     return ray.remote(**options)(worker).remote(
-        spec.model_folder, spec.config, spec.threads, spec.resume_from, pace=pace
+        spec.model_folder, spec.config, spec.threads, spec.resume_from, pace=pace, **ranks
     )
 
 
@@ -92,17 +93,16 @@ def spawn_engine(
 
 
 def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:
-    """Ray options of `actor` computing on `device`: its share and bundle from `placed`, or
-    without a placement one whole GPU for cuda (Ray then makes that GPU the actor's only
-    visible one, so `cuda` means it), none otherwise. CPU work is not reserved: instances
-    share cores, which the benchmarks' pacing accounts for. Every actor has a `weights`
-    concurrency group of one thread for weight sends (dorarl.runtime.weight_endpoints)."""
+    """Ray options of `actor` computing on `device`: its share, bundle and custom resources
+    from `placed`, or without a placement one whole GPU for cuda (Ray then makes that GPU
+    the actor's only visible one, so `cuda` means it), none otherwise. CPU work is not
+    reserved: instances share cores, which the benchmarks' pacing accounts for. Every actor
+    has a `weights` concurrency group of one thread for weight sends
+    (dorarl.runtime.weight_endpoints)."""
     return {**_resources(actor, device, placed), "concurrency_groups": {WEIGHTS_GROUP: 1}}
 
 
 def _resources(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:
-    if device == "cpu":
-        return {"num_cpus": 0, "num_gpus": 0}
     if placed is not None:
-        return placed.options(actor)
-    return {"num_cpus": 0, "num_gpus": 1}
+        return placed.options(actor)  # an actor on the CPU has no share in it
+    return {"num_cpus": 0, "num_gpus": 0 if device == "cpu" else 1}

@@ -28,7 +28,7 @@ from typing import Any
 import ray
 
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weight_group import GroupAddress, Member, route
+from dorarl.runtime.weight_group import GroupAddress, Member, alive_nodes, route
 from dorarl.runtime.weights import ObjectStoreWeights, actor_key
 from dorarl.runtime.weights_config import TransportSpec
 
@@ -44,7 +44,7 @@ class CollectiveWeights(ObjectStoreWeights):
     def start(self, trainer: Any, engines: Sequence[Any]) -> None:
         """Form the group: every member joins at once (the joins rendezvous)."""
         self.trainer = trainer
-        loopback = len([n for n in ray.nodes() if n.get("Alive")]) <= 1
+        loopback = alive_nodes() <= 1
         timeout = self.spec.timeout_s
         host, port = ray.get(trainer.open_weight_store.remote(loopback, timeout))
         address = GroupAddress(host, port, 1 + len(engines), self.spec.backend, timeout)

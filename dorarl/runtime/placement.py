@@ -1,4 +1,6 @@
-"""Where each actor runs: GPU shares per actor, packed into one Ray placement group.
+"""Where each actor runs: GPU shares per actor, packed into one Ray placement group, and the
+custom Ray resources each asks for (`ray.engine_resources`, `ray.trainer_resources`), which
+keep it to the nodes started with them (`ray start --resources`).
 
 `plan_placement` is pure (it only needs the node's GPU count), so a plan can be printed for
 any machine; `PlacedActors` reserves the plan on a live Ray cluster, refusing in one line
@@ -8,6 +10,7 @@ when the cluster cannot hold it instead of waiting forever on an actor Ray canno
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,22 +20,42 @@ from dorarl.config import ConfigError
 # actor a visible device, and evaluation is idle most of the run, so it takes a sliver.
 EVAL_SHARE = 0.1
 ROUND = 1e-4  # Ray accounts GPU shares in 1e-4 units
+ENGINE_KEY, TRAINER_KEY = "ray.engine_resources", "ray.trainer_resources"
+RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
+"""Resources Ray accounts itself: an actor's CPUs and GPUs come from num_cpus / num_gpus."""
+
+
+@dataclass(frozen=True)
+class NodeAsk:
+    """Custom Ray resources an actor asks for, so that it runs only on a node that has them,
+    and the key that sets them."""
+
+    key: str
+    amounts: dict[str, float]
 
 
 @dataclass(frozen=True)
 class Bundle:
-    """One reservation (a GPU or a share of one) and the actors that run inside it."""
+    """One reservation (a GPU or a share of one) and the actors that run inside it, with
+    the custom resources they ask for (an actor in a bundle takes from the bundle only)."""
 
     gpus: float
     actors: tuple[str, ...]
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def reserved(self) -> dict[str, float]:
+        return {"GPU": self.gpus, **self.resources}
 
 
 @dataclass(frozen=True)
 class PlacementPlan:
-    """GPU share of every actor on cuda and the bundles that hold them (none: all on CPU)."""
+    """GPU share of every actor on cuda and the bundles that hold them (none: all on CPU),
+    and the custom resources of the actors that ask for some (`asks`; trainer ranks 1..N-1
+    of a sharded trainer as `trainer_rank<r>`)."""
 
     shares: dict[str, float] = field(default_factory=dict)
     bundles: tuple[Bundle, ...] = ()
+    asks: dict[str, NodeAsk] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> float:
@@ -50,13 +73,24 @@ class PlacementPlan:
         parts = " + ".join(f"{actor} {share:g}" for actor, share in self.shares.items())
         return f"{self.total_gpus:g} GPU ({parts})"
 
+    def resources_of(self, actor: str) -> dict[str, float]:
+        """The custom resources `actor` asks for ({}: it may run on any node)."""
+        ask = self.asks.get(actor)
+        return dict(ask.amounts) if ask else {}
+
     def lines(self) -> list[str]:
-        if not self.uses_gpus:
-            return ["every actor on the CPU: no GPU asked for"]
-        rows = [f"asks Ray for {self.total_gpus:g} GPU in one placement group (PACK):"]
+        rows = ["every actor on the CPU: no GPU asked for"]
+        if self.uses_gpus:
+            rows = [f"asks Ray for {self.total_gpus:g} GPU in one placement group (PACK):"]
         for i, b in enumerate(self.bundles):
             shares = ", ".join(f"{a} {self.shares[a]:g}" for a in b.actors)
-            rows.append(f"  bundle {i}: {b.gpus:g} GPU -> {shares}")
+            extra = f" and {_amounts(b.resources)}" if b.resources else ""
+            rows.append(f"  bundle {i}: {b.gpus:g} GPU{extra} -> {shares}")
+        by_key: dict[tuple[str, str], list[str]] = {}
+        for actor, ask in self.asks.items():
+            by_key.setdefault((ask.key, _amounts(ask.amounts)), []).append(actor)
+        for (key, amounts), actors in by_key.items():
+            rows.append(f"{', '.join(actors)}: each asks for {amounts} ({key})")
         return rows
 
 
@@ -69,18 +103,30 @@ def plan_placement(
     engine_gpus: float | None = None,
     trainer_gpus: float | None = None,
     eval_gpus: float | None = None,
+    engine_resources: Mapping[str, float] | None = None,
+    trainer_resources: Mapping[str, float] | None = None,
+    trainer_ranks: int = 1,
 ) -> PlacementPlan:
     """Shares for `instances` engines, the trainer and the evaluator (on the engines' device).
 
     Unset shares are chosen to fit `node_gpus`: a whole GPU per engine and one for the trainer
     when there are that many, else an equal share of what there is. The evaluator, idle most
     of the run, lives in the trainer's bundle (the first engine's when the trainer is on the
-    CPU) and takes `EVAL_SHARE` of it.
+    CPU) and takes `EVAL_SHARE` of it. Every engine asks for `engine_resources`, every
+    trainer rank for `trainer_resources`, and the evaluator for what the actor whose bundle
+    it shares asks (on the CPU: the trainer's).
     """
+    asks = _node_asks(
+        instances,
+        trainer_ranks,
+        dict(engine_resources or {}),
+        dict(trainer_resources or {}),
+        evaluator_with_engines=engine_on_gpu and not trainer_on_gpu,
+    )
     engines = [f"engine{i}" for i in range(instances)] if engine_on_gpu else []
     seats = len(engines) + trainer_on_gpu
     if seats == 0:
-        return PlacementPlan()
+        return PlacementPlan(asks=asks)
     auto = _auto_share(seats, node_gpus)
     shares = {e: engine_gpus if engine_gpus is not None else auto for e in engines}
     if trainer_on_gpu:
@@ -107,7 +153,11 @@ def plan_placement(
         shares["evaluator"] = evaluator
         groups[host].append("evaluator")
     bundles = tuple(
-        Bundle(_floor(sum(shares[a] for a in members)), tuple(members))
+        Bundle(
+            _floor(sum(shares[a] for a in members)),
+            tuple(members),
+            _summed(asks[a].amounts for a in members if a in asks),
+        )
         for members in groups.values()
     )
     for b in bundles:
@@ -116,7 +166,95 @@ def plan_placement(
                 f"ray: bundle {', '.join(b.actors)} asks for {b.gpus:g} GPU: a share above 1 "
                 "must be a whole number of GPUs"
             )
-    return PlacementPlan(shares, bundles)
+    return PlacementPlan(shares, bundles, asks)
+
+
+def _node_asks(
+    instances: int,
+    trainer_ranks: int,
+    engine: dict[str, float],
+    trainer: dict[str, float],
+    evaluator_with_engines: bool,
+) -> dict[str, NodeAsk]:
+    asks: dict[str, NodeAsk] = {}
+    if engine:
+        asks.update({f"engine{i}": NodeAsk(ENGINE_KEY, engine) for i in range(instances)})
+    if trainer:
+        asks["trainer"] = NodeAsk(TRAINER_KEY, trainer)
+        asks.update(
+            {f"trainer_rank{r}": NodeAsk(TRAINER_KEY, trainer) for r in range(1, trainer_ranks)}
+        )
+    key, evaluator = (ENGINE_KEY, engine) if evaluator_with_engines else (TRAINER_KEY, trainer)
+    if evaluator:
+        asks["evaluator"] = NodeAsk(key, evaluator)
+    return asks
+
+
+def check_resource_names(key: str, amounts: Mapping[str, float]) -> None:
+    """`key` (engine_resources, trainer_resources) names custom resources in positive
+    amounts Ray can account (at least 1e-4; CPUs and GPUs have keys of their own)."""
+    for name, amount in amounts.items():
+        if not name or name in RESERVED:
+            raise ConfigError(
+                f"{key}: {name!r} is not a custom resource (CPUs and GPUs come from "
+                "engine.device / trainer.device and ray.*_gpus); name one a node was started "
+                "with (ray start --resources)"
+            )
+        if not (math.isfinite(amount) and amount >= ROUND):
+            raise ConfigError(f"{key}.{name}: must be >= {ROUND:g}, got {amount:g}")
+
+
+def check_resources(plan: PlacementPlan, nodes: list[dict[str, float]]) -> None:
+    """One line, before anything starts, when no node of the cluster (`nodes`: each alive
+    node's resources) has what an actor asks for, or all of them together have less than the
+    actors ask for in all: Ray would wait for it without end."""
+    for actor, ask in plan.asks.items():
+        if not any(_holds(node, ask.amounts) for node in nodes):
+            raise ConfigError(
+                f"{ask.key}: no node of the cluster has {_amounts(ask.amounts)} ({actor} asks "
+                f"for it); the nodes have: {_nodes(nodes)} (a node offers a resource it was "
+                "started with: ray start --resources='{\"NAME\": AMOUNT}')"
+            )
+    asked = _summed(ask.amounts for ask in plan.asks.values())
+    held = _summed(nodes)
+    for name, amount in asked.items():
+        if amount > held.get(name, 0.0) + ROUND:
+            keys = sorted({a.key for a in plan.asks.values() if name in a.amounts})
+            askers = [actor for actor, a in plan.asks.items() if name in a.amounts]
+            raise ConfigError(
+                f"{', '.join(keys)}: {', '.join(askers)} ask for {name}={amount:g} in all, "
+                f"the cluster has {name}={held.get(name, 0.0):g} (nodes: {_nodes(nodes)})"
+            )
+
+
+def _holds(node: dict[str, float], amounts: dict[str, float]) -> bool:
+    return all(node.get(name, 0.0) + ROUND > amount for name, amount in amounts.items())
+
+
+def _summed(amounts: Any) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for each in amounts:
+        for name, amount in each.items():
+            total[name] = round(total.get(name, 0.0) + amount, 4)
+    return total
+
+
+def _amounts(amounts: dict[str, float]) -> str:
+    return ", ".join(f"{name}={amount:g}" for name, amount in amounts.items())
+
+
+def _nodes(nodes: list[dict[str, float]]) -> str:
+    """Each node's resources a user places by: CPU, GPU and custom ones (not Ray's own
+    node:<ip> and memory accounts)."""
+    shown = [
+        _amounts({k: node[k] for k in ("CPU", "GPU") if k in node} | _custom(node))
+        for node in nodes
+    ]
+    return "; ".join(f"[{s}]" for s in shown) or "none alive"
+
+
+def _custom(node: dict[str, float]) -> dict[str, float]:
+    return {k: node[k] for k in sorted(node) if k not in RESERVED and not k.startswith("node:")}
 
 
 def _auto_share(seats: int, node_gpus: float) -> float:
@@ -139,13 +277,17 @@ class PlacedActors:
     def __init__(self, plan: PlacementPlan, timeout_s: float = 60.0) -> None:
         self.plan = plan
         self.group = None
+        if plan.asks:
+            check_resources(plan, _alive_nodes())
         if plan.uses_gpus:
             self.group = _reserve(plan, timeout_s)
 
     def options(self, actor: str) -> dict[str, Any]:
-        """`ray.remote(...)` keyword arguments for `actor` (engine<i>, trainer, evaluator)."""
-        if self.group is None:
-            return {"num_cpus": 0, "num_gpus": 0}
+        """`ray.remote(...)` keyword arguments for `actor` (engine<i>, trainer, evaluator):
+        its GPU share and bundle, or none on the CPU, and its custom resources."""
+        resources = self.plan.resources_of(actor)
+        if self.group is None or actor not in self.plan.shares:
+            return {"num_cpus": 0, "num_gpus": 0, "resources": resources}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(
@@ -154,6 +296,7 @@ class PlacedActors:
         return {
             "num_cpus": 0,
             "num_gpus": self.plan.shares[actor],
+            "resources": resources,
             "scheduling_strategy": strategy,
         }
 
@@ -174,17 +317,24 @@ def _reserve(plan: PlacementPlan, timeout_s: float) -> Any:
     from ray.util.placement_group import placement_group, remove_placement_group
 
     check_fits(plan, ray.cluster_resources())
-    group = placement_group([{"GPU": b.gpus} for b in plan.bundles], strategy="PACK")
+    group = placement_group([b.reserved() for b in plan.bundles], strategy="PACK")
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         remove_placement_group(group)
+        wanted = [b.reserved() if b.resources else b.gpus for b in plan.bundles]
         raise ConfigError(
             f"ray: could not place {plan.asked()} within {timeout_s:g} s "
-            f"(ray.placement_timeout_s); no node can hold a bundle "
-            f"{[b.gpus for b in plan.bundles]} (resources: {_resources(ray.cluster_resources())})"
+            f"(ray.placement_timeout_s); no node can hold a bundle {wanted} "
+            f"(resources: {_resources(ray.cluster_resources())}; nodes: {_nodes(_alive_nodes())})"
         ) from None
     return group
+
+
+def _alive_nodes() -> list[dict[str, float]]:
+    import ray
+
+    return [node["Resources"] for node in ray.nodes() if node.get("Alive")]
 
 
 def _resources(cluster: dict[str, float]) -> str:

@@ -23,9 +23,10 @@ import torch
 from ray.exceptions import RayActorError, RayTaskError
 
 from dorarl.data import Group
+from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.trainer_worker import TrainerWorker
-from dorarl.runtime.weight_group import own_host
+from dorarl.runtime.weight_group import LOOPBACK, alive_nodes, own_host
 from dorarl.trainer.config import TrainerConfig
 
 DEATH_WAIT_S = 30.0  # how long rank 0, its own collective broken, waits to learn which rank died
@@ -61,7 +62,9 @@ class TrainerRank:
         apply_threads(threads)
         self.config = config
         store = joined_store(addr, port, COLLECTIVE_TIMEOUT.total_seconds())
-        self.group = join_group(rank, world_size, store, addr, config.device)
+        # its own sockets on its own node's address (rank 0's is where the store is)
+        host = own_host(loopback=addr == LOOPBACK)
+        self.group = join_group(rank, world_size, store, host, config.device)
 
     def build(self, model_folder: str, resume_from: str | None) -> None:
         self.trainer, _ = build_rank(model_folder, self.config, self.group, resume_from)
@@ -80,7 +83,20 @@ class TrainerRank:
 
 
 class TrainerGroupWorker(TrainerWorker):
-    """Rank 0 of the group and the coordinator the runtime talks to."""
+    """Rank 0 of the group and the coordinator the runtime talks to; the other ranks ask
+    for `rank_resources` (custom Ray resources: the nodes they may run on)."""
+
+    def __init__(
+        self,
+        model_folder: str,
+        config: TrainerConfig,
+        threads: int = 1,
+        resume_from: str | None = None,
+        pace: DeviceModel | None = None,
+        rank_resources: dict[str, float] | None = None,
+    ) -> None:
+        self.rank_resources = dict(rank_resources or {})
+        super().__init__(model_folder, config, threads, resume_from, pace)
 
     def _start(self, resume_from: str | None) -> None:
         world = self.config.world_size
@@ -97,12 +113,12 @@ class TrainerGroupWorker(TrainerWorker):
         from dorarl.trainer.distributed import COLLECTIVE_TIMEOUT, join_group
         from dorarl.trainer.rendezvous import listening_store
 
-        addr = own_host(loopback=len(ray.nodes()) <= 1)
+        addr = own_host(loopback=alive_nodes() <= 1)
         self._rendezvous, port = listening_store(addr, COLLECTIVE_TIMEOUT.total_seconds())
         per_rank = max(1, self.threads // world)
         apply_threads(per_rank)
         gpus = 1 if torch.device(self.config.device).type == "cuda" else 0
-        actor = ray.remote(num_cpus=0, num_gpus=gpus)(TrainerRank)
+        actor = ray.remote(num_cpus=0, num_gpus=gpus, resources=self.rank_resources)(TrainerRank)
         self.ranks = [
             actor.remote(rank, world, addr, port, self.config, per_rank) for rank in range(1, world)
         ]

@@ -82,6 +82,13 @@ def route(src: Member, dst: Member) -> tuple[int, str]:
 LOOPBACK = "127.0.0.1"
 
 
+def alive_nodes() -> int:
+    """The Ray cluster's live nodes: on one, every group binds loopback."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
 def own_host(loopback: bool) -> str:
     """The address this process binds for the group: loopback on one node, else its node's."""
     if loopback:

@@ -10,6 +10,7 @@ from dorarl.config import ConfigError, describe, load_config
 class Inner:
     lr: float = 1e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    amounts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -38,6 +39,26 @@ def test_a_string_key_keeps_the_braces_typed_on_the_command_line():
     assert load_config(Root, overrides=["inner={lr: 0.5}"]).inner.lr == 0.5  # sections still
     with pytest.raises(ConfigError, match="^K: expected int"):
         load_config(Root, overrides=["K={a: 1}"])
+
+
+def test_a_mapping_key_from_the_command_line_and_from_yaml(tmp_path):
+    """A dict key is typed item by item, set whole ({a: 1}) or one entry at a time (a.b.c=1),
+    from the command line or a file; a bad entry names itself."""
+    flow = load_config(Root, overrides=["inner.amounts={rollout: 1, learner: 0.5}"])
+    assert flow.inner.amounts == {"rollout": 1.0, "learner": 0.5}
+    assert all(isinstance(v, float) for v in flow.inner.amounts.values())
+    dotted = load_config(Root, overrides=["inner.amounts.rollout=1", "inner.amounts.gpu_node=2"])
+    assert dotted.inner.amounts == {"rollout": 1.0, "gpu_node": 2.0}
+    path = tmp_path / "c.yaml"
+    path.write_text("inner:\n  amounts: {rollout: 0.25}\n")
+    assert load_config(Root, path, ["inner.amounts.more=1"]).inner.amounts == {
+        "rollout": 0.25,
+        "more": 1.0,
+    }
+    with pytest.raises(ConfigError, match=r"^inner\.amounts\.rollout: expected float, got 'x'"):
+        load_config(Root, overrides=["inner.amounts={rollout: x}"])
+    with pytest.raises(ConfigError, match="^inner.amounts: expected a mapping, got 'rollout'"):
+        load_config(Root, overrides=["inner.amounts=rollout"])
 
 
 def test_float_written_without_a_dot():
@@ -77,4 +98,4 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 
 def test_describe_lists_dotted_keys():
     keys = [row[0] for row in describe(Root)]
-    assert keys == ["mode", "K", "name", "inner.lr", "inner.betas"]
+    assert keys == ["mode", "K", "name", "inner.lr", "inner.betas", "inner.amounts"]

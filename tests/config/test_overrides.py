@@ -65,6 +65,8 @@ def other_values(ftype: Any, default: Any) -> list[Any]:
         return [v for v in ("cuda", "bfloat16", "other") if v != default]
     if origin is list:
         return [[]] if default else [[1, 2]]
+    if origin is dict:
+        return [{}] if default else [{"other": 0.5}]
     return []
 
 

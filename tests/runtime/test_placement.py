@@ -19,6 +19,7 @@ from dorarl.runtime.placement import (
     PlacedActors,
     PlacementPlan,
     check_fits,
+    check_resources,
     plan_placement,
 )
 
@@ -145,3 +146,67 @@ def test_dorarl_train_on_cuda_without_gpus_exits_2_with_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.startswith("dorarl: error:")]
     assert len(lines) == 1 and "Ray reports 0 GPU" in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_custom_resources_follow_each_actor_and_fill_its_bundle():
+    """Engines ask for ray.engine_resources, every trainer rank for ray.trainer_resources,
+    the evaluator for what the actor whose bundle it shares asks (on the CPU: the
+    trainer's); a bundle reserves its actors' custom resources with its GPU share."""
+    keys = ["ray.engine_resources={rollout: 0.5}", "ray.trainer_resources={learner: 0.25}"]
+    cpu = load_config(TrainConfig, None, [*keys, "trainer.world_size=2"]).placement(0)
+    assert not cpu.uses_gpus
+    assert {a: cpu.resources_of(a) for a in cpu.asks} == {
+        "engine0": {"rollout": 0.5},
+        "engine1": {"rollout": 0.5},
+        "trainer": {"learner": 0.25},
+        "trainer_rank1": {"learner": 0.25},
+        "evaluator": {"learner": 0.25},
+    }
+    assert "engine0, engine1: each asks for rollout=0.5 (ray.engine_resources)" in cpu.lines()
+    engines_on_gpu = load_config(TrainConfig, None, [*keys, "engine.device=cuda"]).placement(1)
+    assert engines_on_gpu.resources_of("evaluator") == {"rollout": 0.5}
+    assert engines_on_gpu.asks["evaluator"].key == "ray.engine_resources"
+    assert [b.resources for b in engines_on_gpu.bundles] == [{"rollout": 1.0}, {"rollout": 0.5}]
+    both = gpu_config(*keys).placement(node_gpus=3)
+    assert both.resources_of("evaluator") == {"learner": 0.25}
+    held = {b.actors: b.reserved() for b in both.bundles}
+    assert held[("trainer", "evaluator")] == {"GPU": 1.0, "learner": 0.5}
+    assert held[("engine0",)] == {"GPU": 1.0, "rollout": 0.5}
+    assert not load_config(TrainConfig).placement(0).asks  # unset: any node
+
+
+@pytest.mark.parametrize(
+    ("override", "refusal"),
+    [
+        ("ray.engine_resources={CPU: 1}", "^ray.engine_resources: 'CPU' is not a custom resource"),
+        ("ray.trainer_resources={GPU: 1}", "^ray.trainer_resources: 'GPU' is not a custom"),
+        ("ray.engine_resources={rollout: 0}", "^ray.engine_resources.rollout: must be >= 0.0001"),
+        ("ray.engine_resources={rollout: x}", "^ray.engine_resources.rollout: expected float"),
+        ("ray.trainer_resources=learner", "^ray.trainer_resources: expected a mapping"),
+    ],
+)
+def test_bad_custom_resources_are_refused_naming_the_key(override, refusal):
+    with pytest.raises(ConfigError, match=refusal):
+        load_config(TrainConfig, None, [override])
+
+
+def test_a_cluster_without_the_custom_resources_is_refused_in_one_line():
+    plan = load_config(
+        TrainConfig, None, ["ray.engine_resources={rollout: 1}", "ray.trainer_resources.a=1"]
+    ).placement(0)
+    head, second = {"CPU": 2.0, "a": 1.0, "node:10.0.0.1": 1.0}, {"CPU": 1.0, "rollout": 1.0}
+    with pytest.raises(ConfigError) as refused:
+        check_resources(plan, [head])
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("ray.engine_resources: no node of the")
+    assert "has rollout=1 (engine0 asks for it); the nodes have: [CPU=2, a=1]" in message
+    with pytest.raises(ConfigError, match=r"^ray.engine_resources: engine0, engine1 ask for "
+                       r"rollout=2 in all, the cluster has rollout=1 \(nodes: \[CPU=2, a=1\]; "
+                       r"\[CPU=1, rollout=1\]\)$"):  # fmt: skip
+        check_resources(plan, [head, second])
+    with pytest.raises(ConfigError, match="^ray.trainer_resources: trainer, evaluator ask for a=2"):
+        check_resources(plan, [head, {"CPU": 1.0, "rollout": 2.0}])
+    check_resources(plan, [{**head, "a": 2.0}, {"CPU": 1.0, "rollout": 2.0}])
+    split = load_config(TrainConfig, None, ["ray.engine_resources={rollout: 1, b: 1}"]).placement(0)
+    with pytest.raises(ConfigError, match="no node of the cluster has rollout=1, b=1"):
+        check_resources(split, [{"b": 2.0}, {"rollout": 2.0}])  # each on a node, none both
