@@ -16,11 +16,18 @@ lengths. Rows are decode rows first, then one chunk per prefill row.
   take one call instead: per row and kv head it walks the block table in logical order and
   runs scores, softmax and weighted values in a fixed order over that row's keys alone, so
   the same invariant holds (its rounding differs from the tensor path's by float32 noise).
-- A prefill chunk that starts its sequence attends to its own new keys (no pool read); one that
-  continues a sequence gathers that sequence's blocks once per layer, amortised over the chunk.
+- A prefill chunk gathers its sequence's blocks once per layer (its own new keys were
+  written first) and attends in query tiles of `PREFILL_TILE` positions aligned to the
+  sequence's start: tile t holds positions [tT, (t+1)T) and attends over keys [0, (t+1)T),
+  one `scaled_dot_product_attention` of fixed shapes whatever the chunk (rows outside the
+  chunk are zeros, keys past the sequence's end masked). So a prompt token's K/V and output
+  do not depend on how its prompt was chunked, nor on where a chunk began: a sequence that
+  reads a prefix another sequence computed (the prefix cache, block_manager.py) computes
+  the rest bit for bit as if it had computed the prefix itself.
 The query heads sharing a kv head ride in the query axis (GQA needs no key repetition).
 Invariant: a query at position p sees exactly keys 0..p of its own sequence, and its result
-does not depend, even by rounding, on which physical blocks hold them or on its neighbours.
+does not depend, even by rounding, on which physical blocks hold them, on its neighbours, or
+(prefill) on its chunk's bounds.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ import torch.nn.functional as F
 
 from dorarl.engine.cpu_kernels import DecodeKernel
 from dorarl.engine.kv_cache import KVCache
+
+# Query positions per prefill tile: a tile's shapes (and so its rounding) are a function of
+# its index alone, whatever chunk it is computed in.
+PREFILL_TILE = 64
 
 
 @dataclass
@@ -71,11 +82,21 @@ class DecodePlan:
 
 
 @dataclass
+class QueryTile:
+    """One prefill tile: `PREFILL_TILE` query positions aligned to the sequence's start."""
+
+    keys: int  # keys it attends over: every position up to the tile's end
+    offset: int  # position of its first chunk row within the tile
+    rows: slice  # the chunk's token rows (relative to the chunk) that fall in the tile
+    mask: torch.Tensor  # [1, 1, PREFILL_TILE * q_per_kv, keys], True = attend
+
+
+@dataclass
 class PrefillPlan:
     row: int  # first token row of the chunk in the step
     q_len: int
-    tiles: torch.Tensor | None  # [kv_heads * blocks] pool tiles of the cached context; None: none
-    mask: torch.Tensor  # [1, 1, q_len * q_per_kv, keys], True = attend
+    tiles: torch.Tensor  # [kv_heads * blocks] pool tiles (head, block) of the context's keys
+    query_tiles: list[QueryTile]
 
 
 @dataclass
@@ -152,20 +173,29 @@ def _block_range(
 def plan_prefill(
     row: int, seq: SeqRows, kv_heads: int, q_per_kv: int, block_size: int, device: torch.device
 ) -> PrefillPlan:
-    tiles = None
-    num_keys = seq.q_len
-    if seq.start:
-        num_blocks = -(-(seq.start + seq.q_len) // block_size)
-        table = torch.tensor(seq.table[:num_blocks], dtype=torch.long, device=device)
-        heads = torch.arange(kv_heads, device=device)
-        tiles = (table[None, :] * kv_heads + heads[:, None]).reshape(-1)  # (head, block)
-        num_keys = num_blocks * block_size
-    # Query row r is token r // q_per_kv (query heads of one kv head are adjacent); without a
-    # cached context the keys are the chunk's own, so key 0 is position `start` = 0.
-    offsets = torch.arange(seq.q_len, device=device).repeat_interleave(q_per_kv)
-    last_key = offsets + (seq.start if tiles is not None else 0)
-    mask = torch.arange(num_keys, device=device)[None, :] <= last_key[:, None]
-    return PrefillPlan(row, seq.q_len, tiles, mask[None, None])
+    """The chunk's query tiles, and the pool tiles of every key its last tile spans: the
+    table's blocks, then its first block again where the tile runs past the table (keys
+    past the sequence's end are masked, so any finite K/V will do)."""
+    end = seq.start + seq.q_len
+    first, last = seq.start // PREFILL_TILE, -(-end // PREFILL_TILE)
+    num_blocks = -(-last * PREFILL_TILE // block_size)
+    held = -(-end // block_size)
+    blocks = seq.table[:held] + [seq.table[0]] * (num_blocks - held)
+    table = torch.tensor(blocks, dtype=torch.long, device=device)
+    heads = torch.arange(kv_heads, device=device)
+    tiles = (table[None, :] * kv_heads + heads[:, None]).reshape(-1)  # (head, block)
+    query_tiles = [_query_tile(t, seq.start, end, q_per_kv, device) for t in range(first, last)]
+    return PrefillPlan(row, seq.q_len, tiles, query_tiles)
+
+
+def _query_tile(t: int, start: int, end: int, q_per_kv: int, device: torch.device) -> QueryTile:
+    lo, hi = max(start, t * PREFILL_TILE), min(end, (t + 1) * PREFILL_TILE)
+    keys = (t + 1) * PREFILL_TILE
+    # Query row r is position tT + r // q_per_kv (query heads of one kv head are adjacent).
+    positions = t * PREFILL_TILE + torch.arange(PREFILL_TILE, device=device)
+    last_key = positions.repeat_interleave(q_per_kv)
+    mask = torch.arange(keys, device=device)[None, :] <= last_key[:, None]
+    return QueryTile(keys, lo - t * PREFILL_TILE, slice(lo - start, hi - start), mask[None, None])
 
 
 class PagedAttention:
@@ -198,7 +228,7 @@ class PagedAttention:
         outs = []
         if self.plan.decode is not None:
             outs.append(self._decode(layer, q, self.plan.decode))
-        outs.extend(self._prefill(layer, q, k, v, p) for p in self.plan.prefill)
+        outs.extend(self._prefill(layer, q, p) for p in self.plan.prefill)
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _decode(self, layer: int, q: torch.Tensor, d: DecodePlan) -> torch.Tensor:
@@ -243,22 +273,26 @@ class PagedAttention:
         total = _logical_tree_sum(partials, d.logical, batch, d.width)
         return torch.div(total[..., :dim], total[..., dim:]).view(batch, heads * dim)
 
-    def _prefill(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: PrefillPlan
-    ) -> torch.Tensor:
+    def _prefill(self, layer: int, q: torch.Tensor, p: PrefillPlan) -> torch.Tensor:
         heads, dim = q.shape[1], q.shape[2]
         kv_heads = self.cache.shape.num_kv_heads
         per_kv = heads // kv_heads
-        rows = slice(p.row, p.row + p.q_len)
-        qg = q[rows].view(p.q_len, kv_heads, per_kv, dim).transpose(0, 1)
-        qg = qg.reshape(1, kv_heads, p.q_len * per_kv, dim)
-        if p.tiles is None:
-            keys, values = k[rows].transpose(0, 1)[None], v[rows].transpose(0, 1)[None]
-        else:
-            keys, values = self.cache.gather(layer, p.tiles, 1)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=p.mask)
-        out = out.view(kv_heads, p.q_len, per_kv, dim).transpose(0, 1)
-        return out.reshape(p.q_len, heads * dim)
+        chunk = q[p.row : p.row + p.q_len].view(p.q_len, kv_heads, per_kv, dim)
+        keys, values = self.cache.gather(layer, p.tiles, 1)  # [1, kv_heads, keys, dim]
+        outs = []
+        for tile in p.query_tiles:
+            rows = chunk[tile.rows]
+            n = rows.shape[0]
+            if n < PREFILL_TILE:  # a tile the chunk only partly covers: zero rows around it
+                padded = rows.new_zeros(PREFILL_TILE, kv_heads, per_kv, dim)
+                rows = padded.index_copy_(0, torch.arange(n, device=q.device) + tile.offset, rows)
+            qt = rows.permute(1, 0, 2, 3).reshape(1, kv_heads, PREFILL_TILE * per_kv, dim)
+            out = F.scaled_dot_product_attention(
+                qt, keys[:, :, : tile.keys], values[:, :, : tile.keys], attn_mask=tile.mask
+            )
+            out = out.view(kv_heads, PREFILL_TILE, per_kv, dim)[:, tile.offset : tile.offset + n]
+            outs.append(out.permute(1, 0, 2, 3).reshape(n, heads * dim))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _logical_tree_sum(

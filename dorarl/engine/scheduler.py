@@ -228,13 +228,12 @@ class Scheduler:
 
     def _tokens_to_run(self, seq: Sequence, budget: int) -> int:
         """1 for a decode; a prefill chunk within the step's token budget otherwise."""
-        left = seq.num_uncomputed
-        return 1 if left == 1 else min(left, budget)
+        return 1 if seq.decodes else min(seq.num_uncomputed, budget)
 
     @staticmethod
     def _add_to_batch(batch: Batch, seq: Sequence, n: int) -> int:
         """Add a row; returns the prefill budget it used."""
-        if n == 1 and seq.num_uncomputed == 1:
+        if seq.decodes:
             batch.decode.append(seq)
             return 0
         batch.prefill.append((seq, n))

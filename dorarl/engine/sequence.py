@@ -72,6 +72,18 @@ class Sequence:
         return len(self.token_ids) - self.num_computed
 
     @property
+    def decodes(self) -> bool:
+        """Its next row is a decode: its one uncomputed token is one it sampled."""
+        return self.samples_next(self.num_computed)
+
+    def samples_next(self, computed: int) -> bool:
+        """Whether, holding KV for `computed` tokens, its one uncomputed token is one it
+        sampled. A prompt's tokens, an environment's and re-prefilled ones run as prefill
+        whatever the chunk bounds, so each token is computed the same way on every path."""
+        out = computed - self.num_prompt
+        return computed == self.num_tokens - 1 and out >= 0 and not self.observed[out]
+
+    @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
