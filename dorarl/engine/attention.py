@@ -8,6 +8,8 @@ lengths. Rows are decode rows first, then one chunk per prefill row.
   batched matmul, the softmax max is a per-sequence scatter max and the sums of exp and of
   weighted values are reduced per sequence. Blocks of the range that belong to no decode
   row are masked. The allocator hands out low block ids first, so the range stays tight.
+  Where decode rows share prefix blocks (the prefix cache), each row's blocks are gathered
+  instead, one entry per (row, block), and the same per-entry arithmetic runs on them.
   Cross-block sums run in each sequence's logical block order, never the physical one: the
   small per-block partials (sum of exp, weighted value sum) are permuted into logical order
   and added by a fixed pairwise tree, so a sequence's output is a function of its logical K/V
@@ -57,18 +59,27 @@ class SeqRows:
 
 @dataclass
 class BlockRange:
-    """The tensor path's view of a step's decode rows: the pool block range holding them."""
+    """The tensor path's view of a step's decode rows: one entry per block a row reads.
 
-    lo: int  # pool block range [lo, hi) holding every decode row's context
+    Where each block is read by one row, the entries are the pool block range [lo, hi) that
+    holds them, read in place (blocks of no decode row in it are masked); where rows share
+    prefix blocks, each (row, block) pair is an entry, gathered (`gather`)."""
+
+    lo: int  # pool block range [lo, hi) holding every decode row's context (no gather)
     hi: int
-    owner: torch.Tensor  # [hi - lo] decode row of each block (0 for foreign blocks: masked)
-    owner_index: torch.Tensor  # owner expanded to [hi - lo, kv_heads, q_per_kv], for scatter
-    mask: torch.Tensor  # [hi - lo, 1, 1, block_size] additive: 0 attends, -inf does not
-    # Each decode row's blocks in logical order, as indices into the range's per-block
-    # partials; padded to a power of two with hi - lo (an all-zero partial) for the tree sum.
+    owner: torch.Tensor  # [entries] decode row of each entry (0 for foreign blocks: masked)
+    owner_index: torch.Tensor  # owner expanded to [entries, kv_heads, q_per_kv], for scatter
+    mask: torch.Tensor  # [entries, 1, 1, block_size] additive: 0 attends, -inf does not
+    # Each decode row's entries in logical order, as indices into the per-entry partials;
+    # padded to a power of two with `entries` (an all-zero partial) for the tree sum.
     logical: torch.Tensor  # [batch * pow2 width]
     width: int  # the power-of-two width
     full: bool = False  # every row holds `width` blocks: no entry points at the zero partial
+    gather: torch.Tensor | None = None  # [entries] pool block of each entry, when gathered
+
+    @property
+    def entries(self) -> int:
+        return self.hi - self.lo if self.gather is None else len(self.gather)
 
 
 @dataclass
@@ -142,31 +153,40 @@ def _block_range(
 ) -> BlockRange:
     width = table.shape[1]
     used = table >= 0
-    lo, hi = int(table[used].min()), int(table.max()) + 1
+    ids = table[used]  # row by row, each row's blocks in logical order
+    gather = None
+    if len(set(ids.tolist())) == len(ids):  # no block read by two rows: the range in place
+        lo, hi = int(ids.min()), int(ids.max()) + 1
+        entry, entries = ids - lo, hi - lo
+    else:  # rows share prefix blocks: one gathered entry per (row, block)
+        lo = hi = 0
+        entry, entries = torch.arange(len(ids)), len(ids)
+        gather = ids.to(device)
     rows = torch.arange(len(ctx))[:, None].expand_as(table)
     first_key = torch.arange(width)[None, :] * block_size
     valid = (torch.tensor(ctx)[:, None] - first_key).clamp(0, block_size)
-    owner = torch.zeros(hi - lo, dtype=torch.long)
-    owner[table[used] - lo] = rows[used]
-    keys = torch.zeros(hi - lo, dtype=torch.long)  # keys of its owner each block holds
-    keys[table[used] - lo] = valid[used]
-    mask = torch.zeros(hi - lo, 1, 1, block_size)
+    owner = torch.zeros(entries, dtype=torch.long)
+    owner[entry] = rows[used]
+    keys = torch.zeros(entries, dtype=torch.long)  # keys of its owner each entry holds
+    keys[entry] = valid[used]
+    mask = torch.zeros(entries, 1, 1, block_size)
     mask.masked_fill_(
         torch.arange(block_size)[None, None, None, :] >= keys[:, None, None, None], -math.inf
     )
     owner = owner.to(device)
     pow2 = 1 << (width - 1).bit_length()
-    logical = torch.full((len(ctx), pow2), hi - lo, dtype=torch.long)
-    logical[:, :width][used] = table[used] - lo
+    logical = torch.full((len(ctx), pow2), entries, dtype=torch.long)
+    logical[:, :width][used] = entry
     return BlockRange(
         lo=lo,
         hi=hi,
         owner=owner,
-        owner_index=owner[:, None, None].expand(hi - lo, kv_heads, q_per_kv),
+        owner_index=owner[:, None, None].expand(entries, kv_heads, q_per_kv),
         mask=mask.to(device),
         logical=logical.view(-1).to(device),
         width=pow2,
         full=all(n == pow2 for n in num_blocks),
+        gather=gather,
     )
 
 
@@ -216,7 +236,7 @@ class PagedAttention:
     def _scores_mask(self, r: BlockRange) -> torch.Tensor:
         """The decode mask as the additive input of the scores product, `[blocks * kv_heads,
         1, block_size]`: made once a step, not once a layer."""
-        blocks, kv_heads = r.hi - r.lo, self.cache.shape.num_kv_heads
+        blocks, kv_heads = r.entries, self.cache.shape.num_kv_heads
         mask = r.mask.to(self.cache.dtype)  # baddbmm takes one dtype
         return mask.expand(blocks, kv_heads, 1, -1).reshape(blocks * kv_heads, 1, -1)
 
@@ -246,7 +266,10 @@ class PagedAttention:
         heads, dim = q.shape[1], q.shape[2]
         kv_heads = self.cache.shape.num_kv_heads
         per_kv = heads // kv_heads
-        keys, values = self.cache.block_range(layer, d.lo, d.hi)  # [blocks, kv_heads, bs, dim]
+        if d.gather is None:  # [entries, kv_heads, bs, dim]
+            keys, values = self.cache.block_range(layer, d.lo, d.hi)
+        else:
+            keys, values = self.cache.blocks(layer, d.gather)
         blocks, bs = keys.shape[0], keys.shape[2]
         qd = q[:batch].unflatten(1, (kv_heads, per_kv))
         # Each op costs tens of microseconds inside a step, whatever its size, so the scale
@@ -264,8 +287,8 @@ class PagedAttention:
         row_max = torch.empty((batch, kv_heads, per_kv), dtype=q.dtype, device=q.device)
         row_max.scatter_reduce_(0, d.owner_index, scores.amax(-1), "amax", include_self=False)
         probs = scores.sub_(row_max.index_select(0, d.owner).unsqueeze(-1)).exp_()
-        # Per-block partials (weighted value sum | sum of exp), plus one zero partial (index
-        # hi - lo) that pads the logical tables where a row holds fewer than `width` blocks:
+        # Per-entry partials (weighted value sum | sum of exp), plus one zero partial (index
+        # `entries`) that pads the logical tables where a row holds fewer than `width` blocks:
         # one tree sum serves both.
         partials = torch.cat((torch.matmul(probs, values), probs.sum(-1, keepdim=True)), -1)
         if not d.full:

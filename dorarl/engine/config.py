@@ -24,6 +24,7 @@ Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
+PrefixCacheMode = Literal["on", "off", True, False]
 TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
 # Keys per Triton decode partition; fixed so a row's result never depends on its batch.
 DECODE_PARTITION_TOKENS = 512
@@ -109,6 +110,14 @@ class EngineConfig:
             "F.linear) | onednn | torch (F.linear)"
         },
     )
+    prefix_cache: PrefixCacheMode = field(
+        default="on",
+        metadata={
+            "help": "on | off: requests of the hosted version read the KV blocks of prompt "
+            "tokens another request computed (a group's samples prefill their prompt once; "
+            "block_manager.py)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
 
     def __post_init__(self) -> None:
@@ -160,10 +169,13 @@ class EngineConfig:
         """The fast-path choices that cannot work on this device, refused up front."""
         if isinstance(self.cuda_graphs, bool):
             self.cuda_graphs = "on" if self.cuda_graphs else "off"
+        if isinstance(self.prefix_cache, bool):
+            self.prefix_cache = "on" if self.prefix_cache else "off"
         for key, allowed in (
             ("attention", get_args(Attention)),
             ("sampler", get_args(Sampler)),
             ("cuda_graphs", ("auto", "on", "off")),
+            ("prefix_cache", ("on", "off")),
         ):
             if getattr(self, key) not in allowed:
                 raise ConfigError(

@@ -8,6 +8,9 @@ appended between turns: never sampled, logprob 0). The request's random stream i
 (seed, len(output_ids)), so it travels with the request and is independent of batch
 neighbours. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
 holds its KV but no slot until `Engine.continue_request` appends the next observation.
+`kv_version` is the weights version its KV was computed under (None: none yet, or a weight
+load came while it held KV, so its KV mixes versions): the prefix cache shares blocks of
+that version only, and keys its first `num_cached` prompt blocks.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from dorarl.engine.block_manager import PromptKeys
 from dorarl.engine.config import SamplingParams
 
 
@@ -46,6 +50,9 @@ class Sequence:
     observed: list[bool] = field(default_factory=list)
     turn_start: int = 0  # output index where the current turn's sampled tokens begin
     waits_env: bool = False
+    kv_version: int | None = None
+    num_cached: int = 0  # leading blocks of block_table the prefix cache keys
+    keys: PromptKeys | None = None  # its prompt's block keys, made once per version
 
     def __post_init__(self) -> None:
         if not self.token_ids:
