@@ -176,7 +176,7 @@ class SimCluster:
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
         inst = self._serving(c.instance_id, c.version, len(requests), c)
         inst.advance(self.now)
-        inst.stall(self.now, self.cost.prefill_per_token_s * self.prompt_len)
+        self._prefill(inst, [self.prompt_len] * len(requests))
         for spec in requests:
             target = spec.target_len
             assert target is not None, "the simulator always forces response lengths"
@@ -248,15 +248,24 @@ class SimCluster:
     def resume(self, c: Resume) -> None:
         inst = self._serving(c.instance_id, c.version, len(c.request_ids), c)
         inst.advance(self.now)
+        groups: dict[int, list[int]] = {}  # each group's contexts: its prompt is shared
         for rid in c.request_ids:
             req = self._parked.pop(rid)
             tokens = int(round(req.context))
             if req.segments[-1][0] != c.version:
                 req.segments.append((c.version, int(round(req.gen))))
-            inst.stall(self.now, self.cost.prefill_per_token_s * tokens)
+            groups.setdefault(req.group_id, []).append(tokens)
             self.recorder.reprefill(tokens)
             inst.join(req)
+        for contexts in groups.values():
+            self._prefill(inst, contexts)
         self._touch(inst)
+
+    def _prefill(self, inst: SimInstance, contexts: list[int]) -> None:
+        """Requests of one prompt placed together stall the instance for their prefill."""
+        computed = self.cost.prefill_tokens(self.prompt_len, contexts)
+        inst.stall(self.now, self.cost.prefill_per_token_s * computed)
+        self.recorder.prefill(inst.instance_id, computed, sum(contexts) - computed, 0)
 
     def offload(self, c: Offload) -> None:
         inst = self.instances[c.instance_id]

@@ -1,7 +1,10 @@
 """Cost model of one rollout instance, the links and the trainer: a dataclass of parameters.
 
 Decode is memory-bound: a step reads the weights once (`decode_fixed_s`) plus the KV of
-every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. The
+every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. Prefill is
+per token; with `prefix_cache` (the engine's `engine.prefix_cache=on`) requests of one
+prompt placed together prefill it once, and each other request only what follows it (at
+least its last prompt token, for its logits). The
 field defaults (`local()` here) are a generic 7B-class model in bf16 on one 80 GB accelerator per
 instance, trainer on 4 at ~35% MFU, used by tests; the `dorarl simulate --preset` scenarios
 (paper-64, paper-128, moe-500b, and `local` = this machine as the bench paces it) are
@@ -28,6 +31,10 @@ class CostModel:
         default=3e-8, metadata={"help": "decode step: per resident KV token"}
     )
     prefill_per_token_s: float = field(default=4e-5, metadata={"help": "prefill compute per token"})
+    prefix_cache: bool = field(
+        default=True,
+        metadata={"help": "engines share a prompt's KV: a group prefills its prompt once"},
+    )
     kv_bytes_per_token: float = field(
         default=float(kv_bytes_per_token(28, 4, 128)), metadata={"help": "KV bytes of one token"}
     )
@@ -82,6 +89,14 @@ class CostModel:
             + self.decode_per_seq_s * batch
             + self.decode_per_kv_token_s * resident_tokens
         )
+
+    def prefill_tokens(self, prompt_len: int, contexts: list[int]) -> int:
+        """Tokens computed to place requests of one prompt (each with `contexts[i]` tokens)
+        on one instance together: all of them without the prefix cache; with it the first
+        computes its own, each other one what follows the prompt, at least one token."""
+        if not self.prefix_cache or not contexts:
+            return sum(contexts)
+        return contexts[0] + sum(max(1, c - prompt_len) for c in contexts[1:])
 
     def weight_load_s(self, from_trainer: bool) -> float:
         bandwidth = self.trainer_link_bytes_per_s if from_trainer else self.peer_link_bytes_per_s
