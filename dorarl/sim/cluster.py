@@ -94,6 +94,7 @@ class SimCluster:
         elif isinstance(item, WeightsLoaded):
             inst = self.instances[item.instance_id]
             inst.version, inst.ready = item.version, True
+            inst.cached_prompts.clear()  # the old version's prefix blocks are freed
             self._driver.deliver(item)
         elif isinstance(item, TrainDone):
             self.published = item.new_version
@@ -176,7 +177,7 @@ class SimCluster:
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
         inst = self._serving(c.instance_id, c.version, len(requests), c)
         inst.advance(self.now)
-        self._prefill(inst, [self.prompt_len] * len(requests))
+        self._prefill(inst, c.group_id, [self.prompt_len] * len(requests))
         for spec in requests:
             target = spec.target_len
             assert target is not None, "the simulator always forces response lengths"
@@ -257,14 +258,20 @@ class SimCluster:
             groups.setdefault(req.group_id, []).append(tokens)
             self.recorder.reprefill(tokens)
             inst.join(req)
-        for contexts in groups.values():
-            self._prefill(inst, contexts)
+        for group_id, contexts in groups.items():
+            self._prefill(inst, group_id, contexts)
         self._touch(inst)
 
-    def _prefill(self, inst: SimInstance, contexts: list[int]) -> None:
-        """Requests of one prompt placed together stall the instance for their prefill."""
-        computed = self.cost.prefill_tokens(self.prompt_len, contexts)
+    def _prefill(self, inst: SimInstance, group_id: int, contexts: list[int]) -> None:
+        """Requests of one group's prompt placed together stall the instance for their
+        prefill; with the prefix cache the instance keeps the prompt for the group's later
+        requests until its version changes (prompt KV is small beside the responses', so
+        its eviction is not modelled)."""
+        cached = group_id in inst.cached_prompts
+        computed = self.cost.prefill_tokens(self.prompt_len, contexts, cached)
         inst.stall(self.now, self.cost.prefill_per_token_s * computed)
+        if self.cost.prefix_cache:
+            inst.cached_prompts.add(group_id)
         self.recorder.prefill(inst.instance_id, computed, sum(contexts) - computed, 0)
 
     def offload(self, c: Offload) -> None:

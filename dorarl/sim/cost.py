@@ -90,13 +90,15 @@ class CostModel:
             + self.decode_per_kv_token_s * resident_tokens
         )
 
-    def prefill_tokens(self, prompt_len: int, contexts: list[int]) -> int:
+    def prefill_tokens(self, prompt_len: int, contexts: list[int], cached: bool = False) -> int:
         """Tokens computed to place requests of one prompt (each with `contexts[i]` tokens)
         on one instance together: all of them without the prefix cache; with it the first
-        computes its own, each other one what follows the prompt, at least one token."""
+        computes its own (unless the instance holds the prompt already: `cached`), each
+        other one what follows the prompt, at least one token."""
         if not self.prefix_cache or not contexts:
             return sum(contexts)
-        return contexts[0] + sum(max(1, c - prompt_len) for c in contexts[1:])
+        rest = sum(max(1, c - prompt_len) for c in contexts)
+        return rest if cached else contexts[0] + rest - max(1, contexts[0] - prompt_len)
 
     def weight_load_s(self, from_trainer: bool) -> float:
         bandwidth = self.trainer_link_bytes_per_s if from_trainer else self.peer_link_bytes_per_s

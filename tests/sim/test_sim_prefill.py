@@ -14,6 +14,7 @@ def test_requests_of_one_prompt_prefill_it_once_with_the_cache():
     cost = CostModel()
     assert cost.prefill_tokens(PROMPT, [PROMPT] * 8) == PROMPT + 7  # the others: last token
     assert cost.prefill_tokens(PROMPT, [PROMPT + 30, PROMPT + 2]) == PROMPT + 30 + 2
+    assert cost.prefill_tokens(PROMPT, [PROMPT] * 3, cached=True) == 3  # a later dispatch
     off = CostModel(prefix_cache=False)
     assert off.prefill_tokens(PROMPT, [PROMPT] * 8) == 8 * PROMPT
 
@@ -31,7 +32,10 @@ def _run(mode: str, tmp_path, prefix_cache: bool) -> tuple[dict, list[dict]]:
 def test_the_saving_shows_in_the_rollout_time_and_the_step_rows(tmp_path):
     on, rows = _run("sync", tmp_path, True)
     off, _ = _run("sync", tmp_path, False)
-    assert off["prefill_tokens"] >= 7 * on["prefill_tokens"]  # 8 samples per group
+    groups = on["dispatched"]
+    assert off["prefill_tokens"] == groups * 8 * PROMPT
+    # each group's prompt once per instance it lands on (at most 2), one token per sample
+    assert groups * (PROMPT + 7) <= on["prefill_tokens"] <= groups * 2 * (PROMPT + 7)
     assert on["prefill_saved_tokens"] == off["prefill_tokens"] - on["prefill_tokens"]
     assert on["prefix_hit_rate"] > 0.85 and off["prefix_hit_rate"] == 0.0
     assert on["rollout_only_share"] < off["rollout_only_share"]
