@@ -154,3 +154,24 @@ def test_unknown_shape_is_a_one_line_user_error():
 
     with pytest.raises(UserInputError, match="--shape"):
         engine_real.load_model(None, "gpt-9")
+
+
+def test_prefix_cache_workloads_report_prefill_saved_and_the_prediction():
+    from dorarl.bench.prefix_cache import PrefixSpec, prefix_report
+
+    spec = PrefixSpec(prompts=2, group_size=8, prompt_len=48, episodes=8, system_len=64,
+                      task_len=8, response_len=3, max_num_seqs=16, block_size=8)  # fmt: skip
+    report = prefix_report(bench.build_model(MICRO), spec, Console(quiet=True))
+    json.dumps(report)
+    group, system = report["group"], report["system"]
+    assert group["identical"] and system["identical"]
+    assert group["off"]["prefill_tokens"] == 2 * 8 * 48
+    assert group["on"]["prefill_tokens"] == 2 * (48 + 7)  # the prompt, then a token a sample
+    assert system["on"]["prefill_tokens"] == 64 + 8 * 8  # the system prompt once
+    assert group["on"]["response_tokens"] == group["off"]["response_tokens"] == 16 * 3
+    assert group["predicted_speedup_cpu_s"] > 1 and 0 < group["prefill_share_cpu_s"] <= 1.5
+    assert set(report["bars"]) == {
+        "group_prefill_reduction", "system_prefill_reduction",
+        "group_speedup_vs_predicted", "system_speedup_vs_predicted",
+    }  # fmt: skip
+    assert report["bars"]["group_prefill_reduction"]["value"] == 768 / 110
