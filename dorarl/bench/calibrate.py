@@ -14,13 +14,13 @@ import logging
 import os
 import random
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from dorarl.bench.clock import timed
 from dorarl.config import ConfigError
 from dorarl.data import Group, Sample
 from dorarl.engine import Engine, EngineConfig, SamplingParams
@@ -111,15 +111,13 @@ def _time_decode(
         engine.add_request(f"decode-{i}", list(prompts[i % len(prompts)]), params)
     times, contexts = [], []
     while engine.has_unfinished():
-        started = time.perf_counter()
-        engine.step()
-        elapsed, work = time.perf_counter() - started, engine.last_step
+        elapsed, work = timed(engine.step)[1].wall_s, engine.last_step
         if work.decode_tokens == batch:  # a full-batch decode step (nothing prefilled)
             times.append(elapsed)
             contexts.append(work.resident_tokens / batch)
-    timed = sorted(times[2:]) or sorted(times)  # the first steps warm caches up
-    assert timed, "no full-batch decode step was timed"
-    return timed[int(0.9 * (len(timed) - 1))], round(statistics.mean(contexts))
+    kept = sorted(times[2:]) or sorted(times)  # the first steps warm caches up
+    assert kept, "no full-batch decode step was timed"
+    return kept[int(0.9 * (len(kept) - 1))], round(statistics.mean(contexts))
 
 
 def _time_prefill(engine: Engine, prompts: Sequence[list[int]]) -> float:
@@ -132,9 +130,7 @@ def _time_prefill(engine: Engine, prompts: Sequence[list[int]]) -> float:
         engine.add_request(f"prefill-{i}", ids, SamplingParams(target_len=1, seed=i))
     per_token = []
     while engine.has_unfinished():
-        started = time.perf_counter()
-        engine.step()
-        elapsed = time.perf_counter() - started
+        elapsed = timed(engine.step)[1].wall_s
         tokens = engine.last_step.decode_tokens + engine.last_step.prefill_tokens
         if tokens > config.max_num_seqs:  # a prefill step, not a final one-token decode
             per_token.append(elapsed / tokens)
@@ -183,9 +179,7 @@ def calibrate_trainer(
 
 
 def _time_train(trainer: Trainer, groups: list[Group]) -> float:
-    started = time.perf_counter()
-    trainer.train_step(groups)
-    return time.perf_counter() - started
+    return timed(lambda: trainer.train_step(groups))[1].wall_s
 
 
 def _tokens(groups: list[Group]) -> int:

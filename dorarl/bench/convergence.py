@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from dorarl.bench.calibrate import (
     sample_lengths,
 )
 from dorarl.bench.cli_args import parse_bench_args
+from dorarl.bench.clock import Stopwatch
 from dorarl.config import ConfigError, load_config
 from dorarl.data.lengths import length_stats
 from dorarl.engine import SamplingParams
@@ -159,7 +159,7 @@ def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, model=model_folder))
     task = build_task(cfg.train, model_folder)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    watch = Stopwatch()
     device, emulation = calibrate_pace(cfg, model_folder, task)
     say(f"calibrated: decode step pace {device.decode_step_s * 1e3:.1f} ms, training step "
         f"{emulation['derivation']['train_step_s']:.2f} s")  # fmt: skip
@@ -175,7 +175,7 @@ def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]
         "curves": curves,
         "summary": {name: _summary(curves[name], summaries[name]) for name in curves},
         "bars": {f"dora_k{k}": check_bars(curves, f"dora_k{k}") for k in cfg.dora_k},
-        "bench_wall_s": time.perf_counter() - started,
+        "bench_wall_s": watch.wall_s(),
     }
     (out / "convergence.json").write_text(json.dumps(result, indent=2) + "\n")
     plot_convergence(curves, out / "convergence.png")

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from dorarl.bench.calibrate import (
     quiet_model_loading,
 )
 from dorarl.bench.cli_args import parse_bench_args
+from dorarl.bench.clock import Stopwatch, load_window
 from dorarl.bench.report import print_modes
 from dorarl.config import ConfigError, load_config
 from dorarl.controller import ControllerConfig, OrchestratorConfig
@@ -225,12 +224,13 @@ def run_mode(
         seed=cfg.seed,
         forced_lengths=None if multi else cfg.workload.dist(),
     )
-    load_start = os.getloadavg()[0]
     runtime = RayRuntime(
         controller, task, rollout, workers, trainer, recorder, steps_per_call=cfg.steps_per_call
     )
-    summary = runtime.run()
-    return summary | {"load_avg_1min": [load_start, os.getloadavg()[0]]}, recorder.steps
+    with load_window() as window:
+        summary = runtime.run()
+    load = [window.start[0], window.end[0]]
+    return summary | {"load_avg_1min": load}, recorder.steps
 
 
 # ---- the whole bench ---------------------------------------------------------------------
@@ -238,7 +238,7 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
     """Calibrate, run every mode, write modes.json and the PNGs; returns what modes.json holds."""
     model_folder, task = _workload_task(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    watch = Stopwatch()
     cal = calibrate_modes(cfg, model_folder, task)
     device, derivation = choose_pace(
         cal,
@@ -247,11 +247,11 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
         kv_pool_tokens=cfg.engine().kv_blocks * cfg.engine().block_size,
         sync_rollout_steps=sync_rollout_steps(cfg, cfg.steps),
     )
-    say(f"calibrated in {time.perf_counter() - started:.1f}s: decode step pace "
+    say(f"calibrated in {watch.wall_s():.1f}s: decode step pace "
         f"{device.decode_step_s * 1e3:.1f} ms (real {cal.decode_step_s * 1e3:.2f} ms)")  # fmt: skip
     runs, summaries = _run_all(cfg, model_folder, task, device, out, say)
     result = _assemble(cfg, out, cal, device, derivation, runs, summaries)
-    result["bench_wall_s"] = time.perf_counter() - started
+    result["bench_wall_s"] = watch.wall_s()
     (out / "modes.json").write_text(json.dumps(result, indent=2) + "\n")
     _plots(cfg, out, runs, result["modes"])
     return result
@@ -282,19 +282,19 @@ def _run_all(
     runs: dict[str, list[dict]] = {}
     summaries: dict[str, dict] = {}
     try:
-        t0 = time.perf_counter()
+        watch = Stopwatch()
         engine, trainer = (
             EngineSpec(model_folder, cfg.engine()),
             TrainerSpec(model_folder, cfg.trainer()),
         )
         actors = start_workers(cfg.instances, engine, trainer, device)
         say(f"started {cfg.instances} engine actors and the trainer in "
-            f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
+            f"{watch.wall_s():.1f}s")  # fmt: skip
         for name, mode, k in cfg.modes():
-            t0 = time.perf_counter()
+            watch = Stopwatch()
             summaries[name], runs[name] = run_mode(cfg, name, mode, k, actors, task, out)
             say(f"{name}: {cfg.steps} steps in {summaries[name]['wall_time_s']:.1f}s "
-                f"({time.perf_counter() - t0:.1f}s with the reset)")  # fmt: skip
+                f"({watch.wall_s():.1f}s with the reset)")  # fmt: skip
     finally:
         ray.shutdown()
     return runs, summaries
