@@ -18,7 +18,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.jobs.train",
         "run an RL training job (default: built-in task, dora mode, local Ray)",
     ),
-    "bench engine": ("dorarl.bench.engine", "rollout engine throughput vs Hugging Face peers"),
+    "bench engine": (
+        "dorarl.bench.engine",
+        "the engine on a tiny model vs HF generate and continuous batching, a floor",
+    ),
+    "bench engine-model": (
+        "dorarl.bench.engine_model",
+        "the engine on a real model (--model DIR | --shape S) vs HF generate",
+    ),
+    "bench engine-device": (
+        "dorarl.bench.engine_device",
+        "the engine at a shape on a device (--device cuda|cpu) vs HF, a floor",
+    ),
+    "bench migration": (
+        "dorarl.bench.migration",
+        "a request moved between two engine actors, by transport, vs re-prefill",
+    ),
     "bench trainer": (
         "dorarl.bench.trainer",
         "trainer forward+backward vs plain Hugging Face, same tokens; peak memory; floor",
