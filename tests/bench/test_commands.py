@@ -1,6 +1,6 @@
 """`dorarl bench NAME`: one sub-command per engine bench, each refusing bad input in one line
 before it starts anything; every bench the docs and scripts name exists, with the options
-they give it; the real-model bench end to end at a tiny shape."""
+they give it; the real-model and device benches end to end at a tiny shape."""
 
 import importlib
 import json
@@ -87,3 +87,15 @@ def test_engine_model_on_a_tiny_shape_writes_engine_json(tmp_path):
     assert real["source"] == "tiny" and set(real["batches"]) == {"32", "64"}
     assert real["batches"]["64"]["engine"]["tokens_per_s"] > 0
     assert len(report["load_average_start"]) == len(report["load_average"]) == 3
+
+
+@pytest.mark.slow
+def test_engine_device_on_the_cpu_writes_engine_json_and_drops_the_partial(tmp_path):
+    argv = ["bench", "engine-device", "--out", str(tmp_path), "--device", "cpu", "--quick"]
+    assert main([*argv, "--engine-set", "cuda_graphs=off"]) == 0
+    report = json.loads((tmp_path / "engine.json").read_text())
+    bench = report["device_bench"]
+    assert bench["shape"] == "tiny" and bench["device"] == "cpu"  # the cpu's default shape
+    assert bench["spec"]["engine_set"] == [["cuda_graphs", "off"]]
+    assert report["quick"] is True and report["tokens_per_s"]["engine"] > 0
+    assert not (tmp_path / "engine.partial.json").exists()
