@@ -106,30 +106,37 @@ def _hash(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _all_row_sums(words: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """Every row's s_r: the full rows a chunk at a time, then the short last one."""
+    """Every row's s_r: the full rows a chunk at a time, then the short last one. Written
+    into one tensor made first: small results kept between the chunks' temporaries would
+    fragment the CPU heap (hundreds of MiB for a large tensor)."""
     device = words.device
     offsets = _column_offsets(device)
     full = words.numel() // WIDTH
     rows = words[: full * WIDTH].view(full, WIDTH)
+    last = torch.cat([words[full * WIDTH :], tail]).view(1, -1)
+    sums = torch.empty(full + int(last.numel() > 0), dtype=torch.int64, device=device)
     step = CPU_CHUNK_ROWS if device.type == "cpu" else DEVICE_CHUNK_ROWS
     buffer = torch.empty((min(step, full), WIDTH), dtype=torch.int64, device=device)
-    sums = [_row_sums(rows[i : i + step], offsets, buffer) for i in range(0, full, step)]
-    last = torch.cat([words[full * WIDTH :], tail]).view(1, -1)
+    for i in range(0, full, step):
+        _row_sums(rows[i : i + step], offsets, buffer, sums[i : min(i + step, full)])
     if last.numel():
         width = last.shape[1]
-        sums.append(_row_sums(last, offsets[:width], buffer.new_empty((1, width))))
-    return torch.cat(sums) if sums else torch.zeros(0, dtype=torch.int64, device=device)
+        _row_sums(last, offsets[:width], buffer.new_empty((1, width)), sums[full:])
+    return sums
 
 
-def _row_sums(words: torch.Tensor, offsets: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+def _row_sums(
+    words: torch.Tensor, offsets: torch.Tensor, buffer: torch.Tensor, out: torch.Tensor
+) -> None:
     """s_r of the module docstring for each row of `words` (int32, as many columns as
-    `offsets`), mixed in `buffer` (int64, at least as many rows)."""
+    `offsets`) into `out`, mixed in `buffer` (int64, at least as many rows)."""
     z = buffer[: words.shape[0]]
-    torch.add(offsets, words, alpha=_C1, out=z)  # widened to int64 before the product
+    z.copy_(words)  # widened in place: an int32 operand of the add would be copied first
+    torch.add(offsets, z, alpha=_C1, out=z)
     _xorshift32(z)
     z.mul_(_C2)
     _xorshift32(z)
-    return z.sum(dim=1)
+    torch.sum(z, dim=1, out=out)
 
 
 def _xorshift32(z: torch.Tensor) -> None:

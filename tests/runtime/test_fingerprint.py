@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from dorarl.runtime import fingerprint as module
 from dorarl.runtime.fingerprint import WIDTH, fingerprint, fingerprints
 
+pytestmark = pytest.mark.filterwarnings("error")  # torch's, e.g. an `out=` resized
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8]
 TRIALS = 1000  # per kind of change below
 _U64 = (1 << 64) - 1
@@ -142,6 +144,18 @@ def test_the_gpu_gives_the_cpus_value(dtype):
         assert fingerprint(tensor.cuda()) == fingerprint(tensor)
     odd = torch.randn(2 * WIDTH + 1).to(dtype)
     assert fingerprint(odd.cuda()) == fingerprint(odd)
+
+
+@pytest.mark.cuda
+def test_a_large_gpu_tensor_is_hashed_within_one_chunks_buffer():
+    tensor = torch.randn(3 * module.DEVICE_CHUNK_ROWS * WIDTH + 5, device="cuda")
+    fingerprint(tensor[:5])  # the column offsets, once
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fingerprint(tensor)
+    buffer = module.DEVICE_CHUNK_ROWS * WIDTH * 8
+    assert torch.cuda.max_memory_allocated() - before <= buffer + (1 << 20)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
