@@ -1,28 +1,30 @@
 """Fingerprints of weights: one 64-bit integer per tensor, computed where the tensor lives
-(on the GPU for GPU tensors) over its raw bits, that any changed word changes (one word:
-always; several: but at odds of about 2^-64). It catches corruption, not an adversary.
+(on the GPU for GPU tensors) over its raw bits, that any change of them changes (within
+8 aligned bytes: always; elsewhere too: but at odds of about 2^-64). It catches
+corruption, not an adversary.
 
-The tensor is read as 32-bit words x (its bytes four at a time; the last 16-bit or 8-bit
-elements that do not fill a word each widened to one), sign-extended to 64 bits, in rows
-of `WIDTH` words (the last may be short). Every word is mixed with its column j,
+The tensor is read as 64-bit lanes y: its bytes eight at a time (little-endian), then
+what is left: a 32-bit word, then 16-bit or 8-bit elements, each sign- or zero-extended
+to a lane of its own. The lanes lie in rows of `WIDTH` (the last may be short), and every
+lane is mixed with its column j,
 
-    f_j(x) = xs(C2 * xs(C1 * x + T_j)),    xs(z) = z ^ (z >>> 32)    (all mod 2^64),
+    f_j(y) = xs(C2 * xs(C1 * xs(y + T_j))),    xs(z) = z ^ (z >>> 32)    (mod 2^64),
 
-each row's mixes are summed, s_r = sum_j f_j(x[r, j]), and
+each row's mixes are summed, s_r = sum_j f_j(y[r, j]), and
 
     h = sum_r g(s_r + g((r + 1) G))    (mod 2^64),
 
-with T_j fixed-seed random, g splitmix64's finalizer and G its odd increment.
+with T_j fixed-seed random, f_j murmur3's 64-bit finalizer (its multipliers, shifts of
+32), g splitmix64's finalizer and G its odd increment.
 
-Why: f_j is a bijection of x (odd multipliers, an offset and xorshifts are invertible),
-so one changed word changes its row's sum, and g, also a bijection, carries that into h.
-Several changes leave h as it was only if their differences cancel, and the mix makes
-each difference look like a random 64-bit number whatever the change (sign flips,
+Why: f_j is a bijection of y (an offset, xorshifts and odd multipliers are invertible),
+so one changed lane changes its row's sum, and g, also a bijection, carries that into h.
+Several changes leave h as it was only if their differences cancel, and the finalizer
+makes each difference look like a random 64-bit number whatever the change (sign flips,
 exponent bits, pairs in one row or in several): the products carry low bits up, the
-xorshifts bring high bits down. f_j is murmur3's 64-bit finalizer (its multipliers,
-shifts of 32) without its first xorshift, which has nothing to do here: x varies in its
-low half only, and T_j makes the product's input random. The offsets differ by column
-and row, so moved words (a swap) are seen too.
+xorshifts bring high bits down; the first xorshift is needed, as without it a flipped
+top bit would leave half the difference fixed. The offsets differ by column and row, so
+moved lanes (a swap) are seen too.
 
 Integer sums wrap identically on every device and in any order, so the CPU and the GPU
 give the same value (unlike a float reduction). Rows are mixed a chunk at a time in one
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-WIDTH = 4096  # words per row
+WIDTH = 4096  # lanes per row
 # Rows mixed at once: on the CPU 2 MiB of int64 (it stays in cache between the passes);
 # on an accelerator 128 MiB (few, large kernels).
 CPU_CHUNK_ROWS = 64
@@ -73,15 +75,23 @@ def fingerprints(named: dict[str, torch.Tensor]) -> dict[str, int]:
     return {name: result[name] for name in named}
 
 
-def _words(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tensor's raw bits as a flat int32 view of its whole words, and the last elements
-    of a narrower dtype that do not fill a word, each widened to one (often none)."""
+def _lanes(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensor's raw bits as a flat int64 view of its whole 8-byte lanes, and the lanes
+    its last bytes widen to (often none)."""
     raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    whole = raw.numel() // 4 * 4
+    if raw.storage_offset() % 8:  # a view at an odd place of a bucket: int64 views need 8
+        raw = raw.clone()
+    whole = raw.numel() // 8 * 8
     rest = raw[whole:]
-    if tensor.element_size() == 2 and rest.numel():
-        rest = rest.view(torch.int16)
-    return raw[:whole].view(torch.int32), rest.to(torch.int32)
+    parts = []
+    if rest.numel() >= 4:
+        parts.append(rest[:4].view(torch.int32))
+        rest = rest[4:]
+    if rest.numel():
+        parts.append(rest.view(torch.int16) if tensor.element_size() == 2 else rest)
+    tail = [p.to(torch.int64) for p in parts]
+    empty = torch.zeros(0, dtype=torch.int64, device=raw.device)
+    return raw[:whole].view(torch.int64), torch.cat(tail) if tail else empty
 
 
 def _column_offsets(device: torch.device) -> torch.Tensor:
@@ -97,23 +107,23 @@ def _column_offsets(device: torch.device) -> torch.Tensor:
 
 def _hash(tensor: torch.Tensor) -> torch.Tensor:
     """h of the module docstring, as a 0-dimensional int64 tensor on the tensor's device."""
-    words, tail = _words(tensor)
-    row_sums = _all_row_sums(words, tail)
+    lanes, tail = _lanes(tensor)
+    row_sums = _all_row_sums(lanes, tail)
     if not row_sums.numel():
-        return torch.zeros((), dtype=torch.int64, device=words.device)
-    rows = torch.arange(1, row_sums.numel() + 1, device=words.device)
+        return torch.zeros((), dtype=torch.int64, device=lanes.device)
+    rows = torch.arange(1, row_sums.numel() + 1, device=lanes.device)
     return _splitmix(row_sums + _splitmix(rows * _GOLDEN)).sum()
 
 
-def _all_row_sums(words: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+def _all_row_sums(lanes: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
     """Every row's s_r: the full rows a chunk at a time, then the short last one. Written
     into one tensor made first: small results kept between the chunks' temporaries would
-    fragment the CPU heap (hundreds of MiB for a large tensor)."""
-    device = words.device
+    fragment the CPU heap."""
+    device = lanes.device
     offsets = _column_offsets(device)
-    full = words.numel() // WIDTH
-    rows = words[: full * WIDTH].view(full, WIDTH)
-    last = torch.cat([words[full * WIDTH :], tail]).view(1, -1)
+    full = lanes.numel() // WIDTH
+    rows = lanes[: full * WIDTH].view(full, WIDTH)
+    last = torch.cat([lanes[full * WIDTH :], tail]).view(1, -1)
     sums = torch.empty(full + int(last.numel() > 0), dtype=torch.int64, device=device)
     step = CPU_CHUNK_ROWS if device.type == "cpu" else DEVICE_CHUNK_ROWS
     buffer = torch.empty((min(step, full), WIDTH), dtype=torch.int64, device=device)
@@ -126,13 +136,14 @@ def _all_row_sums(words: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
 
 
 def _row_sums(
-    words: torch.Tensor, offsets: torch.Tensor, buffer: torch.Tensor, out: torch.Tensor
+    lanes: torch.Tensor, offsets: torch.Tensor, buffer: torch.Tensor, out: torch.Tensor
 ) -> None:
-    """s_r of the module docstring for each row of `words` (int32, as many columns as
-    `offsets`) into `out`, mixed in `buffer` (int64, at least as many rows)."""
-    z = buffer[: words.shape[0]]
-    z.copy_(words)  # widened in place: an int32 operand of the add would be copied first
-    torch.add(offsets, z, alpha=_C1, out=z)
+    """s_r of the module docstring for each row of `lanes` (as many columns as `offsets`)
+    into `out`, mixed in `buffer` (at least as many rows)."""
+    z = buffer[: lanes.shape[0]]
+    torch.add(lanes, offsets, out=z)
+    _xorshift32(z)
+    z.mul_(_C1)
     _xorshift32(z)
     z.mul_(_C2)
     _xorshift32(z)
