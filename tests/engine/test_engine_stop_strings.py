@@ -58,7 +58,7 @@ def model():
 
 
 def engine(**cfg) -> Engine:
-    made = make_engine(model(), **cfg)
+    made = make_engine(model(), attention="torch", **cfg)  # the reading is the same on any path
     made.decode = decode
     return made
 
@@ -174,7 +174,7 @@ def test_a_turn_moved_mid_way_finds_its_stop_string_where_it_would_have():
 
 
 def test_stop_strings_without_a_tokenizer_are_refused_in_one_line():
-    e = make_engine(model())
+    e = make_engine(model(), attention="torch")
     with pytest.raises(UserInputError, match="stop_strings needs the model's tokenizer"):
         e.add_request("x", [1, 2], SamplingParams(stop_strings=["</tool_call>"]))
     with pytest.raises(UserInputError, match="stop_strings must be a list of non-empty"):
@@ -184,5 +184,6 @@ def test_stop_strings_without_a_tokenizer_are_refused_in_one_line():
 def test_an_engine_from_a_model_folder_reads_its_own_tokenizer(tmp_path):
     tokenizer().save_pretrained(str(tmp_path))
     model().save_pretrained(tmp_path)
-    e = Engine.from_pretrained(tmp_path, EngineConfig(max_model_len=64, num_blocks=16))
+    config = EngineConfig(max_model_len=64, num_blocks=16, attention="torch")
+    e = Engine.from_pretrained(tmp_path, config)
     assert e.decode is not None and e.decode(ids_of("café")) == "café"
