@@ -134,15 +134,14 @@ async def step(
 
 
 async def _chat_reset(task: Any, episode: EpisodeState, env: ChatEnv) -> list[int]:
+    # A tokenizer without a chat template, or a bad tool schema, stops the run (one line).
+    episode.conversation = Conversation(
+        task.tokenizer, env.tools, stop_token_ids=task.stop_token_ids,
+        template_kwargs=env.template_kwargs,
+    )  # fmt: skip
     try:
         messages = await env_call(env.reset(episode.prompt), task.env_timeout_s, "reset")
-        episode.conversation = Conversation(
-            task.tokenizer, env.tools, stop_token_ids=task.stop_token_ids,
-            template_kwargs=env.template_kwargs,
-        )  # fmt: skip
         return episode.conversation.start(messages)
-    except TemplateDrift:
-        raise
     except (EnvError, UserInputError) as exc:  # a failed reset, or messages it got wrong
         episode.end("env_error", str(exc))
         return task.episode_prompt_ids(episode.prompt)

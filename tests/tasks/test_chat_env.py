@@ -4,6 +4,8 @@ whose tokens are the conversation's."""
 
 import asyncio
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,3 +151,14 @@ def test_greedy_chat_episodes_through_the_engine_are_their_conversations(tmp_pat
         assert [m["role"] for m in conv.messages].count(
             "assistant"
         ) == 3  # the last is not rendered
+
+
+def test_the_documented_environment_plays_as_written(tmp_path):
+    page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/environments.md", "exec"), scope)
+    task = _task(tmp_path, "AddEnv")
+    task.env_class = scope["CalculatorEnv"]
+    state, shown = _play(task, task.train_prompts()[0], [call_text("qwen2_5", "add", {"a": 12, "b": 30}), "It is 42"])  # fmt: skip
+    assert state.reward == 1.0 and "<tool_response>\n42\n</tool_response>" in task.tokenizer.decode(shown[1])  # fmt: skip
