@@ -205,9 +205,11 @@ class EngineConfig:
 class SamplingParams:
     """How one request samples. temperature 0 is greedy; top_k 0 and top_p 1 disable filtering.
 
-    stop_token_ids None means the model's EOS ids; [] means no stop ids. target_len forces the
-    response length (benchmarks): stop ids are ignored and the request stops at exactly
-    target_len tokens, overriding max_new_tokens.
+    stop_token_ids None means the model's EOS ids; [] means no stop ids. stop_strings end a
+    turn at the first token whose text completes one (finish reason "stop_string"; the engine
+    needs the model's tokenizer for them). target_len forces the response length (benchmarks):
+    stop ids and strings are ignored and the request stops at exactly target_len tokens,
+    overriding max_new_tokens.
     """
 
     temperature: float = 1.0
@@ -215,6 +217,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 128
     stop_token_ids: list[int] | None = None
+    stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
     target_len: int | None = None
     multi_turn: bool = False
@@ -241,3 +244,8 @@ class SamplingParams:
             raise UserInputError(f"{where}.target_len must be > 0, got {self.target_len}")
         if self.stop_token_ids is not None:
             checked_token_ids(request_id, self.stop_token_ids, "sampling.stop_token_ids")
+        bad = [s for s in self.stop_strings if not isinstance(s, str) or not s]
+        if bad or isinstance(self.stop_strings, str):
+            raise UserInputError(
+                f"{where}.stop_strings must be a list of non-empty strings, got {self.stop_strings!r}"
+            )

@@ -96,6 +96,7 @@ def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:
         top_k=s.top_k,
         max_new_tokens=s.max_new_tokens or task.max_new_tokens,
         stop_token_ids=list(task.stop_token_ids),
+        stop_strings=list(getattr(task, "stop_strings", [])),
         seed=config.seed,
         forced_lengths=config.forced_lengths.dist() if config.forced_lengths.enabled else None,
     )
