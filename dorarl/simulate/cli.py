@@ -26,6 +26,7 @@ from rich.table import Table
 
 from dorarl.config import ConfigError, describe, load_config, to_yaml
 from dorarl.controller import MODES
+from dorarl.report.console import table_console
 from dorarl.report.lanes import plot_lanes
 from dorarl.simulate.config import SimulateConfig
 from dorarl.simulate.presets import PRESETS, check_bars, reference_consistency
@@ -168,7 +169,7 @@ def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list
 def main(argv: list[str]) -> int:
     args = _parse(argv)
     out = Path(args.out)
-    console = Console(width=max(160, Console().width))
+    console = table_console()
     if args.print_config:
         base = args.preset
         if args.validate or args.preset == "local":
