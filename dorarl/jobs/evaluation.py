@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.jobs.config import TrainConfig
+from dorarl.report.run_curve import read_curve
 
 
 def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
@@ -33,7 +34,7 @@ def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) 
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     from dorarl.report.plots import plot_training_curve  # matplotlib: only once a run ends
 
-    plot_training_curve(rows, out_dir / "reward_curve.png", title=title)
+    plot_training_curve(read_curve(out_dir), out_dir / "reward_curve.png", title=title)
     return rows
 
 
