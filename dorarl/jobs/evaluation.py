@@ -61,6 +61,22 @@ def eval_fields(row: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in row.items() if k.startswith(keys)}
 
 
+def headline_scores(result: dict[str, Any]) -> dict[str, float]:
+    """Of an evaluation's sampled scores, the two a line has room for: mean@k and pass@k
+    (k = eval.samples); nothing for a greedy-only one."""
+    means = [key for key in result if key.startswith("mean@")]
+    if not means:
+        return {}
+    k = means[0].removeprefix("mean@")
+    return {key: result[key] for key in (f"mean@{k}", f"pass@{k}") if key in result}
+
+
+def format_scores(result: dict[str, Any]) -> str:
+    """'0.500' greedy only; '0.500 mean@4 0.375 pass@4 0.750' when it sampled."""
+    scores = "".join(f" {key} {value:.3f}" for key, value in headline_scores(result).items())
+    return f"{result['accuracy']:.3f}{scores}"
+
+
 def sampled_eval_summary(ordered: list[dict[str, Any]]) -> dict[str, Any]:
     """summary.json's sampled scores, {"eval_sampled": {version: {"mean@k": .., ..}}}, when
     the evaluations sampled (eval.samples > 0); nothing otherwise."""
