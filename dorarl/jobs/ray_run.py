@@ -269,7 +269,7 @@ def _step_hook(
 ):  # noqa: ANN202 (the runtime's StepHook)
     """After each step: evaluate its version if wanted, log its scalars, show progress,
     warn when it cannot learn."""
-    signal = LearningSignal()
+    signal = LearningSignal(texts_at=runtime.recorder.texts_path)
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
