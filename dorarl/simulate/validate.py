@@ -101,6 +101,8 @@ def _cost(device: dict[str, float], config: dict[str, Any]) -> CostModel:
         free_cache_s=1e-4,
         train_fixed_s=device["train_fixed_s"],
         train_per_token_s=device["train_token_s"],
+        instance_devices=1,  # each engine and the trainer paced as a device of its own
+        trainer_devices=1,
     )
 
 
