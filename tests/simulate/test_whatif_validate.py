@@ -113,3 +113,27 @@ def test_trim_keeps_what_the_local_preset_reads(tmp_path):
     trimmed = trim_bench(bench, source="test")
     assert "migrations" not in trimmed["modes"]["sync"]
     assert local_from_bench(trimmed) == local_from_bench(bench)
+
+
+def _small_paper_64():
+    cfg = PRESETS["paper-64"]()
+    controller = dataclasses.replace(cfg.controller, instances=2, tbs=8, rbs=16, steps=4)
+    lengths = dataclasses.replace(cfg.lengths, median=1000.0, group_corr=0.0)
+    return dataclasses.replace(cfg, controller=controller, lengths=lengths)
+
+
+def test_split_grid_moves_devices_between_rollout_and_the_trainer(tmp_path):
+    from dorarl.simulate.whatif import plot_split, run_split_whatif
+
+    small = _small_paper_64()  # 2 instances of 4 devices and a trainer of 32: 40 devices
+    grid = run_split_whatif(small, shares=(0.25, 0.75), ks=(2,))
+    assert grid["splits"] == ["8 / 32", "32 / 8"] and grid["runs"] == ["sync", "dora K=2"]
+    assert all(c["rollout_devices"] + c["trainer_devices"] == 40 for c in grid["cells"])
+    assert all(c["dropped"] == 0 for c in grid["cells"])
+    by = {(c["split"], c["run"]): c for c in grid["cells"]}
+    assert by[("8 / 32", "sync")]["speedup"] == 1.0  # the preset's own split
+    # a trainer on 8 devices instead of 32: its per-token work takes 4x as long
+    slow, fast = by[("32 / 8", "sync")]["train_s"], by[("8 / 32", "sync")]["train_s"]
+    assert slow - small.cost.train_fixed_s == pytest.approx(4 * (fast - small.cost.train_fixed_s))
+    assert by[("32 / 8", "sync")]["step_s"] != by[("8 / 32", "sync")]["step_s"]
+    assert plot_split(grid, tmp_path / "split.png").stat().st_size > 10_000
