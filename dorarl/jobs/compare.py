@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from dorarl.errors import UserInputError
-from dorarl.jobs.evaluation import headline_scores
+from dorarl.jobs.evaluation import headline_scores, sampled_scores
 from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
@@ -28,7 +28,7 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
     evals = curve["eval"]
     first = evals[0] if evals else None
     last = evals[-1] if evals and evals[-1]["version"] > evals[0]["version"] else None
-    sampled = {str(p["version"]): _sampled(p) for p in evals if _sampled(p)}
+    sampled = {str(p["version"]): sampled_scores(p) for p in evals if sampled_scores(p)}
     return {
         "name": name,
         "mode": summary.get("mode"),
@@ -38,19 +38,15 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
         "mean_step_time_s": summary.get("mean_step_time_s"),
         "rollout_only_share": summary.get("rollout_only_share"),
         "throughput_tokens_per_s": summary.get("throughput_tokens_per_s"),
-        "eval_first": first and first["accuracy"],
-        "eval_version_first": first and first["version"],
-        "eval_last": last and last["accuracy"],
-        "eval_version_last": last and last["version"],
+        "eval_first": first["accuracy"] if first else None,
+        "eval_version_first": first["version"] if first else None,
+        "eval_last": last["accuracy"] if last else None,
+        "eval_version_last": last["version"] if last else None,
         "sampled_last": headline_scores(last) if last else {},
         "eval": {str(p["version"]): p["accuracy"] for p in evals},
         "eval_sampled": sampled,
         "dropped_total": summary.get("dropped_total"),
     }
-
-
-def _sampled(point: dict[str, Any]) -> dict[str, float]:
-    return {k: v for k, v in point.items() if k not in ("version", "time_s", "accuracy")}
 
 
 def _check_run_folder(run_dir: Path) -> None:

@@ -46,11 +46,11 @@ def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_st
     result = evals.get(version)
     if result is not None:
         row["eval_accuracy"] = result["accuracy"]
-        row.update({f"eval_{key}": value for key, value in _sampled_scores(result).items()})
+        row.update({f"eval_{key}": value for key, value in sampled_scores(result).items()})
         row["eval_version"] = version
 
 
-def _sampled_scores(result: dict[str, Any]) -> dict[str, float]:
+def sampled_scores(result: dict[str, Any]) -> dict[str, float]:
     """An evaluation's mean@k and pass@j (present with eval.samples = k > 0)."""
     return {k: v for k, v in result.items() if k.startswith(("mean@", "pass@"))}
 
@@ -80,5 +80,5 @@ def format_scores(result: dict[str, Any]) -> str:
 def sampled_eval_summary(ordered: list[dict[str, Any]]) -> dict[str, Any]:
     """summary.json's sampled scores, {"eval_sampled": {version: {"mean@k": .., ..}}}, when
     the evaluations sampled (eval.samples > 0); nothing otherwise."""
-    sampled = {str(r["version"]): _sampled_scores(r) for r in ordered if _sampled_scores(r)}
+    sampled = {str(r["version"]): sampled_scores(r) for r in ordered if sampled_scores(r)}
     return {"eval_sampled": sampled} if sampled else {}
