@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from dorarl.bench.bars import makespan_steps
@@ -41,6 +40,7 @@ from dorarl.jobs.config import EvalSection, TrainConfig
 from dorarl.jobs.ray_run import run_ray
 from dorarl.jobs.workload import build_task
 from dorarl.record.pacing import DeviceModel
+from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
 from dorarl.tasks import Task
@@ -207,7 +207,7 @@ def _pace_cells(pace: dict[str, dict[str, float]]) -> list[str]:
 
 
 def print_result(result: dict[str, Any], out: Path) -> None:
-    console = Console(width=max(180, Console().width))
+    console = table_console()
     table = Table(title="convergence (paced wall time; held-out greedy accuracy)")
     for col in ("mode", "steps", "wall s", "step s", "acc first", "acc final", "reward final",
                 "time to sync's final acc", "to sync's final - 2 pts", "engine step paced/real",

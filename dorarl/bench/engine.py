@@ -36,6 +36,7 @@ from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.sampler import SampleRow, sample
+from dorarl.report.console import table_console
 
 logger = logging.getLogger(__name__)
 
@@ -495,5 +496,5 @@ def main(argv: list[str]) -> int:
     report = run(QUICK if args.quick else FULL, Console(stderr=True), args.skip_hf)
     report["quick"] = args.quick
     write_json(args.out, "engine.json", report)
-    print_report(report, Console())
+    print_report(report, table_console())
     return 0

@@ -44,6 +44,7 @@ from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 
 
 @dataclass(frozen=True)
@@ -569,7 +570,7 @@ def main(argv: list[str]) -> int:
     report["quick"] = args.quick
     write_json(args.out, "engine.json", report)
     partial_json.unlink(missing_ok=True)
-    console = Console()
+    console = table_console()
     print_device_report(report["device_bench"], console)
     console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
     return 0

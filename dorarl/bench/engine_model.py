@@ -35,6 +35,7 @@ from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.linear import Linear
 from dorarl.engine.model_spec import read_hf_config
 from dorarl.engine.weights import ModelWeights
+from dorarl.report.console import table_console
 
 REAL_BARS = {  # name: (what, target, at most?)
     "step_vs_matmuls_32": ("decode step engine / its matmuls at batch 32 (at most)", 1.3, True),
@@ -322,7 +323,7 @@ def main(argv: list[str]) -> int:
         **window.fields(),
     }
     write_json(args.out, "engine.json", report)
-    console = Console()
+    console = table_console()
     print_real(real, console)
     console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
     return 0

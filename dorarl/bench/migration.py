@@ -38,6 +38,7 @@ from dorarl.bench.engine_device import (
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
 from dorarl.runtime.weight_group import GroupAddress, open_store, route
@@ -262,7 +263,7 @@ def main(argv: list[str]) -> int:
         shape, args.device, args.quick, args.threads, Console(stderr=True), contexts, engine_set
     )
     write_json(args.out, "actor_migration.json", report)
-    console = Console()
+    console = table_console()
     print_actor_migration(report, console)
     console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
     return 0

@@ -39,6 +39,7 @@ from dorarl.bench.matmul_floor import MicroShape, floor_ms
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data import Group, Sample
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.trainer import Trainer, TrainerConfig, load_model
 from dorarl.trainer.allocator import release_free_heap
 from dorarl.trainer.batch import build_sequences, collate, plan_micro_batches
@@ -451,5 +452,5 @@ def main(argv: list[str]) -> int:
     report["quick"] = args.quick
     report["source"] = args.model or f"random {args.shape}"
     write_json(args.out, "trainer.json", report)
-    print_report(report, Console())
+    print_report(report, table_console())
     return 0

@@ -21,7 +21,6 @@ from typing import Any
 
 import ray
 import torch
-from rich.console import Console
 from rich.table import Table
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -30,6 +29,7 @@ from dorarl.bench.clock import load_average, timed
 from dorarl.bench.shapes import SHAPES
 from dorarl.bench.weight_holders import SinkHolder, SourceHolder
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.transports import make_transport
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
@@ -237,5 +237,5 @@ def main(argv: list[str]) -> int:
         load_average=" ".join(f"{x:.1f}" for x in load_average()),
     )  # fmt: skip
     write_json(args.out, "weights.json", report)
-    Console().print(table(report))
+    table_console().print(table(report))
     return 0

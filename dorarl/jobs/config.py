@@ -72,7 +72,11 @@ class TaskSection:
         },
     )
     max_turns: int = field(
-        default=0, metadata={"help": "multi-turn: turns per episode at most (0: the task's own)"}
+        default=0,
+        metadata={
+            "help": "multi-turn: turns per episode at most (0: the task's own; 8 for a task "
+            "without one, as jsonl and arith)"
+        },
     )
     env_timeout_s: float = field(
         default=30.0, metadata={"help": "multi-turn: timeout of one env call (reset or step)"}

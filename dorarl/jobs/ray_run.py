@@ -43,7 +43,7 @@ from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record import Recorder
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.segments import end_segment, open_segment, write_run_records
+from dorarl.record.segments import end_segment, eval_ends, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
@@ -269,7 +269,7 @@ def _step_hook(
 ):  # noqa: ANN202 (the runtime's StepHook)
     """After each step: evaluate its version if wanted, log its scalars, show progress,
     warn when it cannot learn."""
-    signal = LearningSignal()
+    signal = LearningSignal(texts_at=runtime.recorder.texts_path)
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
@@ -277,7 +277,7 @@ def _step_hook(
             evals.offer(version, runtime.weights_of(version))
         scalars.log(row)
         signal.observe(row)
-        progress.update(row, evals.accuracy_so_far())
+        progress.update(row, evals.finished())
 
     return on_step
 
@@ -332,9 +332,7 @@ def _final_summary(
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
     summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
-    if ordered:  # a stopped run may have none finished
-        summary["eval_accuracy_first"] = ordered[0]["accuracy"]
-        summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    summary.update(eval_ends({r["version"]: r["accuracy"] for r in ordered}))
     summary.update(sampled_eval_summary(ordered))
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()

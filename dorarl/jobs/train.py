@@ -164,8 +164,9 @@ def _help() -> str:
 
 
 def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from dorarl.report.console import table_console
 
     title = f"dorarl train: {summary.get('mode')} (K={summary.get('K')})"
     segments = len(summary.get("segments", []))
@@ -188,12 +189,30 @@ def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
         "mean_step_time_s",
         "rollout_only_share",
         "migrations",
-        "eval_accuracy_first",
-        "eval_accuracy_last",
     ):
         if key in summary:
-            value = summary[key]
-            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console = Console()
+            table.add_row(key, _cell(summary[key]))
+    for key, value in _eval_rows(summary):
+        table.add_row(key, _cell(value))
+    console = table_console()
     console.print(table)
     console.print(f"run folder: {out_dir}")
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _eval_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The first evaluation and the last (when later): version, greedy accuracy, and the
+    mean@k and pass@j of one that sampled (eval.samples > 0)."""
+    sampled = summary.get("eval_sampled", {})
+    rows: list[tuple[str, Any]] = []
+    for end in ("first", "last"):
+        version = summary.get(f"eval_version_{end}")
+        if version is None:
+            continue
+        rows += [(f"eval_version_{end}", version)]
+        rows += [(f"eval_accuracy_{end}", summary[f"eval_accuracy_{end}"])]
+        rows += [(f"eval_{key}_{end}", v) for key, v in sampled.get(str(version), {}).items()]
+    return rows

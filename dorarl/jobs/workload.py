@@ -17,7 +17,7 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.env import load_env_class
-from dorarl.tasks.env_task import EnvTask
+from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 
 
@@ -36,7 +36,7 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
     if section.env is None:
         return task
     env_class = load_env_class(section.env)
-    max_turns = section.max_turns or getattr(task, "max_turns", 0) or 8
+    max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
     return EnvTask(task, env_class, max_turns, section.env_timeout_s)
 
 

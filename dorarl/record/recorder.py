@@ -117,6 +117,14 @@ class Recorder:
     def out_dir(self) -> Path | None:
         return self.files.out_dir
 
+    @property
+    def texts_path(self) -> Path | None:
+        """The trajectories.jsonl that holds prompt, answer and response texts (record.text),
+        or None when none does."""
+        if self.texts is None or not self.files.writes_trajectories:
+            return None
+        return self.files.out_dir / "trajectories.jsonl"
+
     # ---- inputs --------------------------------------------------------------------------
     def observe(self, event: ev.Event, commands: Sequence[cmd.Command]) -> None:
         """Record one controller step: the event it handled and the commands it returned."""

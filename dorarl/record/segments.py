@@ -237,13 +237,23 @@ def _evaluations(segments: Sequence[Segment]) -> dict[str, Any]:
         kept = range(s.start_version, s.end_version + 1)
         accuracy |= {int(v): a for v, a in own.get("eval", {}).items() if int(v) in kept}
         sampled |= {int(v): x for v, x in own.get("eval_sampled", {}).items() if int(v) in kept}
-    ordered = [accuracy[v] for v in sorted(accuracy)]
     out: dict[str, Any] = {"eval": {str(v): accuracy[v] for v in sorted(accuracy)}}
-    if ordered:
-        out |= {"eval_accuracy_first": ordered[0], "eval_accuracy_last": ordered[-1]}
+    out |= eval_ends(accuracy)
     if sampled:
         out["eval_sampled"] = {str(v): sampled[v] for v in sorted(sampled)}
     return out
+
+
+def eval_ends(accuracy: dict[int, float]) -> dict[str, Any]:
+    """The first evaluation's version and accuracy, and the last's when it is of a later
+    version: a run stopped after its first evaluation has no last to report."""
+    if not accuracy:
+        return {}
+    first, last = min(accuracy), max(accuracy)
+    ends = {"eval_version_first": first, "eval_accuracy_first": accuracy[first]}
+    if last > first:
+        ends |= {"eval_version_last": last, "eval_accuracy_last": accuracy[last]}
+    return ends
 
 
 def _pace(totals: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:

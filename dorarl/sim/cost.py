@@ -3,14 +3,16 @@
 Decode is memory-bound: a step reads the weights once (`decode_fixed_s`) plus the KV of
 every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. The
 field defaults (`local()` here) are a generic 7B-class model in bf16 on one 80 GB accelerator per
-instance, trainer on 4 at ~35% MFU, used by tests; the `dorarl simulate --preset` scenarios
+instance, trainer on 4 at ~35% MFU, used by tests (`instance_devices` and `trainer_devices`
+say how many; only `dorarl simulate --whatif split` reads them, to move devices between the
+two); the `dorarl simulate --preset` scenarios
 (paper-64, paper-128, moe-500b, and `local` = this machine as the bench paces it) are
 derived from public specs in `dorarl.simulate.presets`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from dorarl.config import ConfigError
 from dorarl.engine.memory import kv_bytes_per_token  # the engine's pool: one arithmetic
@@ -56,7 +58,14 @@ class CostModel:
     )
     train_fixed_s: float = field(default=2.0, metadata={"help": "per training step"})
     train_per_token_s: float = field(
-        default=3.3e-5, metadata={"help": "per trained token (prompt + response)"}
+        default=3.3e-5,
+        metadata={"help": "per trained token (prompt + response), on trainer_devices devices"},
+    )
+    instance_devices: int = field(
+        default=1, metadata={"help": "devices of one rollout instance (the what-if's split)"}
+    )
+    trainer_devices: int = field(
+        default=4, metadata={"help": "devices of the trainer (the what-if's split)"}
     )
 
     def validate(self) -> None:
@@ -75,6 +84,9 @@ class CostModel:
                 raise ConfigError(f"{key}: must be > 0")
         if self.decode_fixed_s + self.decode_per_seq_s <= 0:
             raise ConfigError("decode_fixed_s: a decode step must take time")
+        for key in ("instance_devices", "trainer_devices"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
 
     def decode_step_s(self, batch: int, resident_tokens: float) -> float:
         return (
@@ -95,6 +107,13 @@ class CostModel:
 
     def train_s(self, tokens: int) -> float:
         return self.train_fixed_s + self.train_per_token_s * tokens
+
+    def with_trainer_devices(self, devices: int) -> CostModel:
+        """The trainer on `devices` devices: the per-token work (forward and backward,
+        compute bound, data parallel) is shared out over them; the per-step part (optimizer
+        update, gradient all-reduce setup) is not, and the weights to send are the same."""
+        per_token = self.train_per_token_s * self.trainer_devices / devices
+        return replace(self, trainer_devices=devices, train_per_token_s=per_token)
 
 
 def local() -> CostModel:

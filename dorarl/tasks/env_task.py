@@ -13,6 +13,10 @@ from typing import Any
 from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.env import ChatEnv, Env
 
+DEFAULT_MAX_TURNS = 8
+"""Turns of an episode at most where task.max_turns is 0 and the task has no cap of its own
+(jsonl, arith; multiturn_sum's is its item count)."""
+
 
 class EnvTask(Task):
     multi_turn = True

@@ -66,6 +66,7 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
     assert summary["staleness"] == {"0": 2, "1": 3}
     assert summary["eval"] == {"0": 0.0, "2": 0.2, "5": 0.5}
     assert (summary["eval_accuracy_first"], summary["eval_accuracy_last"]) == (0.0, 0.5)
+    assert (summary["eval_version_first"], summary["eval_version_last"]) == (0, 5)
     ends = [
         (s["start_version"], s["end_version"], s["steps"], s["ended"]) for s in summary["segments"]
     ]
@@ -88,6 +89,16 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
 
     curve = read_curve(tmp_path)  # the compare plot's clock runs on across segments
     assert curve["time_s"] == [2.0, 4.0, 4.5 + 2.0, 4.5 + 4.0, 4.5 + 6.0]
+
+
+def test_a_run_evaluated_only_at_its_start_reports_that_evaluation_as_first_only(tmp_path):
+    folder = _segment(tmp_path, 0, 2)
+    own = json.loads((folder / "summary.json").read_text())
+    own["eval"] = {"0": 0.25}  # stopped before the evaluation of v2 finished
+    (folder / "summary.json").write_text(json.dumps(own))
+    summary = write_run_records(tmp_path)
+    assert (summary["eval_version_first"], summary["eval_accuracy_first"]) == (0, 0.25)
+    assert "eval_accuracy_last" not in summary and "eval_version_last" not in summary
 
 
 def test_a_killed_segment_keeps_the_others_and_its_kept_steps_count(tmp_path):
