@@ -167,7 +167,7 @@ def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]
         f"{emulation['derivation']['train_step_s']:.2f} s")  # fmt: skip
     curves, summaries = {}, {}
     for name, train_config in cfg.runs():
-        summaries[name] = run_ray(train_config, out / name, pace=device, defer_eval=True)
+        summaries[name] = run_ray(train_config, None, out / name, pace=device, defer_eval=True)
         curves[name] = read_curve(out / name)
         say(f"{name}: {cfg.steps} steps in {curves[name]['wall_time_s']:.1f}s, final held-out "
             f"accuracy {curves[name]['eval'][-1]['accuracy']:.3f}")  # fmt: skip

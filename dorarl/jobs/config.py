@@ -1,9 +1,11 @@
 """`TrainConfig`: the root configuration of `dorarl train`, one section per component.
 
 The main knobs sit at the top level (mode, K, runtime, steps, instances, rbs, tbs,
-group_size, seed); components keep their own dataclasses (engine, trainer) as sections.
-A simple bound is declared on its field (`metadata` ge, gt, le, lt, checked by the loader:
-dorarl.config.fields); `validate()` checks the keys' relations.
+group_size, seed); components keep their own dataclasses (engine, trainer, ray, weights) as
+sections. Settings only: a simple bound is declared on its field (`metadata` ge, gt, le, lt,
+checked by the loader: dorarl.config.fields), `validate()` checks the keys' relations, and
+nothing here reads a file or builds a runtime object (the checkpoint `resume=` names is read
+by `dorarl.jobs.train`, the placement and the weight transport are the runtime's).
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from dorarl.config import ConfigError, check_fields
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
-from dorarl.errors import RunComplete
-from dorarl.jobs.resume import ResumePoint, read_resume_point
-from dorarl.runtime.placement import PlacementPlan, check_resource_names, plan_placement
-from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
+from dorarl.jobs.resume import ResumePoint
+from dorarl.runtime.ray_config import RayConfig
+from dorarl.runtime.weights_config import WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
 
@@ -157,85 +158,6 @@ class RecordSection:
     )
 
 
-@dataclass(kw_only=True)
-class RaySection:
-    address: str | None = field(
-        default=None, metadata={"help": "Ray cluster address (None: start local Ray)"}
-    )
-    host: str = field(
-        default="127.0.0.1",
-        metadata={"help": "address a local Ray's services listen on (127.0.0.1: this machine)"},
-    )
-    threads_per_actor: int = field(
-        default=0,
-        metadata={
-            "help": "torch threads in each actor (0: share this machine's cores: the trainer "
-            "all of them, engines an equal share at lower priority, the evaluator one)",
-            "ge": 0,
-        },
-    )
-    max_engine_restarts: int = field(
-        default=3,
-        metadata={"help": "dead engine instances replaced mid-run before the run stops", "ge": 0},
-    )
-    max_trainer_restarts: int = field(
-        default=1,
-        metadata={
-            "help": "times a dead trainer (any rank of a sharded one) restarts from the newest "
-            "checkpoint mid-run",
-            "ge": 0,
-        },
-    )
-    engine_gpus: float | None = field(
-        default=None,
-        metadata={
-            "help": "GPU share of each engine on cuda (None: fit the node; 0.25: 4 a GPU)",
-            "gt": 0,
-        },
-    )
-    trainer_gpus: float | None = field(
-        default=None,
-        metadata={"help": "GPU share of the trainer on cuda (None: fit the node)", "gt": 0},
-    )
-    eval_gpus: float | None = field(
-        default=None,
-        metadata={
-            "help": "GPU share of the evaluator, inside the trainer's bundle (None: 0.1 of it)",
-            "gt": 0,
-        },
-    )
-    placement_timeout_s: float = field(
-        default=60.0,
-        metadata={"help": "seconds to wait for Ray to place the actors' GPUs", "gt": 0},
-    )
-    gpu_memory_gb: float | None = field(
-        default=None,
-        metadata={
-            "help": "memory of each GPU, to check the engines' KV budgets before any actor "
-            "starts and for --print-placement (None: what nvidia-smi reports here)",
-            "gt": 0,
-        },
-    )
-    engine_resources: dict[str, float] = field(
-        default_factory=dict,
-        metadata={
-            "help": "custom Ray resources each engine asks for, e.g. {rollout: 0.01}: engines "
-            "run only on nodes started with them (ray start --resources='{\"rollout\": 1}')"
-        },
-    )
-    trainer_resources: dict[str, float] = field(
-        default_factory=dict,
-        metadata={
-            "help": "custom Ray resources the trainer (each rank) asks for, and the evaluator "
-            "beside it (beside the first engine when only the engines are on cuda)"
-        },
-    )
-
-    def validate(self) -> None:
-        check_resource_names("engine_resources", self.engine_resources)
-        check_resource_names("trainer_resources", self.trainer_resources)
-
-
 def _default_engine() -> EngineConfig:
     return EngineConfig(max_num_seqs=64, max_model_len=256, block_size=16)
 
@@ -282,7 +204,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalSection = field(default_factory=EvalSection)
     record: RecordSection = field(default_factory=RecordSection)
-    ray: RaySection = field(default_factory=RaySection)
+    ray: RayConfig = field(default_factory=RayConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     engine: EngineConfig = field(default_factory=_default_engine)
     trainer: TrainerConfig = field(default_factory=_default_trainer)
@@ -299,7 +221,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.trainer.temperature = self.sampling.temperature
         self.trainer.loss.response_cap = self.sampling.max_new_tokens
-        self._resume_read: tuple[str, ResumePoint] | None = None  # not a setting: a cache
 
     def validate(self) -> None:
         check_fields(self)  # the loader checked what it read; a config built in code, here
@@ -311,8 +232,7 @@ class TrainConfig:
         self.weights.resolve(self.engine.device, self.trainer.device)
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
-        self._check_work_left()
-        self.controller_config().validate()
+        self.controller_config(None).validate()
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
         self._check_overlong()
@@ -336,19 +256,11 @@ class TrainConfig:
         except ConfigError as exc:
             raise ConfigError(f"trainer.loss.{exc}") from None
 
-    def _check_work_left(self) -> None:
-        point = self.resume_point()
-        if point is not None and point.version >= self.steps:
-            raise RunComplete(
-                f"{point.folder} is version {point.version} and steps={self.steps}: the run is "
-                f"complete; steps=N (N > {point.version}) trains it further"
-            )
-
-    def controller_config(self) -> ControllerConfig:
-        """The controller's view: its knobs carry the names they have here (K, steps, instances,
+    def controller_config(self, point: ResumePoint | None) -> ControllerConfig:
+        """The controller's view, starting where `point` (the checkpoint a run resumes, None:
+        a fresh run) left off: its knobs carry the names they have here (K, steps, instances,
         rbs, tbs, group_size, orchestrator.*, rollout.*), so its errors name the keys a user
         typed."""
-        point = self.resume_point()
         return ControllerConfig(
             mode=self.mode,
             K=self.K,
@@ -362,35 +274,6 @@ class TrainConfig:
             rollout=self.rollout,
             **(point.controller_keys() if point else {}),
         )
-
-    def placement(self, node_gpus: float) -> PlacementPlan:
-        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs,
-        and the custom resources they ask for (the nodes they may run on)."""
-        return plan_placement(
-            instances=self.instances,
-            engine_on_gpu=self.engine.device != "cpu",
-            trainer_on_gpu=self.trainer.device != "cpu",
-            node_gpus=node_gpus,
-            engine_gpus=self.ray.engine_gpus,
-            trainer_gpus=self.ray.trainer_gpus,
-            eval_gpus=self.ray.eval_gpus,
-            engine_resources=self.ray.engine_resources,
-            trainer_resources=self.ray.trainer_resources,
-            trainer_ranks=self.trainer.world_size,
-        )
-
-    def transport(self) -> TransportSpec:
-        """How weights reach the engines (`weights.*`, resolved for the devices)."""
-        return self.weights.spec(self.engine.device, self.trainer.device, self.engine.dtype)
-
-    def resume_point(self) -> ResumePoint | None:
-        """The checkpoint `resume` names, read once (at validation) for the value it has."""
-        if not self.resume:
-            return None
-        read = self._resume_read
-        if read is None or read[0] != self.resume:
-            read = self._resume_read = (self.resume, read_resume_point(self.resume))
-        return read[1]
 
 
 def _check_device(key: str, device: str) -> None:
