@@ -21,7 +21,7 @@ def _group(gid, version, tokens):
     return Group(gid, gid, version, [sample])
 
 
-def _segment(out, start, steps, *, stale=0, close=True):
+def _segment(out, start, steps, *, stale=0, close=True, fallbacks=()):
     """A segment from version `start`: per step one group of 4 tokens sampled `stale`
     versions back (1 s of rollout, then 1 s of training, on 1 instance of 2 slots); not
     closed: killed after its last step."""
@@ -33,6 +33,7 @@ def _segment(out, start, steps, *, stale=0, close=True):
         gid = 100 * start + i
         return [Dispatch(gid, gid, start + i - stale, 0, (0,))] if i < steps else []
 
+    rec.engine_setup(0, {"attention": "torch", "fast_path_fallbacks": list(fallbacks)})
     rec.observe(Start(0.0), dispatch(0))
     for i in range(steps):
         v, t, gid = start + i, 2.0 * i, 100 * start + i
@@ -137,3 +138,12 @@ def test_a_resume_from_an_older_version_moves_later_segments_aside(tmp_path):
     assert summary["steps"] == 3 and summary["wall_time_s"] == 4.5 + 2.5
     assert roll_back(tmp_path, 2)["segments"] == 1
     assert (tmp_path / "rolled_back" / "segments" / "001-1").is_dir()  # the earlier one kept
+
+
+def test_the_runs_summary_keeps_its_engines_and_every_segments_fast_path_fallbacks(tmp_path):
+    fell_back = {"path": "triton", "error": "RuntimeError: PTX assembly failed"}
+    _segment(tmp_path, 0, 2, fallbacks=[fell_back])
+    _segment(tmp_path, 2, 1)
+    summary = write_run_records(tmp_path)
+    assert summary["engines"] == {"0": {"attention": "torch", "fast_path_fallbacks": []}}
+    assert summary["fast_path_fallbacks"] == [{"segment": 0, "instance": 0, **fell_back}]
