@@ -11,6 +11,9 @@ holds its KV but no slot until `Engine.continue_request` appends the next observ
 `kv_version` is the weights version its KV was computed under (None: none yet, or a weight
 load came while it held KV, so its KV mixes versions): the prefix cache shares blocks of
 that version only, and keys its first `num_cached` prompt blocks.
+A request with stop strings carries its turn's `StopText`; a turn ends on a stop token,
+then a stop string, then the length cap, so a turn that completes a stop string at its cap
+ends "stop_string".
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 from dorarl.engine.block_manager import PromptKeys
 from dorarl.engine.config import SamplingParams
+from dorarl.engine.stop_strings import StopText
 
 
 class KVPlace(enum.Enum):
@@ -53,6 +57,8 @@ class Sequence:
     kv_version: int | None = None
     num_cached: int = 0  # leading blocks of block_table the prefix cache keys
     keys: PromptKeys | None = None  # its prompt's block keys, made once per version
+    stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
+    stop_string: str | None = None  # the stop string that ended the last turn
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -111,6 +117,11 @@ class Sequence:
         self.turn_start = self.num_output
         self.finish_reason = None
         self.waits_env = False
+        self.stop_string = None
+        if self.stop_text is not None:
+            self.stop_text = StopText.open(
+                self.stop_text.stops, self.stop_text.decode, self.token_ids
+            )
 
     @property
     def turn_output(self) -> int:
@@ -123,6 +134,10 @@ class Sequence:
             return "length" if self.turn_output >= self.params.target_len else None
         if token in self.stop_ids:
             return "stop"
+        if self.stop_text is not None:
+            self.stop_string = self.stop_text.feed(token)
+            if self.stop_string is not None:
+                return "stop_string"
         if self.turn_output >= self.params.max_new_tokens or self.num_tokens >= max_model_len:
             return "length"
         return None
