@@ -1,4 +1,4 @@
-"""`dorarl bench engine --prefix-cache`: shared prompts with the engine's prefix cache on and off.
+"""`dorarl bench prefix-cache`: shared prompts with the engine's prefix cache on and off.
 
 Two workloads on one model, each run with `engine.prefix_cache=on` and `=off` one after the
 other in the same process (same prompts, forced response lengths, seeded sampling at
@@ -15,23 +15,31 @@ T_off / (T_off - (1 - r) T_p), set beside the measured T_off / T_on (the bar: at
 of it; decode steps that read one shared copy of a prefix from the CPU's caches can add to
 it, and `decode_on` against `decode_off` shows by how much). Both clocks are given; on a
 shared machine the CPU clock is the one to read (other jobs on the cores move the wall).
+On the tiny model of `bench engine` and, with `--model DIR | --shape S`, a real one; writes
+DIR/prefix_cache.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
-import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+import torch
+import transformers
 from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel
 
+from dorarl.bench.cli_args import engine_bench_parser, write_json
+from dorarl.bench.clock import load_window, timed
 from dorarl.bench.report import clock_bars_table
+from dorarl.bench.shapes import SHAPES
 from dorarl.engine import Engine, EngineConfig, SamplingParams
+from dorarl.report.console import table_console
 
 BARS = {  # name: (what, target), each at least its target
     "group_prefill_reduction": ("prefill tokens computed, off / on, group workload", 7.0),
@@ -94,7 +102,8 @@ def run_workload(
             for out in engine.step():
                 outputs[out.request_id] = (out.output_ids, out.logprobs)
 
-    wall, cpu = _timed(go)
+    _, took = timed(go)
+    wall, cpu = took.wall_s, took.cpu_s
     stats = engine.stats()
     generated = sum(len(ids) for ids, _ in outputs.values())
     return {
@@ -124,12 +133,6 @@ def _engine(model: PreTrainedModel, spec: PrefixSpec, requests: list[Request], c
         prefix_cache=cache,
     )  # fmt: skip
     return Engine.from_hf_config(model.config, config, model.state_dict())
-
-
-def _timed(fn: Callable[[], None]) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def compare(
@@ -208,3 +211,50 @@ def print_prefix_report(report: dict[str, Any], console: Console, title: str) ->
             f"tokens and log-probs {'identical' if w['identical'] else 'DIFFER'} on and off"
         )
     console.print(clock_bars_table("prefix cache bars", report["bars"]))
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = engine_bench_parser("dorarl bench prefix-cache", __doc__, "prefix_cache.json")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help=f"{QUICK.prompts} prompts and {QUICK.episodes} episodes, {QUICK.response_len} "
+        "response tokens each",
+    )  # fmt: skip
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--model", type=Path, help="also a local Hugging Face model folder")
+    source.add_argument(
+        "--shape", choices=sorted(SHAPES), help="also random weights of a real model's shape"
+    )
+    parser.add_argument("--skip-tiny", action="store_true", help="only --model or --shape")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from dorarl.bench.engine import FULL, build_model
+    from dorarl.bench.engine_model import load_model
+    from dorarl.errors import UserInputError
+
+    args = arguments().parse_args(argv)
+    if args.skip_tiny and not (args.model or args.shape):
+        raise UserInputError("--skip-tiny needs --model DIR or --shape NAME")
+    torch.set_num_threads(args.threads)
+    spec, log = QUICK if args.quick else PrefixSpec(), Console(stderr=True)
+    report: dict[str, Any] = {
+        "quick": args.quick, "threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }  # fmt: skip
+    with load_window() as window:
+        if not args.skip_tiny:
+            report["tiny"] = prefix_report(build_model(FULL), spec, log) | {"source": "tiny"}
+        if args.model or args.shape:
+            model = load_model(args.model, args.shape)
+            report["model"] = prefix_report(model, spec, log)
+            report["model"]["source"] = str(args.model) if args.model else args.shape
+    report |= window.fields()
+    write_json(args.out, "prefix_cache.json", report)
+    console = table_console()
+    for name in ("tiny", "model"):
+        if name in report:
+            print_prefix_report(report[name], console, report[name]["source"])
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0

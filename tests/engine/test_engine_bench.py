@@ -176,3 +176,26 @@ def test_prefix_cache_workloads_report_prefill_saved_and_the_prediction():
         "group_speedup_vs_predicted", "system_speedup_vs_predicted",
     }  # fmt: skip
     assert report["bars"]["group_prefill_reduction"]["value"] == 768 / 110
+
+
+def test_bench_prefix_cache_writes_its_json_and_table(tmp_path, monkeypatch, capsys):
+    from dorarl.bench import prefix_cache
+
+    micro = prefix_cache.PrefixSpec(prompts=1, group_size=4, prompt_len=24, episodes=4,
+                                    system_len=32, task_len=4, response_len=2, max_num_seqs=8,
+                                    block_size=8)  # fmt: skip
+    monkeypatch.setattr(prefix_cache, "QUICK", micro)
+    monkeypatch.setattr(bench, "FULL", MICRO)  # the tiny model at the micro shape
+    assert prefix_cache.main(["--out", str(tmp_path), "--quick"]) == 0
+    report = json.loads((tmp_path / "prefix_cache.json").read_text())
+    assert report["tiny"]["group"]["on"]["prefill_tokens"] == 24 + 3
+    assert len(report["load_average"]) == len(report["load_average_start"]) == 3
+    assert "prefix cache, tiny" in capsys.readouterr().out
+
+
+def test_bench_prefix_cache_skip_tiny_needs_a_model(tmp_path):
+    from dorarl.bench import prefix_cache
+    from dorarl.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="--skip-tiny"):
+        prefix_cache.main(["--out", str(tmp_path), "--skip-tiny"])
