@@ -4,6 +4,8 @@ tokens, rewards, bounds and the endpoint's errors."""
 
 import asyncio
 import json
+import re
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -268,3 +270,25 @@ def test_task_agent_must_name_an_async_function():
     with pytest.raises(UserInputError, match="is not an async function"):
         load_agent(f"{AGENT}:_turn")
     assert load_agent(f"{AGENT}:two_calls") is two_calls
+
+
+def test_the_documented_agent_plays_as_written(tmp_path):
+    page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "async def solve" in b)
+    scope: dict = {}
+    exec(compile(code, "docs/environments.md", "exec"), scope)
+    task = _task(tmp_path, "two_calls")
+    task._agent = scope["solve"]
+    call = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+    state, shown = asyncio.run(_episode(task, [call, "It is 3"]))
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
+    assert "<tool_response>\n3\n</tool_response>" in task.tokenizer.decode(shown[1])
+
+
+def test_an_agent_task_pickles_for_rays_workers_and_imports_its_agent_there(tmp_path):
+    import pickle
+
+    task = _task(tmp_path, "two_calls")
+    assert task.agent is two_calls
+    copy = pickle.loads(pickle.dumps(task))
+    assert copy._agent is None and copy.agent is two_calls and copy.max_turns == 4
