@@ -24,6 +24,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import logging
 import math
 import re
 import time
@@ -37,8 +38,16 @@ from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.conversation import Conversation, Reply, TemplateDrift
 from dorarl.tasks.env import EnvStep
 from dorarl.tasks.episodes import EpisodeSource, EpisodeState
-from dorarl.tasks.openai_endpoint import CALL_TIMEOUT_S, CallError, Endpoint, endpoint_for
+from dorarl.tasks.openai_endpoint import (
+    CALL_TIMEOUT_S,
+    CallError,
+    Endpoint,
+    close_endpoint,
+    endpoint_for,
+)
 from dorarl.tasks.tool_calls import HERMES, ToolCall
+
+log = logging.getLogger(__name__)
 
 AgentFunction = Callable[[Any, Prompt], Awaitable[float]]
 _CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.S)
@@ -86,6 +95,10 @@ class AgentTask(Task):
 
     def endpoint(self) -> Endpoint:
         return endpoint_for(self.host)
+
+    def close(self) -> None:
+        """The run is over: the endpoint stops serving in this process."""
+        close_endpoint(self.host)
 
     def train_prompts(self) -> list[Prompt]:
         return self.base.train_prompts()
@@ -269,6 +282,7 @@ class AgentEpisode(EpisodeSource):
         if self.conversation is None:
             return self._first(call, messages, tools, seen)
         if tools != self._tools or seen[: len(self._seen)] != self._seen:
+            log.warning("episode %s: refused a call that does not extend its conversation", self.id)
             raise self._refuse(400, "the messages do not extend the episode's conversation (the messages of its last call, then the reply it got); one episode is one conversation", "not_an_extension")  # fmt: skip
         new = [self._for_template(m) for m in messages[len(self._seen) :]]
         if not new:

@@ -75,9 +75,19 @@ class Endpoint:
         self.episodes.pop(episode_id, None)
 
     def close(self) -> None:
-        if self._runner is not None:
-            self.run(self._runner.cleanup(), START_TIMEOUT_S)
+        """Stop serving: the agents still running (episodes left in flight) are cancelled."""
+        self.run(self._stop(), START_TIMEOUT_S)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(START_TIMEOUT_S)
+
+    async def _stop(self) -> None:
+        self.episodes.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     # --- the server ----------------------------------------------------------------------
     async def _start(self) -> int:
@@ -150,3 +160,11 @@ def endpoint_for(host: str) -> Endpoint:
             _ENDPOINTS[host] = Endpoint(host)
             log.info("agents' OpenAI endpoint on http://%s:%d", host, _ENDPOINTS[host].port)
         return _ENDPOINTS[host]
+
+
+def close_endpoint(host: str) -> None:
+    """Stop the process's endpoint on `host`, if one runs (the run is over)."""
+    with _LOCK:
+        endpoint = _ENDPOINTS.pop(host, None)
+    if endpoint is not None:
+        endpoint.close()

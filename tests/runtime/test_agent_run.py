@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dorarl.jobs.train import main as train_main
+from dorarl.tasks import openai_endpoint
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,7 @@ def test_an_agent_trains_through_the_openai_endpoint_and_keeps_the_audit(
         "engine.max_model_len=256", "eval.every=0", "progress=false",
     ]  # fmt: skip
     assert train_main([*args, "--out", str(out)]) == 0
+    assert "127.0.0.1" not in openai_endpoint._ENDPOINTS  # served for the run only
     summary = json.loads((out / "summary.json").read_text())
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]

@@ -292,3 +292,17 @@ def test_an_agent_task_pickles_for_rays_workers_and_imports_its_agent_there(tmp_
     assert task.agent is two_calls
     copy = pickle.loads(pickle.dumps(task))
     assert copy._agent is None and copy.agent is two_calls and copy.max_turns == 4
+
+
+def test_the_endpoint_serves_until_the_run_closes_its_task(tmp_path):
+    task = _task(tmp_path, "two_calls")
+    url = f"http://{task.endpoint().host}:{task.endpoint().port}/v1/models"
+
+    async def get():
+        async with aiohttp.ClientSession() as session, session.get(url) as answer:
+            return answer.status
+
+    assert asyncio.run(get()) == 200
+    task.close()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        asyncio.run(get())
