@@ -182,7 +182,7 @@ class AgentEpisode(EpisodeSource):
     async def _start(self, episode: EpisodeState) -> list[int]:
         self._calls = asyncio.Queue()
         self.endpoint.register(self.id, self)
-        client = _client(self.endpoint.base_url(self.id))
+        client = _client(self.endpoint, self.endpoint.base_url(self.id))
         self._agent = asyncio.ensure_future(self.task.agent(client, episode.prompt))
         try:
             ids = await self._next_prompt()
@@ -359,13 +359,19 @@ class _Call:
             self.answer.set_exception(error)
 
 
-def _client(base_url: str) -> Any:
+def _client(endpoint: Endpoint, base_url: str) -> Any:
+    """An episode's client. Its HTTP connections are the endpoint's, shared by every
+    episode: a client of its own costs ~100 ms (an SSL context), so hundreds at once would
+    eat the agents' time."""
     import openai  # the agent's side: imported where episodes run
 
+    if endpoint.http_client is None:
+        endpoint.http_client = openai.DefaultAsyncHttpxClient(timeout=CALL_TIMEOUT_S)
     # No retries: a retried call is answered with its reply, but a retry hides the error.
     return openai.AsyncOpenAI(
-        base_url=base_url, api_key="dorarl", max_retries=0, timeout=CALL_TIMEOUT_S
-    )
+        base_url=base_url, api_key="dorarl", max_retries=0, timeout=CALL_TIMEOUT_S,
+        http_client=endpoint.http_client,
+    )  # fmt: skip
 
 
 def _read_body(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:

@@ -59,6 +59,7 @@ class Endpoint:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="agents")
         self._thread.start()
         self._runner: web.AppRunner | None = None
+        self.http_client: Any = None  # the agents' clients' connections (on this loop)
         self.port = self.run(self._start(), START_TIMEOUT_S)
 
     def run(self, coro: Awaitable[Any], timeout_s: float) -> Any:
@@ -88,6 +89,8 @@ class Endpoint:
         for task in others:
             task.cancel()
         await asyncio.gather(*others, return_exceptions=True)
+        if self.http_client is not None:
+            await self.http_client.aclose()
 
     # --- the server ----------------------------------------------------------------------
     async def _start(self) -> int:

@@ -306,3 +306,14 @@ def test_the_endpoint_serves_until_the_run_closes_its_task(tmp_path):
     task.close()
     with pytest.raises(aiohttp.ClientConnectionError):
         asyncio.run(get())
+
+
+def test_hundreds_of_episodes_at_once_all_get_their_calls_answered_in_time(tmp_path):
+    task = _task(tmp_path, "two_calls", timeout_s=10.0)
+
+    async def play_all():
+        return await asyncio.gather(*(_episode(task, ["One.", "Two."]) for _ in range(200)))
+
+    states = [state for state, _ in asyncio.run(play_all())]
+    assert [s.error for s in states if s.error] == []
+    assert all(s.reward == 1.0 and len(s.turns) == 2 for s in states)
