@@ -6,7 +6,8 @@ detached tensor the engine keeps for an imported request); `versions` and `logpr
 have one entry per output token, and so does `observed` (True for a token an environment
 appended between turns: never sampled, logprob 0). The request's random stream is
 (seed, len(output_ids)), so it travels with the request and is independent of batch
-neighbours. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
+neighbours. With routes recorded (an MoE model, engine.record_routes), `routes` holds each
+output token's expert ids (routes.py), as `logprobs` holds its logprob. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
 holds its KV but no slot until `Engine.continue_request` appends the next observation.
 """
 
@@ -46,6 +47,7 @@ class Sequence:
     observed: list[bool] = field(default_factory=list)
     turn_start: int = 0  # output index where the current turn's sampled tokens begin
     waits_env: bool = False
+    routes: bytearray = field(default_factory=bytearray)  # per output token, when recorded
 
     def __post_init__(self) -> None:
         if not self.token_ids:
