@@ -24,6 +24,7 @@ import torch
 from transformers import PretrainedConfig
 
 from dorarl.config import ConfigError
+from dorarl.data.routes import route_bytes, unrecorded
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
@@ -44,7 +45,6 @@ from dorarl.engine.outputs import (
     StepWork,
 )
 from dorarl.engine.preflight import check_triton_attention
-from dorarl.engine.routes import route_bytes, unrecorded
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.token_ids import checked_token_ids

@@ -5,7 +5,7 @@ Row order is decode rows, then one chunk per prefill row. Everything the layers 
 built once per step here, never per layer. A row samples only when its chunk
 reaches the end of its sequence's tokens; earlier prefill chunks just fill the KV pool.
 With `record_routes` (an MoE model), `last_routes` holds after each step the expert ids of
-the rows that sampled, `[rows, width]` on the CPU in the routes' dtype (routes.py).
+the rows that sampled, `[rows, width]` on the CPU in the routes' dtype (data/routes.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dorarl.data.routes import route_dtype
 from dorarl.engine.attention import (
     DecodePlan,
     PagedAttention,
@@ -26,7 +27,6 @@ from dorarl.engine.attention import (
 from dorarl.engine.cpu_kernels import DecodeKernel
 from dorarl.engine.kv_cache import KVCache
 from dorarl.engine.model import Transformer
-from dorarl.engine.routes import route_dtype
 from dorarl.engine.sampler import SampleRow, sample
 from dorarl.engine.scheduler import Batch
 from dorarl.engine.sequence import Sequence

@@ -33,7 +33,7 @@ class RequestOutput:
     observed: list[bool] = field(default_factory=list)  # per output token: an env's, not sampled
     turn_start: int = 0  # output index where the last turn's sampled tokens begin
     waits_env: bool = False  # multi-turn: a turn ended; continue_request or end_request next
-    routes: bytes = b""  # MoE with engine.record_routes: each output token's experts (routes.py)
+    routes: bytes = b""  # MoE, engine.record_routes: each output token's experts (data/routes.py)
 
     @property
     def turn_ids(self) -> list[int]:
@@ -63,7 +63,7 @@ class RequestSnapshot:
     turn_start: int = 0
     waits_env: bool = False  # a multi-turn request between turns (KV kept, no slot)
     turn_reason: str | None = None  # how its last turn ended, while it waits
-    routes: bytes = b""  # the output tokens' recorded experts (routes.py), if any
+    routes: bytes = b""  # the output tokens' recorded experts (data/routes.py), if any
 
     @property
     def num_tokens(self) -> int:

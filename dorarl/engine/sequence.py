@@ -7,8 +7,9 @@ have one entry per output token, and so does `observed` (True for a token an env
 appended between turns: never sampled, logprob 0). The request's random stream is
 (seed, len(output_ids)), so it travels with the request and is independent of batch
 neighbours. With routes recorded (an MoE model, engine.record_routes), `routes` holds each
-output token's expert ids (routes.py), as `logprobs` holds its logprob. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
-holds its KV but no slot until `Engine.continue_request` appends the next observation.
+output token's expert ids (dorarl/data/routes.py), as `logprobs` holds its logprob. A
+multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it holds its KV but
+no slot until `Engine.continue_request` appends the next observation.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`dorarl simulate`: the controller at cluster scale on the cost model, modes side by side.
 
     dorarl simulate [--preset NAME] [--config FILE.yaml] [--out DIR] [--modes sync,dora]
-                    [--validate MODES_JSON] [--whatif] [key=value ...]
+                    [--validate MODES_JSON] [--whatif] [--expert-imbalance-from RUN]
+                    [key=value ...]
 
 Keys are dotted fields of `SimulateConfig` (controller.*, cost.*, lengths.*, seed), applied
 over the preset, then the YAML file, then the command line. Every mode runs the same
@@ -10,6 +11,8 @@ writes DIR/<mode>/ with the recorder's files; DIR/sim.json holds the per-mode fi
 the steps after `warmup_steps`, DIR/timeline_<mode>.png the instance lanes (when traced).
 `--preset local` simulates the runs of the `dorarl bench modes` run recorded in the package
 and writes how far each prediction is from the measurement (sim.json `validation`).
+`--expert-imbalance-from RUN` sets `cost.expert_imbalance` (an MoE preset's slowest-expert
+factor) to the mean `moe_imbalance` of a `dorarl train` run's metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--whatif", action="store_true", help="dora speedup vs p99/median and K (heat map)"
+    )
+    parser.add_argument(
+        "--expert-imbalance-from",
+        metavar="RUN",
+        help="a dorarl train run folder of an MoE model: its measured expert imbalance "
+        "(mean moe_imbalance over the steps) becomes cost.expert_imbalance",
     )
     parser.add_argument(
         "--print-config",
@@ -165,8 +174,25 @@ def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list
     ]
 
 
+def measured_imbalance(run: str | Path) -> float:
+    """The mean `moe_imbalance` (busiest expert over the mean, per step) of a run's steps."""
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"--expert-imbalance-from: {path} does not exist")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    values = [float(r["moe_imbalance"]) for r in rows if "moe_imbalance" in r]
+    if not values:
+        raise ConfigError(
+            f"--expert-imbalance-from: {path} has no moe_imbalance (not an MoE model's run)"
+        )
+    return sum(values) / len(values)
+
+
 def main(argv: list[str]) -> int:
     args = _parse(argv)
+    if args.expert_imbalance_from:
+        imbalance = measured_imbalance(args.expert_imbalance_from)
+        args.overrides = [f"cost.expert_imbalance={imbalance!r}", *args.overrides]
     out = Path(args.out)
     console = Console(width=max(160, Console().width))
     if args.print_config:

@@ -107,6 +107,31 @@ class LossConfig:
 
 
 @dataclass(kw_only=True)
+class MoeConfig:
+    """Mixture-of-Experts models: the load-balancing loss and routing replay (R3)."""
+
+    aux_loss_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of the router's load-balancing loss (Switch style, per sequence: "
+            "experts x sum of token share x mean router probability; 0: off)"
+        },
+    )
+    route_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "R3: route each sampled token through the experts the engine chose for "
+            "it (needs engine.record_routes=true); the top-k weights still come from the "
+            "trainer's router, so it keeps its gradient"
+        },
+    )
+
+    def validate(self) -> None:
+        if not self.aux_loss_coef >= 0.0:
+            raise ConfigError(f"aux_loss_coef: must be >= 0, got {self.aux_loss_coef}")
+
+
+@dataclass(kw_only=True)
 class TrainerConfig:
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
@@ -176,6 +201,7 @@ class TrainerConfig:
         default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
     )
     loss: LossConfig = field(default_factory=LossConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
 
     def validate(self) -> None:
         if self.lr <= 0.0:
@@ -193,3 +219,7 @@ class TrainerConfig:
         if self.world_size < 1:
             raise ConfigError("world_size: must be >= 1")
         self.loss.validate()
+        try:
+            self.moe.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"moe.{exc}") from None

@@ -6,7 +6,7 @@ experts, else int16. An output token with no route (an environment's observation
 all-ones bytes, which read as 255 (uint8) or -1 (int16): `NO_ROUTE` after `decode`. A token's
 route is that of the forward row whose logits sampled it, so it is computed once, in the step
 that sampled the token, and travels with the request (export, import, resume) as its logprob
-does. Torch-free, so samples carry routes as plain bytes.
+does. Torch-free: samples carry routes as plain bytes from the engines to the trainer.
 """
 
 from __future__ import annotations
