@@ -93,11 +93,27 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
         max_position_embeddings=512,
     ),
+    # the MoE shape's family at the tiny size, for the CPU runs of the device bench
+    "tiny-moe": dict(
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=512,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+    ),
 }
 
 
 QWEN2_SHAPES = {"qwen2-0.5b", "qwen2.5-7b"}
-MOE_SHAPES = {"qwen3-30b-a3b"}
+MOE_SHAPES = {"qwen3-30b-a3b", "tiny-moe"}
 _CLASSES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
