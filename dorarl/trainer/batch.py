@@ -32,6 +32,7 @@ class TrainSequence:
     weight: float = 0.0
     trained: list[bool] | None = None  # per response token; None: all (no observations)
     routes: bytes = b""  # the engine's recorded experts per response token (MoE), if any
+    version: int | None = None  # the one version that sampled every token (None: several)
 
     @property
     def length(self) -> int:
@@ -88,10 +89,15 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                     adv,
                     trained=trained,
                     routes=sample.routes if ids else b"",
+                    version=_one_version(sample),
                 )
             )
     _assign_weights(seqs, cfg.aggregation)
     return seqs
+
+
+def _one_version(sample: Sample) -> int | None:
+    return sample.versions[0] if sample.versions and sample.single_version else None
 
 
 def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:

@@ -13,7 +13,10 @@ the replayed experts, renormalised as the family does, so the router keeps its g
 and build the load-balancing loss per sequence: experts x sum_e f_e P_e, f_e the share of the
 sequence's tokens sent to e (summing to top_k) and P_e its mean router probability, weighted
 by the sequence's share of the loss and averaged over layers. Everything is a sum over
-sequences, so micro-batches and ranks add up to the whole batch's figures. Hooks act only
+sequences, so micro-batches and ranks add up to the whole batch's figures. Tokens sampled by
+the very weights the trainer holds (behavior version = its version) are counted apart: there
+a difference is numeric, while a stale token's routes also move with the policy (what
+replay removes). Hooks act only
 while a micro-batch is open, and with activation checkpointing the recomputation in backward
 repeats the same differentiable operations but records nothing a second time.
 """
@@ -48,11 +51,12 @@ class RouteRows:
     sequence: torch.Tensor  # (n,) the sequence it belongs to, numbered in the micro-batch
     seq_weights: torch.Tensor  # (sequences,) each sequence's share of the step's loss
     recorded: torch.Tensor | None  # (n, sparse layers, top_k) the engine's ids, -1: none
+    fresh: torch.Tensor | None = None  # (n,) sampled by the weights the trainer holds
     counted: bool = True  # False for a sharded trainer's zero-weight filler pass
 
 
 def route_rows(
-    batch: MicroBatch | PackedBatch, num_experts: int, layers: int, top_k: int
+    batch: MicroBatch | PackedBatch, num_experts: int, layers: int, top_k: int, version: int = -1
 ) -> RouteRows:
     seqs = batch.sequences
     device = batch.input_ids.device
@@ -67,7 +71,8 @@ def route_rows(
     recorded = [_recorded(s.routes, s.loss_mask, num_experts, layers, top_k) for s in seqs]
     have = any(r is not None for r in recorded)
     table = _fill(recorded, seqs, layers, top_k).to(device) if have else None
-    return RouteRows(positions, sequence, weights, table)
+    same = torch.tensor([s.version == version for s in seqs], dtype=torch.bool, device=device)
+    return RouteRows(positions, sequence, weights, table, same[sequence] if seqs else None)
 
 
 def _recorded(
@@ -99,16 +104,19 @@ class RouteStats:
     counts: torch.Tensor  # (sparse layers, experts) tokens routed to each expert
     compared: int = 0  # tokens with an engine route to compare
     differed: int = 0  # of them, tokens whose experts differed in some layer
+    compared_fresh: int = 0  # of the compared, those sampled by the trainer's own weights
+    differed_fresh: int = 0
     aux: float = 0.0  # the load-balancing loss of the step (0 when off)
 
     def as_floats(self) -> list[float]:
-        return [*self.counts.flatten().tolist(), self.compared, self.differed, self.aux]
+        tallies = [self.compared, self.differed, self.compared_fresh, self.differed_fresh]
+        return [*self.counts.flatten().tolist(), *tallies, self.aux]
 
     @classmethod
     def from_floats(cls, values: list[float], layers: int, experts: int) -> RouteStats:
         counts = torch.tensor(values[: layers * experts], dtype=torch.float64)
-        compared, differed, aux = values[layers * experts :]
-        return cls(counts.view(layers, experts), int(compared), int(differed), aux)
+        *tallies, aux = values[layers * experts :]
+        return cls(counts.view(layers, experts), *(int(t) for t in tallies), aux)
 
     def metrics(self, aux_on: bool) -> dict[str, float | dict[str, float]]:
         """tokens per expert (over layers), imbalance max/mean (mean and worst layer), the
@@ -121,7 +129,9 @@ class RouteStats:
             "moe_imbalance": float(per_layer.mean()) if counts.sum() > 0 else 1.0,
             "moe_imbalance_max": float(per_layer.max()) if counts.sum() > 0 else 1.0,
             "moe_routes_compared": float(self.compared),
-            "moe_route_mismatch": self.differed / self.compared if self.compared else 0.0,
+            "moe_route_mismatch": _share(self.differed, self.compared),
+            "moe_routes_compared_same_version": float(self.compared_fresh),
+            "moe_route_mismatch_same_version": _share(self.differed_fresh, self.compared_fresh),
         }
         if aux_on:
             out["moe_aux_loss"] = self.aux
@@ -163,8 +173,11 @@ class MoeRouting:
         return RouteStats(torch.zeros(len(self.routers), self.num_experts, dtype=torch.float64))
 
     # ---- a micro-batch -----------------------------------------------------------------
-    def open(self, batch: MicroBatch | PackedBatch, counted: bool = True) -> None:
-        rows = route_rows(batch, self.num_experts, len(self.routers), self.top_k)
+    def open(
+        self, batch: MicroBatch | PackedBatch, counted: bool = True, version: int = -1
+    ) -> None:
+        """Hooks act on `batch` from here; `version` is the weights the trainer holds."""
+        rows = route_rows(batch, self.num_experts, len(self.routers), self.top_k, version)
         rows.counted = counted
         self._open = _Open(rows)
 
@@ -199,6 +212,10 @@ class MoeRouting:
         valid = (rows.recorded >= 0).all(dim=2).all(dim=1)
         self.stats.compared += int(valid.sum())
         self.stats.differed += int((state.differs & valid).sum())
+        if rows.fresh is not None:
+            fresh = valid & rows.fresh
+            self.stats.compared_fresh += int(fresh.sum())
+            self.stats.differed_fresh += int((state.differs & fresh).sum())
 
     # ---- the hook ------------------------------------------------------------------------
     def _hook(self, layer: int):
@@ -253,6 +270,10 @@ class MoeRouting:
         mean_p = torch.zeros_like(share).index_add(0, rows.sequence, probs)
         per_seq = (share * mean_p).sum(dim=1) / tokens**2 * self.num_experts
         return (per_seq * rows.seq_weights.to(per_seq)).sum()
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
 
 
 def _weights_at(

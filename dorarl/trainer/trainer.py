@@ -256,7 +256,7 @@ class Trainer:
     ) -> None:
         if self.routing is None:
             return self._loss_step(batch, totals)
-        self.routing.open(batch, counted)
+        self.routing.open(batch, counted, self.version)
         try:
             return self._loss_step(batch, totals)
         finally:

@@ -98,6 +98,8 @@ def test_the_trainer_routes_every_sampled_token_as_the_engine_did(tmp_path, arch
     metrics = trainer.accumulate_gradients(groups)
     assert metrics["moe_routes_compared"] == tokens
     assert metrics["moe_route_mismatch"] == 0.0
+    assert metrics["moe_routes_compared_same_version"] == tokens
+    assert metrics["moe_route_mismatch_same_version"] == 0.0
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
     sparse = len(trainer.routing.routers)
     counted = sum(metrics["moe_tokens_per_expert"].values())
@@ -128,6 +130,18 @@ def test_the_mismatch_metric_counts_the_tokens_whose_routes_differ(tmp_path):
     changed = _corrupt(groups, every=3, experts=8, top_k=2)
     metrics = trainer.accumulate_gradients(groups)
     assert metrics["moe_route_mismatch"] == pytest.approx(changed / tokens)
+
+
+def test_stale_tokens_are_told_apart_from_those_of_the_trainers_own_weights(tmp_path):
+    trainer = Trainer.from_pretrained(save_moe(tmp_path, "qwen3_moe"), TrainerConfig(lr=3e-2))
+    stale = engine_groups(trainer)
+    trainer.train_step(engine_groups(trainer))  # now at version 1: the policy moved
+    fresh = engine_groups(trainer)
+    metrics = trainer.accumulate_gradients(stale + fresh)
+    tokens = sum(len(s.response_ids) for g in fresh for s in g.samples)
+    assert metrics["moe_routes_compared_same_version"] == tokens
+    assert metrics["moe_route_mismatch_same_version"] == 0.0
+    assert metrics["moe_route_mismatch"] > 0.0  # the stale ones' routes moved with the weights
 
 
 def _logprobs(trainer: Trainer, groups: list[Group]) -> torch.Tensor:
