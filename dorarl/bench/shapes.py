@@ -3,6 +3,7 @@ Qwen2s and one Mixture-of-Experts model, Qwen3-30B-A3B (the device bench's MoE s
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from dorarl.engine.model_spec import spec_from_hf
 from dorarl.errors import UserInputError
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -141,6 +143,7 @@ def random_llama(
     one) with seeded random weights, built on `device` in `dtype` (a 7B never exists in
     float32 on the host); an unknown name is one line."""
     config = shape_config(shape)
+    _check_host_memory(shape, config, device, dtype)
     torch.manual_seed(seed)
     before = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -149,3 +152,16 @@ def random_llama(
             return _CLASSES[_family(shape)][1](config)
     finally:
         torch.set_default_dtype(before)
+
+
+def _check_host_memory(shape: str, config: PretrainedConfig, device: str, dtype: torch.dtype):
+    """One line, not an out-of-memory kill, for weights the host cannot hold."""
+    if torch.device(device).type != "cpu":
+        return
+    need = spec_from_hf(config).num_parameters() * torch.empty((), dtype=dtype).element_size()
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > free:
+        raise UserInputError(
+            f"--shape {shape}: {need / 1e9:.1f} GB of weights in {dtype} do not fit the "
+            f"{free / 1e9:.1f} GB of free host memory (it is a --device cuda shape)"
+        )

@@ -1,6 +1,7 @@
 """`dorarl bench engine --device`: every section runs end to end on the CPU at a tiny size
 (the cuda run is scripts/gpu_check_1.sh), bars and the CPU bench's keys come out filled."""
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -68,3 +69,6 @@ def test_the_moe_shape_is_qwen3_30b_a3b():
     assert spec.model_type == "qwen3_moe" and 30.5e9 < spec.num_parameters() < 30.6e9
     assert (spec.moe.num_experts, spec.moe.top_k, spec.moe.expert_size) == (128, 8, 768)
     assert len(spec.moe.sparse_layers) == 48 and spec.moe.norm_topk
+    if os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") < 122e9:
+        with pytest.raises(UserInputError, match="--shape qwen3-30b-a3b: 122.1 GB of weights"):
+            ed.random_llama("qwen3-30b-a3b")  # float32 on the host: refused, not killed
