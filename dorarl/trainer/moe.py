@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from dorarl.data.routes import NO_ROUTE, route_dtype
 from dorarl.errors import UserInputError
-from dorarl.trainer.batch import MicroBatch
+from dorarl.trainer.batch import MicroBatch, TrainSequence
 from dorarl.trainer.config import MoeConfig
 from dorarl.trainer.packing import PackedBatch
 
@@ -89,7 +89,10 @@ def _recorded(
     return ids.view(len(loss_mask), layers, top_k)[torch.tensor(loss_mask, dtype=torch.bool)]
 
 
-def _fill(recorded, seqs, layers: int, top_k: int) -> torch.Tensor:
+def _fill(
+    recorded: list[torch.Tensor | None], seqs: list[TrainSequence], layers: int, top_k: int
+) -> torch.Tensor:
+    """Every sequence's loss-token routes in order, 'no route' for a sequence without."""
     parts = [
         r if r is not None else torch.full((s.trained_tokens, layers, top_k), NO_ROUTE)
         for r, s in zip(recorded, seqs, strict=True)
@@ -227,7 +230,16 @@ class MoeRouting:
 
         return hook
 
-    def _route(self, module, layer: int, state: _Open, logits, weights, experts):
+    def _route(
+        self,
+        module: nn.Module,
+        layer: int,
+        state: _Open,
+        logits: torch.Tensor,
+        weights: torch.Tensor,
+        experts: torch.Tensor,
+    ):
+        """The router's output, replayed where it should be, after counting and comparing."""
         rows = state.rows
         own = experts.index_select(0, rows.positions)
         used = own
@@ -251,7 +263,9 @@ class MoeRouting:
         replayed = experts.index_put((rows.positions,), used)
         return logits, _weights_at(module, logits, replayed, weights.dtype), replayed
 
-    def _note_difference(self, state, own, engine, known) -> None:
+    def _note_difference(
+        self, state: _Open, own: torch.Tensor, engine: torch.Tensor, known: torch.Tensor
+    ) -> None:
         differ = (own.sort(dim=1).values != engine.sort(dim=1).values).any(dim=1) & known
         state.differs = differ if state.differs is None else state.differs | differ
 

@@ -255,10 +255,11 @@ class Trainer:
         self, batch: MicroBatch | PackedBatch, totals: StepTotals, counted: bool = True
     ) -> None:
         if self.routing is None:
-            return self._loss_step(batch, totals)
-        self.routing.open(batch, counted, self.version)
+            self._loss_step(batch, totals)
+            return
+        self.routing.open(batch, counted, self.version)  # the router hooks act on this batch
         try:
-            return self._loss_step(batch, totals)
+            self._loss_step(batch, totals)
         finally:
             self.routing.close()
 

@@ -231,3 +231,23 @@ def test_router_jitter_is_refused_by_name(tmp_path):
     AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
     with pytest.raises(UserInputError, match="router_jitter_noise 0.01"):
         Trainer.from_pretrained(tmp_path, _config())
+
+
+def test_activation_checkpointing_recomputes_routes_without_counting_them_twice(tmp_path):
+    folder = save_moe(tmp_path, "qwen3_moe")
+    runs = []
+    for checkpointing in (False, True):
+        config = _config(aux_loss_coef=0.1, route_replay=True)
+        config.activation_checkpointing = checkpointing
+        trainer = Trainer.from_pretrained(folder, config)
+        groups = engine_groups(trainer)
+        _corrupt(groups, every=4, experts=8, top_k=2)  # replayed routes that are not its own
+        metrics = trainer.accumulate_gradients(groups)
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+        runs.append((metrics, grads))
+    (plain, plain_grads), (recomputed, recomputed_grads) = runs
+    for key in ("moe_tokens_per_expert", "moe_route_mismatch", "moe_routes_compared"):
+        assert recomputed[key] == plain[key], key
+    assert recomputed["moe_aux_loss"] == pytest.approx(plain["moe_aux_loss"], rel=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(recomputed_grads[name], grad, rtol=1e-5, atol=1e-7)
