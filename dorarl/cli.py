@@ -2,12 +2,15 @@
 
 Every sub-command is `main(argv) -> int`. User errors (`ConfigError`, `UserInputError`)
 print one line and exit 2; a run that failed on a worker (`RunFailed`) prints one line with
-how to resume and exits 1; nothing else is swallowed.
+how to resume and exits 1; output whose reader left (`dorarl ... | head`) ends the command
+quietly with exit 1, as rich does for what it prints; nothing else is swallowed.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import select
 import sys
 
 from dorarl.config import ConfigError
@@ -18,7 +21,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.jobs.train",
         "run an RL training job (default: built-in task, dora mode, local Ray)",
     ),
-    "bench engine": ("dorarl.bench.engine", "rollout engine throughput vs Hugging Face peers"),
+    "bench engine": (
+        "dorarl.bench.engine",
+        "the engine on a tiny model vs HF generate and continuous batching, a floor",
+    ),
+    "bench engine-model": (
+        "dorarl.bench.engine_model",
+        "the engine on a real model (--model DIR | --shape S) vs HF generate",
+    ),
+    "bench engine-device": (
+        "dorarl.bench.engine_device",
+        "the engine at a shape on a device (--device cuda|cpu) vs HF, a floor",
+    ),
+    "bench migration": (
+        "dorarl.bench.migration",
+        "a request moved between two engine actors, by transport, vs re-prefill",
+    ),
     "bench trainer": (
         "dorarl.bench.trainer",
         "trainer forward+backward vs plain Hugging Face, same tokens; peak memory; floor",
@@ -73,7 +91,37 @@ def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a pipe's reader that left fails this flush, not the exit's
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a pipe or socket of the command's own broke: its error, not the reader's
+        return _quiet_stdout()
+    return code
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _quiet_stdout() -> int:
+    """What is left to print goes nowhere (Python's flush at exit would fail again and print
+    a traceback); exit 1, as rich's console does when its reader left."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 1
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0

@@ -3,7 +3,7 @@
 # is the rest): the engine's cuda tests (exact against HF, graph replay equals eager, the
 # fast paths' start-up checks passing, weights loaded in place under captured graphs,
 # migration between two engines) and the Triton kernel, device sampler and decode-graph
-# tests; `dorarl bench engine --device cuda --shape qwen2-0.5b` (full); a short
+# tests; `dorarl bench engine-device --device cuda --shape qwen2-0.5b` (full); a short
 # `dorarl train --config configs/gpu-1.yaml` (two engines and the trainer on one GPU).
 # An engine whose Triton kernels or graphs fail their start-up check falls back and says
 # so: the bench's engine JSON and the run's summary name it (fast_path_fallbacks).
@@ -19,8 +19,8 @@ stage 150 "cuda tests" python3 -m pytest -q -p no:cacheprovider -rs \
   tests/engine/test_engine_cuda.py tests/engine/test_triton_attention.py \
   tests/engine/test_device_sampler.py tests/engine/test_decode_graphs.py \
   tests/engine/test_engine_fast_paths.py
-stage 190 "bench engine --device cuda --shape qwen2-0.5b" python3 -m dorarl.cli bench engine \
-  --device cuda --shape qwen2-0.5b --out "$work/qwen2-0.5b"
+stage 190 "bench engine-device --device cuda --shape qwen2-0.5b" python3 -m dorarl.cli bench \
+  engine-device --device cuda --shape qwen2-0.5b --out "$work/qwen2-0.5b"
 keep "$work/qwen2-0.5b/engine.json" engine-qwen2-0.5b.json
 keep "$work/qwen2-0.5b/engine.partial.json" engine-qwen2-0.5b.partial.json
 stage 90 "train --config configs/gpu-1.yaml steps=20" python3 -m dorarl.cli train \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The rest of the GPU check, a second device command (caps 480 s; run scripts/gpu_check_1.sh
-# first, it matters more): `dorarl bench engine --device cuda --shape qwen2.5-7b --quick`;
+# first, it matters more): `dorarl bench engine-device --device cuda --shape qwen2.5-7b --quick`;
 # a migration between two engine actors on the GPU (CUDA IPC), its test then
-# `dorarl bench engine --device cuda --shape qwen2-0.5b --actor-migration`; the SmolLM2
+# `dorarl bench migration --device cuda --shape qwen2-0.5b`; the SmolLM2
 # arith config on cuda, where the converted model is on the machine ($SMOLLM2_DIR, default
 # models/smollm2-135m-instruct: its 98 MB GGUF does not fit the 64 MiB a call carries, and
 # the machine has no network, so without it the stage says so and is skipped).
@@ -14,14 +14,14 @@ smollm2="${SMOLLM2_DIR:-models/smollm2-135m-instruct}"
 
 stage 40 "install wheels" bash -c install_wheels
 stage 10 "environment" bash -c environment
-stage 150 "bench engine --device cuda --shape qwen2.5-7b --quick" python3 -m dorarl.cli bench \
-  engine --device cuda --shape qwen2.5-7b --quick --out "$work/qwen2.5-7b"
+stage 150 "bench engine-device --device cuda --shape qwen2.5-7b --quick" python3 -m dorarl.cli \
+  bench engine-device --device cuda --shape qwen2.5-7b --quick --out "$work/qwen2.5-7b"
 keep "$work/qwen2.5-7b/engine.json" engine-qwen2.5-7b.json
 keep "$work/qwen2.5-7b/engine.partial.json" engine-qwen2.5-7b.partial.json
 stage 60 "kv migration between two engine actors (test)" python3 -m pytest -q \
   -p no:cacheprovider -rs tests/runtime/test_kv_transfer_cuda.py
-stage 120 "bench engine --actor-migration" python3 -m dorarl.cli bench engine --device cuda \
-  --shape qwen2-0.5b --actor-migration --out "$work/actor-migration"
+stage 120 "bench migration" python3 -m dorarl.cli bench migration --device cuda \
+  --shape qwen2-0.5b --out "$work/actor-migration"
 keep "$work/actor-migration/actor_migration.json" actor_migration.json
 if [ -f "$smollm2/config.json" ]; then
   stage 100 "train --config configs/smollm2-arith.yaml on cuda" python3 -m dorarl.cli train \

@@ -181,12 +181,22 @@ def _log_row(row: dict) -> None:
     )
 
 
+def _curve(rows: list[dict]) -> dict:
+    """The rows as dorarl.report.run_curve's curve: step s made version s, the row of step s
+    carries the evaluation of version s (step 0's: the base model's)."""
+    trained = [r for r in rows if "reward_mean" in r]
+    evals = [{"version": r["step"], "accuracy": r["eval_accuracy"]} for r in rows
+             if "eval_accuracy" in r]  # fmt: skip
+    return {"steps": [r["step"] for r in trained],
+            "reward_mean": [r["reward_mean"] for r in trained], "eval": evals}  # fmt: skip
+
+
 def write_outputs(rows: list[dict], args) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "curve.jsonl").open("w") as handle:
         for row in rows:
             handle.write(json.dumps(row) + "\n")
-    plot_training_curve(rows, args.out / "curve.png", title="sync GRPO on running_sum")
+    plot_training_curve(_curve(rows), args.out / "curve.png", title="sync GRPO on running_sum")
     evals = [r for r in rows if "eval_accuracy" in r]
     summary = {
         "start_accuracy": evals[0]["eval_accuracy"],

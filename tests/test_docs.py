@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 COMMAND = re.compile(r"dorarl (train|simulate|bench modes|bench convergence)\b([^`|#\n]*)")
-OPTIONS_WITH_VALUE = {"--config", "--out", "--preset", "--modes", "--validate", "--print-placement"}
+OPTIONS_WITH_VALUE = {"--config", "--out", "--preset", "--modes", "--bench", "--print-placement"}
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(:\d+)?")
 """A value that stands for the reader's own (DIR, N, RUN_DIR, HOST:6379)."""
 UNSHIPPED_KEYS = {"resume"}

@@ -14,14 +14,14 @@ import logging
 import os
 import random
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from dorarl.config import ConfigError
+from dorarl.bench.clock import timed
+from dorarl.config import check_fields
 from dorarl.data import Group, Sample
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.record.pacing import DeviceModel
@@ -50,44 +50,45 @@ class Calibration:
 @dataclass(kw_only=True)
 class PaceRule:
     margin: float = field(
-        default=2.0, metadata={"help": "least device time / real compute alone, per step"}
+        default=2.0, metadata={"help": "least device time / real compute alone, per step", "ge": 1}
     )
     cpu_share: float = field(
         default=0.5,
-        metadata={"help": "most of the cores the paced workers may keep busy, on average"},
+        metadata={
+            "help": "most of the cores the paced workers may keep busy, on average",
+            "gt": 0,
+            "le": 1,
+        },
     )
     cores: int = field(
-        default_factory=lambda: os.cpu_count() or 2, metadata={"help": "CPU cores shared"}
+        default_factory=lambda: os.cpu_count() or 2,
+        metadata={"help": "CPU cores shared", "ge": 1},
     )
     train_ratio: float = field(
         default=0.5,
-        metadata={"help": "device time of a training step / expected sync rollout time"},
+        metadata={
+            "help": "device time of a training step / expected sync rollout time",
+            "gt": 0,
+        },
     )
     kv_share: float = field(
         default=0.2,
-        metadata={"help": "a step's KV read at a full pool, as a share of its weight read"},
+        metadata={
+            "help": "a step's KV read at a full pool, as a share of its weight read",
+            "ge": 0,
+        },
     )
     min_decode_s: float = field(
         default=0.02,
         metadata={
             "help": "least device time of a decode step: a real accelerator's step takes tens "
-            "of ms, so the runtime's per-call latency (ms, unpaced) must stay small beside it"
+            "of ms, so the runtime's per-call latency (ms, unpaced) must stay small beside it",
+            "ge": 0,
         },
     )
 
     def validate(self) -> None:
-        if not self.margin >= 1.0:
-            raise ConfigError(f"margin: must be >= 1, got {self.margin}")
-        if not 0.0 < self.cpu_share <= 1.0:
-            raise ConfigError(f"cpu_share: must be in (0, 1], got {self.cpu_share}")
-        if self.cores < 1:
-            raise ConfigError(f"cores: must be >= 1, got {self.cores}")
-        if not self.train_ratio > 0:
-            raise ConfigError(f"train_ratio: must be > 0, got {self.train_ratio}")
-        if not self.kv_share >= 0:
-            raise ConfigError(f"kv_share: must be >= 0, got {self.kv_share}")
-        if not self.min_decode_s >= 0:
-            raise ConfigError(f"min_decode_s: must be >= 0, got {self.min_decode_s}")
+        check_fields(self)
 
 
 # ---- engine ------------------------------------------------------------------------------
@@ -111,15 +112,13 @@ def _time_decode(
         engine.add_request(f"decode-{i}", list(prompts[i % len(prompts)]), params)
     times, contexts = [], []
     while engine.has_unfinished():
-        started = time.perf_counter()
-        engine.step()
-        elapsed, work = time.perf_counter() - started, engine.last_step
+        elapsed, work = timed(engine.step)[1].wall_s, engine.last_step
         if work.decode_tokens == batch:  # a full-batch decode step (nothing prefilled)
             times.append(elapsed)
             contexts.append(work.resident_tokens / batch)
-    timed = sorted(times[2:]) or sorted(times)  # the first steps warm caches up
-    assert timed, "no full-batch decode step was timed"
-    return timed[int(0.9 * (len(timed) - 1))], round(statistics.mean(contexts))
+    kept = sorted(times[2:]) or sorted(times)  # the first steps warm caches up
+    assert kept, "no full-batch decode step was timed"
+    return kept[int(0.9 * (len(kept) - 1))], round(statistics.mean(contexts))
 
 
 def _time_prefill(engine: Engine, prompts: Sequence[list[int]]) -> float:
@@ -132,9 +131,7 @@ def _time_prefill(engine: Engine, prompts: Sequence[list[int]]) -> float:
         engine.add_request(f"prefill-{i}", ids, SamplingParams(target_len=1, seed=i))
     per_token = []
     while engine.has_unfinished():
-        started = time.perf_counter()
-        engine.step()
-        elapsed = time.perf_counter() - started
+        elapsed = timed(engine.step)[1].wall_s
         tokens = engine.last_step.decode_tokens + engine.last_step.prefill_tokens
         if tokens > config.max_num_seqs:  # a prefill step, not a final one-token decode
             per_token.append(elapsed / tokens)
@@ -183,9 +180,7 @@ def calibrate_trainer(
 
 
 def _time_train(trainer: Trainer, groups: list[Group]) -> float:
-    started = time.perf_counter()
-    trainer.train_step(groups)
-    return time.perf_counter() - started
+    return timed(lambda: trainer.train_step(groups))[1].wall_s
 
 
 def _tokens(groups: list[Group]) -> int:

@@ -8,21 +8,18 @@ tokens count: a static batch runs to its longest member, its padding work earns 
 Writes DIR/engine.json and prints a table. Every contender runs with the same torch thread
 count (default 1). Figures are given on the wall clock and on this process's CPU clock: on
 a CPU shared with other jobs the wall clock also measures their load, the CPU clock does not.
+A real model's shape is `dorarl bench engine-model`, a device `dorarl bench engine-device`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import os
 import pickle
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,15 +28,15 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+from dorarl.bench.cli_args import engine_bench_parser, write_json
+from dorarl.bench.clock import Laps, Stopwatch, load_window, timed
 from dorarl.bench.dense_attention import DenseAttention
-from dorarl.bench.engine_real import RealSpec, load_model, print_real, run_real
 from dorarl.bench.hf_peers import Workload, long_tail_workload, run_hf_continuous
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
-from dorarl.bench.shapes import SHAPES
 from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.sampler import SampleRow, sample
-from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 
 logger = logging.getLogger(__name__)
 
@@ -119,18 +116,6 @@ def _params(target: int, seed: int) -> SamplingParams:
     return SamplingParams(temperature=1.0, target_len=target, seed=seed)
 
 
-@dataclass
-class Elapsed:
-    wall: float
-    cpu: float  # this process's CPU time: robust to other processes sharing the cores
-
-
-def _timed(fn: Callable[[], Any]) -> tuple[Any, Elapsed]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    result = fn()
-    return result, Elapsed(time.perf_counter() - wall, time.process_time() - cpu)
-
-
 # --- contenders -------------------------------------------------------------------------
 def make_engine(
     model: Qwen2ForCausalLM, spec: BenchSpec, max_len: int, max_seqs: int, chunk: int | None = None
@@ -155,12 +140,12 @@ def run_engine(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> dict
             tokens += sum(len(out.output_ids) for out in engine.step())
         return tokens
 
-    tokens, took = _timed(go)
+    tokens, took = timed(go)
     assert tokens == work.total_tokens, "forced lengths were not honoured"
     stats = engine.stats()
     return {
-        "wall_s": took.wall,
-        "cpu_s": took.cpu,
+        "wall_s": took.wall_s,
+        "cpu_s": took.cpu_s,
         "tokens": tokens,
         "steps": stats.steps,
         "tokens_per_step": tokens / stats.steps,
@@ -190,10 +175,10 @@ def run_hf_static(model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload) -> d
             with torch.inference_mode():
                 model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
 
-    _, took = _timed(go)
+    _, took = timed(go)
     return {
-        "wall_s": took.wall,
-        "cpu_s": took.cpu,
+        "wall_s": took.wall_s,
+        "cpu_s": took.cpu_s,
         "tokens": work.total_tokens,
         "decoded_tokens": padded,
     }
@@ -241,10 +226,10 @@ def run_floor(engine: Engine, spec: BenchSpec, work: Workload) -> dict[str, Any]
             floor.decode(context)
 
     floor.decode(context)  # warm up
-    _, took = _timed(go)
+    _, took = timed(go)
     return {
-        "wall_s": took.wall,
-        "cpu_s": took.cpu,
+        "wall_s": took.wall_s,
+        "cpu_s": took.cpu_s,
         "tokens": work.total_tokens,
         "decode_steps": steps,
         "mean_context": context,
@@ -268,12 +253,13 @@ def step_ms_full_batch(model: Qwen2ForCausalLM, spec: BenchSpec) -> dict[str, fl
         "floor": lambda: floor.decode(ctx + 1),
         "floor_forward_only": lambda: floor.decode(ctx + 1, sampling=False),
     }
-    times: dict[str, list[Elapsed]] = {name: [] for name in steps}
+    laps = {name: Laps() for name in steps}
     for _ in range(repeats):  # interleaved, so a burst of outside load hits all of them
         for name, fn in steps.items():
-            times[name].append(_timed(fn)[1])
-    wall = {n: 1e3 * statistics.median(t.wall for t in ts) for n, ts in times.items()}
-    cpu = {n: 1e3 * statistics.median(t.cpu for t in ts) for n, ts in times.items()}
+            laps[name].time(fn)
+    medians = {name: lap.median() for name, lap in laps.items()}
+    wall = {n: 1e3 * m.wall_s for n, m in medians.items()}
+    cpu = {n: 1e3 * m.cpu_s for n, m in medians.items()}
     return {"batch": batch, "context": ctx, **wall, "cpu_ms": cpu}
 
 
@@ -300,17 +286,17 @@ def _one_migration(a: Engine, b: Engine, ctx: int, spec: BenchSpec, rep: int) ->
     a.add_request(request, prompt, _params(8, rep))
     while not a.progress(request):
         a.step()
-    start = time.perf_counter()
+    watch = Stopwatch()
     snap = pickle.loads(pickle.dumps(a.export_request(request)))
     b.import_request(snap)
-    transfer = time.perf_counter() - start
+    transfer = watch.wall_s()
     _step_to_next_token(b, request, 2)
-    migration = time.perf_counter() - start
+    migration = watch.wall_s()
     tokens_only = b.abort(request)
-    start = time.perf_counter()
+    watch = Stopwatch()
     a.resume_request(tokens_only)
     _step_to_next_token(a, request, 3)
-    reprefill = time.perf_counter() - start
+    reprefill = watch.wall_s()
     a.abort(request)
     kv_mb = snap.kv_bytes / 2**20
     return {
@@ -426,21 +412,31 @@ def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
 
 # --- entry point ----------------------------------------------------------------------------
 def run(spec: BenchSpec, console: Console, skip_hf: bool = False) -> dict[str, Any]:
-    model, work = build_model(spec), make_workload(spec)
-    report = _header(spec, model, work)
-    results, report["hf_continuous_error"] = _run_contenders(model, spec, work, console, skip_hf)
+    """Every contender, the step at full batch and migration: what engine.json holds."""
+    with load_window() as window:
+        model, work = build_model(spec), make_workload(spec)
+        report = _header(spec, model, work)
+        report.update(_throughput(model, spec, work, console, skip_hf))
+        console.log("step time at full batch")
+        report["step_ms_full_batch"] = step_ms_full_batch(model, spec)
+        console.log("migration vs re-prefill")
+        report.update(migration_vs_reprefill(model, spec))
+        report["bars"] = compute_bars(report)
+    return report | window.fields()
+
+
+def _throughput(
+    model: Qwen2ForCausalLM, spec: BenchSpec, work: Workload, console: Console, skip_hf: bool
+) -> dict[str, Any]:
+    results, error = _run_contenders(model, spec, work, console, skip_hf)
     names = ("engine", "hf_static", "hf_continuous", "floor")
-    report["tokens_per_s"] = {n: _per(results.get(n), "wall_s") for n in names}
-    report["tokens_per_cpu_s"] = {n: _per(results.get(n), "cpu_s") for n in names}
-    report["wall_s"] = {n: r["wall_s"] for n, r in results.items()}
-    report["details"] = results
-    console.log("step time at full batch")
-    report["step_ms_full_batch"] = step_ms_full_batch(model, spec)
-    console.log("migration vs re-prefill")
-    report.update(migration_vs_reprefill(model, spec))
-    report["bars"] = compute_bars(report)
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    return report
+    return {
+        "hf_continuous_error": error,
+        "tokens_per_s": {n: _per(results.get(n), "wall_s") for n in names},
+        "tokens_per_cpu_s": {n: _per(results.get(n), "cpu_s") for n in names},
+        "wall_s": {n: r["wall_s"] for n, r in results.items()},
+        "details": results,
+    }
 
 
 def _per(result: dict[str, Any] | None, clock: str) -> float | None:
@@ -451,7 +447,6 @@ def _header(spec: BenchSpec, model: Qwen2ForCausalLM, work: Workload) -> dict[st
     return {
         "spec": asdict(spec),
         "threads": torch.get_num_threads(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "model": {"arch": "qwen2", "parameters": sum(p.numel() for p in model.parameters())},
         "workload": {
@@ -488,137 +483,18 @@ def _run_contenders(
     return results, error
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="dorarl bench engine", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--out", required=True, type=Path, help="folder for engine.json")
+def arguments() -> argparse.ArgumentParser:
+    parser = engine_bench_parser("dorarl bench engine", __doc__, "engine.json")
     parser.add_argument("--quick", action="store_true", help="reduced workload, under a minute")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads for every contender"
-    )
     parser.add_argument("--skip-hf", action="store_true", help="skip the Hugging Face contenders")
-    real = parser.add_mutually_exclusive_group()
-    real.add_argument(
-        "--model", type=Path, help="also bench a local HF model folder (batches 32 and 64)"
-    )
-    real.add_argument(
-        "--shape", choices=sorted(SHAPES), help="also bench random weights of a real model's shape"
-    )
-    parser.add_argument(
-        "--real-only", action="store_true", help="with --model/--shape: skip the tiny-model bench"
-    )
-    parser.add_argument(
-        "--device",
-        help="cuda | cpu: bench --shape (default qwen2-0.5b on cuda, tiny on cpu) on that "
-        "device against HF, at batches 8-128, with the bandwidth floor (engine_device.py)",
-    )
-    parser.add_argument(
-        "--engine-set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="with --device: an engine key (attention, sampler, cuda_graphs, dtype; with "
-        "--actor-migration also linear_kernel) for every engine of the bench, e.g. cuda_graphs=off",
-    )
-    parser.add_argument(
-        "--actor-migration",
-        action="store_true",
-        help="with --device: only a migration between two engine actors, object_store vs "
-        "collective vs re-prefill at 1k/4k/16k tokens (actor_migration.py)",
-    )
-    parser.add_argument(
-        "--contexts",
-        help="with --actor-migration: comma-separated token counts instead of 1024,4096,16384",
-    )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = arguments().parse_args(argv)
     torch.set_num_threads(args.threads)
-    console, log = Console(), Console(stderr=True)
-    if args.device:
-        return _device_main(args, console, log)
-    if args.real_only and not (args.model or args.shape):
-        raise UserInputError("--real-only needs --model DIR or --shape NAME")
-    report = (
-        _header_only() if args.real_only else run(QUICK if args.quick else FULL, log, args.skip_hf)
-    )
+    report = run(QUICK if args.quick else FULL, Console(stderr=True), args.skip_hf)
     report["quick"] = args.quick
-    if args.model or args.shape:
-        model = load_model(args.model, args.shape)
-        report["real_model"] = run_real(model, RealSpec(), log, skip_hf=args.skip_hf)
-        report["real_model"]["source"] = str(args.model) if args.model else args.shape
-        report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
-    if not args.real_only:
-        print_report(report, console)
-    if "real_model" in report:
-        print_real(report["real_model"], console)
-        console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
-    return 0
-
-
-def _actor_migration_main(
-    args: argparse.Namespace, shape: str, console, log, engine_set: tuple[tuple[str, str], ...]
-) -> int:
-    from dorarl.bench.actor_migration import actor_migration_report, print_actor_migration
-    from dorarl.bench.engine_device import resolve_device
-
-    resolve_device(args.device)  # one line for a device that is not here
-    contexts = _contexts(args.contexts) if args.contexts else None
-    report = actor_migration_report(
-        shape, args.device, args.quick, args.threads, log, contexts, engine_set
-    )
-    (args.out / "actor_migration.json").write_text(json.dumps(report, indent=2))
-    print_actor_migration(report, console)
-    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
-    return 0
-
-
-def _contexts(text: str) -> tuple[int, ...]:
-    try:
-        contexts = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        contexts = ()
-    if not contexts or min(contexts) < 2:
-        raise UserInputError(f"--contexts: comma-separated token counts >= 2, got {text!r}")
-    return contexts
-
-
-def _header_only() -> dict[str, Any]:
-    return {
-        "threads": torch.get_num_threads(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-    }
-
-
-def _device_main(args: argparse.Namespace, console: Console, log: Console) -> int:
-    from dorarl.bench.engine_device import (
-        ENGINE_SET_KEYS,
-        device_report,
-        parse_engine_set,
-        print_device_report,
-    )
-
-    if args.model or args.real_only:
-        raise UserInputError("--device benches random weights of --shape; drop --model/--real-only")
-    shape = args.shape or ("qwen2-0.5b" if args.device.startswith("cuda") else "tiny")
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.actor_migration:  # its actors' memory may call for linear_kernel=torch on a CPU
-        keys = (*ENGINE_SET_KEYS, "linear_kernel")
-        return _actor_migration_main(
-            args, shape, console, log, parse_engine_set(args.engine_set, keys)
-        )
-    engine_set = parse_engine_set(args.engine_set)
-    partial = args.out / "engine.partial.json"  # what a run cut short had measured
-
-    def save(bench: dict) -> None:
-        partial.write_text(json.dumps(bench, indent=2))
-
-    report = device_report(shape, args.device, args.quick, log, engine_set, save)
-    report["quick"] = args.quick
-    (args.out / "engine.json").write_text(json.dumps(report, indent=2))
-    partial.unlink(missing_ok=True)
-    print_device_report(report["device_bench"], console)
-    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    write_json(args.out, "engine.json", report)
+    print_report(report, table_console())
     return 0

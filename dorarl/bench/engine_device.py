@@ -1,4 +1,5 @@
-"""`dorarl bench engine --device cuda|cpu --shape S`: the engine at a model's shape on a device.
+"""`dorarl bench engine-device --device cuda|cpu --shape S`: the engine at a model's shape on a
+device.
 
 Random weights of the shape (no download), the engine with its defaults on that device
 (on cuda: Triton paged attention, device sampling, CUDA graphs, bfloat16), against Hugging
@@ -20,10 +21,9 @@ HF's fastest plain step; long tail >= 10x HF generate; migration at 16k >= 20x c
 
 from __future__ import annotations
 
-import os
+import argparse
 import pickle
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -36,12 +36,15 @@ from rich.console import Console
 from rich.table import Table
 from transformers import GenerationConfig, PreTrainedModel, StaticCache
 
+from dorarl.bench.cli_args import engine_bench_parser, write_json
+from dorarl.bench.clock import Stopwatch, load_window, timed
 from dorarl.bench.hf_peers import Workload, long_tail_workload, run_hf_continuous
 from dorarl.bench.report import fmt_or_dash
-from dorarl.bench.shapes import random_llama
+from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data.lengths import length_stats
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,10 @@ class Device:
     def timed(self, fn: Callable[[], Any]) -> float:
         """Seconds of `fn`, the device's queue drained before and after."""
         self.sync()
-        start = time.perf_counter()
+        watch = Stopwatch()
         fn()
         self.sync()
-        return time.perf_counter() - start
+        return watch.wall_s()
 
 
 def _elem(dtype: torch.dtype) -> int:
@@ -239,11 +242,8 @@ def _engine_step_ms(engine: Engine, batch: int, spec: DeviceSpec) -> float:
     while min(engine.progress(r) for r in ids) == 0:
         engine.step()  # prefill every request; then each step decodes the whole batch
     engine.step()  # warm up
-    times = []
-    for _ in range(spec.step_repeats):
-        start = time.perf_counter()
-        engine.step()  # ends in the host sync of its sampled tokens
-        times.append(time.perf_counter() - start)
+    # each step ends in the host sync of its sampled tokens
+    times = [timed(engine.step)[1].wall_s for _ in range(spec.step_repeats)]
     for rid in set(ids) & set(engine.request_ids()):
         engine.abort(rid)
     return 1e3 * statistics.median(times)
@@ -317,27 +317,27 @@ def _one_migration(a: Engine, b: Engine, ctx: int, rep: int) -> dict[str, float]
     a.add_request(request, [(7 * i + rep) % vocab for i in range(ctx - 1)], _forced(8, rep))
     while not a.progress(request):
         a.step()
-    start = time.perf_counter()
+    watch = Stopwatch()
     snap = a.export_request(request)
-    exported = time.perf_counter()
+    exported = watch.wall_s()
     snap = pickle.loads(pickle.dumps(snap))
-    pickled = time.perf_counter()
+    pickled = watch.wall_s()
     b.import_request(snap)
     while b.progress(request) < 2:
         b.step()
-    migrated = time.perf_counter()
+    migrated = watch.wall_s()
     tokens_only = b.abort(request)
-    start_re = time.perf_counter()
+    watch = Stopwatch()
     a.resume_request(tokens_only)
     while a.progress(request) < 3:
         a.step()
-    reprefill = time.perf_counter() - start_re
+    reprefill = watch.wall_s()
     a.abort(request)
     return {
-        "migration_ms": 1e3 * (migrated - start),
+        "migration_ms": 1e3 * migrated,
         "reprefill_ms": 1e3 * reprefill,
-        "export_ms": 1e3 * (exported - start),
-        "transfer_ms": 1e3 * (pickled - start),
+        "export_ms": 1e3 * exported,
+        "transfer_ms": 1e3 * pickled,
         "kv_mb": snap.kv_bytes / 2**20,
     }
 
@@ -453,12 +453,36 @@ def _print_bars(bars_: dict[str, dict[str, Any]], console: Console) -> None:
 
 # --- entry point ----------------------------------------------------------------------------
 def resolve_device(name: str) -> Device:
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # not a device torch knows ("gpu", "cuda:x")
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise UserInputError(f"--device: cpu or cuda, got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserInputError("--device cuda: torch sees no GPU here")
-    if device.type not in ("cuda", "cpu"):
-        raise UserInputError(f"--device: cpu or cuda, got {name!r}")
     return Device(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+
+
+def add_device_args(
+    parser: argparse.ArgumentParser, engine_keys: tuple[str, ...], quick: str
+) -> None:
+    """`--device`, `--shape`, `--quick` and `--engine-set`: what the device benches share."""
+    parser.add_argument("--device", required=True, help="cuda | cpu")
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES),
+        help="random weights of this shape (default: qwen2-0.5b on cuda, tiny on cpu)",
+    )  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument(
+        "--engine-set", action="append", default=[], metavar="KEY=VALUE",
+        help=f"an engine key ({', '.join(engine_keys)}) for every engine of the bench, "
+        "e.g. cuda_graphs=off",
+    )  # fmt: skip
+
+
+def default_shape(device: str, shape: str | None) -> str:
+    return shape or ("qwen2-0.5b" if device.startswith("cuda") else "tiny")
 
 
 def parse_engine_set(
@@ -507,18 +531,46 @@ def device_report(
     engine_set: tuple[tuple[str, str], ...] = (),
     on_section: Callable[[dict], None] = lambda bench: None,
 ) -> dict[str, Any]:
-    """engine.json for `--device`: header, today's keys from this run, `device_bench`."""
+    """engine.json: header, today's keys from this run, `device_bench`."""
     dev = resolve_device(device)
     spec = replace(QUICK if quick else FULL, engine_set=engine_set)
-    report: dict[str, Any] = {
+    with load_window() as window:
+        bench = run_device_bench(shape, dev, spec, console, on_section)
+    return {
         "threads": torch.get_num_threads(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        **todays_keys(bench),
+        "model": {"shape": shape, "parameters": bench["parameters"]},
+        "workload": {"lengths": bench["long_tail"]["lengths"]},
+        "device_bench": bench,
+        **window.fields(),
     }
-    bench = run_device_bench(shape, dev, spec, console, on_section)
-    report.update(todays_keys(bench))
-    report["model"] = {"shape": shape, "parameters": bench["parameters"]}
-    report["workload"] = {"lengths": bench["long_tail"]["lengths"]}
-    report["device_bench"] = bench
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    return report
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = engine_bench_parser("dorarl bench engine-device", __doc__, "engine.json")
+    add_device_args(
+        parser, ENGINE_SET_KEYS, "64 requests, batches 8 and 64, no HF continuous batching "
+        "and no compiled HF step",
+    )  # fmt: skip
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = arguments().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    engine_set = parse_engine_set(args.engine_set)
+    partial_json = args.out / "engine.partial.json"  # what a run cut short had measured
+
+    def save(bench: dict) -> None:
+        write_json(args.out, partial_json.name, bench)
+
+    shape = default_shape(args.device, args.shape)
+    report = device_report(shape, args.device, args.quick, Console(stderr=True), engine_set, save)
+    report["quick"] = args.quick
+    write_json(args.out, "engine.json", report)
+    partial_json.unlink(missing_ok=True)
+    console = table_console()
+    print_device_report(report["device_bench"], console)
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0

@@ -7,13 +7,14 @@ import inspect
 import logging
 import math
 import random
-import time
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
+
+from dorarl.bench.clock import timed
 
 
 class PeerSpec(Protocol):
@@ -71,12 +72,12 @@ def run_hf_continuous(model: PreTrainedModel, spec: PeerSpec, work: Workload) ->
         )
         manager.start()
         try:
-            tokens, took = _timed_drain(manager, work)
+            tokens, took = timed(lambda: _drain_hf_manager(manager, work))
         finally:
             manager.stop(block=True)
     if tokens != work.total_tokens:
         raise RuntimeError(f"hf_continuous produced {tokens} tokens, expected {work.total_tokens}")
-    return {"wall_s": took.wall, "cpu_s": took.cpu, "tokens": tokens}
+    return {"wall_s": took.wall_s, "cpu_s": took.cpu_s, "tokens": tokens}
 
 
 def continuous_batching_config(cls: Any, page_size: int, **settings: Any) -> Any:
@@ -103,15 +104,3 @@ def _drain_hf_manager(manager: Any, work: Workload) -> int:
                 raise RuntimeError(f"request {result.request_id} failed: {result.error}")
             done[result.request_id] = len(result.generated_tokens)
     return sum(done.values())
-
-
-@dataclass
-class _Took:
-    wall: float
-    cpu: float
-
-
-def _timed_drain(manager: Any, work: Workload) -> tuple[int, _Took]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    tokens = _drain_hf_manager(manager, work)
-    return tokens, _Took(time.perf_counter() - wall, time.process_time() - cpu)

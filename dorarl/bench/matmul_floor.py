@@ -10,7 +10,6 @@ and multiplied by how often the step runs it.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
+
+from dorarl.bench.clock import timed
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,7 @@ def step_shapes(
 
 def _best_ms(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm up: first-call allocation and kernel selection
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    return 1e3 * min(timed(fn)[1].wall_s for _ in range(repeats))
 
 
 def linear_ms(shape: LinearShape, repeats: int, dtype: torch.dtype = torch.float32) -> float:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from dorarl.bench.calibrate import (
     quiet_model_loading,
 )
 from dorarl.bench.cli_args import parse_bench_args
+from dorarl.bench.clock import Stopwatch, load_window
 from dorarl.bench.report import print_modes
 from dorarl.config import ConfigError, load_config
 from dorarl.controller import ControllerConfig, OrchestratorConfig
@@ -61,10 +60,14 @@ QUICK = ["steps=10", "warmup_steps=2"]
 class WorkloadSection:
     """Forced response lengths: lognormal with p99/median >= 10, EOS ignored."""
 
-    median: float = field(default=12.0, metadata={"help": "median response length (tokens)"})
-    p99_ratio: float = field(default=12.0, metadata={"help": "p99 / median (>= 10)"})
-    max_len: int = field(default=240, metadata={"help": "longest response"})
-    group_corr: float = field(default=0.5, metadata={"help": "share of log-variance per group"})
+    median: float = field(
+        default=12.0, metadata={"help": "median response length (tokens)", "ge": 1}
+    )
+    p99_ratio: float = field(default=12.0, metadata={"help": "p99 / median (>= 10)", "ge": 1})
+    max_len: int = field(default=240, metadata={"help": "longest response", "ge": 1})
+    group_corr: float = field(
+        default=0.5, metadata={"help": "share of log-variance per group", "ge": 0, "le": 1}
+    )
     multi_turn: bool = field(
         default=False,
         metadata={
@@ -85,7 +88,6 @@ class WorkloadSection:
         )
 
     def validate(self) -> None:
-        self.dist().validate()
         if self.p99_ratio < 10:
             raise ConfigError(f"p99_ratio: the benchmark's tail needs >= 10, got {self.p99_ratio}")
 
@@ -95,17 +97,21 @@ class ModesConfig:
     model: str | None = field(
         default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
     )
-    instances: int = field(default=4, metadata={"help": "rollout instances (emulated devices)"})
-    slots: int = field(default=16, metadata={"help": "running requests per instance"})
-    tbs: int = field(default=8, metadata={"help": "groups per training step"})
-    group_size: int = field(default=8, metadata={"help": "responses per prompt"})
-    steps: int = field(default=24, metadata={"help": "training steps per mode"})
-    warmup_steps: int = field(default=2, metadata={"help": "first steps left out of figures"})
+    instances: int = field(
+        default=4, metadata={"help": "rollout instances (emulated devices)", "ge": 1}
+    )
+    slots: int = field(default=16, metadata={"help": "running requests per instance", "ge": 1})
+    tbs: int = field(default=8, metadata={"help": "groups per training step", "ge": 1})
+    group_size: int = field(default=8, metadata={"help": "responses per prompt", "ge": 1})
+    steps: int = field(default=24, metadata={"help": "training steps per mode", "ge": 1})
+    warmup_steps: int = field(
+        default=2, metadata={"help": "first steps left out of figures (fewer than steps)", "ge": 0}
+    )
     dora_k: list[int] = field(default_factory=lambda: [1, 3], metadata={"help": "dora K values"})
-    partial_k: int = field(default=1, metadata={"help": "partial_rollout staleness bound"})
+    partial_k: int = field(default=1, metadata={"help": "partial_rollout staleness bound", "ge": 1})
     rebalance_period_s: float = field(default=1.0, metadata={"help": "dora temporal re-balance"})
     steps_per_call: int = field(
-        default=2, metadata={"help": "engine steps per runtime call (reaction latency)"}
+        default=2, metadata={"help": "engine steps per runtime call (reaction latency)", "ge": 1}
     )
     max_model_len: int = field(default=320, metadata={"help": "engine context (prompt + response)"})
     micro_batch_tokens: int = field(default=1024, metadata={"help": "trainer micro-batch tokens"})
@@ -115,15 +121,10 @@ class ModesConfig:
     pace: PaceRule = field(default_factory=PaceRule)
 
     def validate(self) -> None:
-        for key in ("instances", "slots", "tbs", "group_size", "steps", "steps_per_call"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)}")
-        if not 0 <= self.warmup_steps < self.steps:
+        if self.warmup_steps >= self.steps:
             raise ConfigError(f"warmup_steps: must be in [0, steps), got {self.warmup_steps}")
         if not self.dora_k or min(self.dora_k) < 1:
             raise ConfigError(f"dora_k: needs K values >= 1, got {self.dora_k}")
-        if self.partial_k < 1:
-            raise ConfigError(f"partial_k: must be >= 1, got {self.partial_k}")
         if self.workload.max_len >= self.max_model_len:
             raise ConfigError(
                 f"workload.max_len: {self.workload.max_len} leaves no room for the prompt "
@@ -225,12 +226,13 @@ def run_mode(
         seed=cfg.seed,
         forced_lengths=None if multi else cfg.workload.dist(),
     )
-    load_start = os.getloadavg()[0]
     runtime = RayRuntime(
         controller, task, rollout, workers, trainer, recorder, steps_per_call=cfg.steps_per_call
     )
-    summary = runtime.run()
-    return summary | {"load_avg_1min": [load_start, os.getloadavg()[0]]}, recorder.steps
+    with load_window() as window:
+        summary = runtime.run()
+    load = [window.start[0], window.end[0]]
+    return summary | {"load_avg_1min": load}, recorder.steps
 
 
 # ---- the whole bench ---------------------------------------------------------------------
@@ -238,7 +240,7 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
     """Calibrate, run every mode, write modes.json and the PNGs; returns what modes.json holds."""
     model_folder, task = _workload_task(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
+    watch = Stopwatch()
     cal = calibrate_modes(cfg, model_folder, task)
     device, derivation = choose_pace(
         cal,
@@ -247,11 +249,11 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
         kv_pool_tokens=cfg.engine().kv_blocks * cfg.engine().block_size,
         sync_rollout_steps=sync_rollout_steps(cfg, cfg.steps),
     )
-    say(f"calibrated in {time.perf_counter() - started:.1f}s: decode step pace "
+    say(f"calibrated in {watch.wall_s():.1f}s: decode step pace "
         f"{device.decode_step_s * 1e3:.1f} ms (real {cal.decode_step_s * 1e3:.2f} ms)")  # fmt: skip
     runs, summaries = _run_all(cfg, model_folder, task, device, out, say)
     result = _assemble(cfg, out, cal, device, derivation, runs, summaries)
-    result["bench_wall_s"] = time.perf_counter() - started
+    result["bench_wall_s"] = watch.wall_s()
     (out / "modes.json").write_text(json.dumps(result, indent=2) + "\n")
     _plots(cfg, out, runs, result["modes"])
     return result
@@ -282,19 +284,19 @@ def _run_all(
     runs: dict[str, list[dict]] = {}
     summaries: dict[str, dict] = {}
     try:
-        t0 = time.perf_counter()
+        watch = Stopwatch()
         engine, trainer = (
             EngineSpec(model_folder, cfg.engine()),
             TrainerSpec(model_folder, cfg.trainer()),
         )
         actors = start_workers(cfg.instances, engine, trainer, device)
         say(f"started {cfg.instances} engine actors and the trainer in "
-            f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
+            f"{watch.wall_s():.1f}s")  # fmt: skip
         for name, mode, k in cfg.modes():
-            t0 = time.perf_counter()
+            watch = Stopwatch()
             summaries[name], runs[name] = run_mode(cfg, name, mode, k, actors, task, out)
             say(f"{name}: {cfg.steps} steps in {summaries[name]['wall_time_s']:.1f}s "
-                f"({time.perf_counter() - t0:.1f}s with the reset)")  # fmt: skip
+                f"({watch.wall_s():.1f}s with the reset)")  # fmt: skip
     finally:
         ray.shutdown()
     return runs, summaries

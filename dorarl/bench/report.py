@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
+
+from dorarl.report.console import table_console
 
 
 def _ms(seconds: float) -> str:
@@ -150,7 +151,7 @@ def pace_warnings(result: dict[str, Any]) -> list[str]:
 
 
 def print_modes(result: dict[str, Any], out: Path) -> None:
-    console = Console(width=max(200, Console().width))
+    console = table_console()
     for table in (emulation_table(result), workload_table(result), modes_table(result),
                   bars_table(result)):  # fmt: skip
         console.print(table)

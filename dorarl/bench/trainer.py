@@ -18,14 +18,11 @@ with other jobs the wall clock also measures their load.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import random
 import statistics
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -36,10 +33,13 @@ from rich.console import Console
 from rich.table import Table
 from transformers import PreTrainedModel
 
+from dorarl.bench.cli_args import write_json
+from dorarl.bench.clock import Laps, load_window
 from dorarl.bench.matmul_floor import MicroShape, floor_ms
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data import Group, Sample
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.trainer import Trainer, TrainerConfig, load_model
 from dorarl.trainer.allocator import release_free_heap
 from dorarl.trainer.batch import build_sequences, collate, plan_micro_batches
@@ -118,25 +118,21 @@ def build_model(shape: str, model_dir: str | None, seed: int = 0) -> PreTrainedM
 # --- contenders ---------------------------------------------------------------------------
 @dataclass
 class Timing:
-    wall_s: list[float]
-    cpu_s: list[float]
-    peak_memory_gb: float
+    laps: Laps = field(default_factory=Laps)
+    peak_memory_gb: float = 0.0
 
 
 def _measure(contenders: dict[str, Callable[[], Any]], repeats: int) -> dict[str, Timing]:
     """Contenders take turns within each repeat, so a change of load on a shared machine
     falls on both rather than on whichever ran during it."""
-    timings = {name: Timing([], [], 0.0) for name in contenders}
+    timings = {name: Timing() for name in contenders}
     peak = PeakMemory("cpu")
     for _ in range(repeats):
         for name, fn in contenders.items():
             release_free_heap()
             peak.start()
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
             timing = timings[name]
-            timing.wall_s.append(time.perf_counter() - wall)
-            timing.cpu_s.append(time.process_time() - cpu)
+            timing.laps.time(fn)
             timing.peak_memory_gb = max(timing.peak_memory_gb, peak.peak_gb())
     return timings
 
@@ -184,48 +180,67 @@ def micro_shapes(trainer: Trainer, groups: list[Group], packing: Packing) -> lis
 def run(
     model: PreTrainedModel, config: TrainerConfig, work: Workload, console: Console
 ) -> dict[str, Any]:
-    groups = make_groups(work, model.config.vocab_size)
+    """Every contender on the workload's groups, the floor and two full steps: trainer.json."""
+    with load_window() as window:
+        groups = make_groups(work, model.config.vocab_size)
+        trainer = _packing_trainer(model, config)
+        modes: tuple[Packing, ...] = ("shared_prompt", "padded")
+        shapes = {mode: micro_shapes(trainer, groups, mode) for mode in modes}
+        report = _header(model, config, work, groups, shapes, trainer.micro_batch_tokens)
+        timings, step_metrics = _take_turns(model, trainer, groups, work.repeats, console)
+        console.log("floor: the packed step's matrix multiplications")
+        floor = floor_ms(model.config, shapes["shared_prompt"])
+        console.log("two full train_steps (AdamW included) for their peak memory")
+        steps = _full_steps(trainer, groups)
+        report.update(_results(report["workload"]["tokens"], timings, floor, steps))
+        report["agreement"] = _agreement(step_metrics["shared_prompt"], step_metrics["padded"])
+        report["bars"] = compute_bars(report)
+    return report | window.fields()
+
+
+def _packing_trainer(model: PreTrainedModel, config: TrainerConfig) -> Trainer:
     trainer = Trainer(model, config)
-    default = trainer.packing
-    if default != "shared_prompt":
+    if trainer.packing != "shared_prompt":
         raise UserInputError(
             f"{type(model).__name__} cannot train on packed rows (see the warning above); "
             "this bench compares packed with padded"
         )
-    shapes = {mode: micro_shapes(trainer, groups, mode) for mode in ("shared_prompt", "padded")}
-    report = _header(model, config, work, groups, shapes, trainer.micro_batch_tokens)
+    return trainer
+
+
+def _take_turns(
+    model: PreTrainedModel, trainer: Trainer, groups: list[Group], repeats: int, console: Console
+) -> tuple[dict[str, Timing], dict[str, dict[str, float]]]:
+    """The trainer packed and padded and HF, after a warm-up: their timings, and each
+    trainer mode's loss metrics."""
     console.log("warm-up (two samples each)")
     warm = [Group(0, 0, 0, groups[0].samples[:2])]
     trainer_forward_backward(trainer, warm, "shared_prompt")
     trainer_forward_backward(trainer, warm, "padded")
     hf_forward_backward(model, trainer, warm)
-    console.log(f"trainer (packed, padded) and hf, taking turns, x{work.repeats}")
+    console.log(f"trainer (packed, padded) and hf, taking turns, x{repeats}")
     step_metrics: dict[str, dict[str, float]] = {}
 
     def trainer_contender(mode: Packing) -> Callable[[], None]:
         return lambda: step_metrics.update({mode: trainer_forward_backward(trainer, groups, mode)})
 
-    timings = _measure(
-        {
-            "trainer": trainer_contender("shared_prompt"),
-            "trainer_padded": trainer_contender("padded"),
-            "hf": lambda: hf_forward_backward(model, trainer, groups),
-        },
-        work.repeats,
-    )
-    console.log("floor: the packed step's matrix multiplications")
-    floor = floor_ms(model.config, shapes["shared_prompt"])
-    console.log("two full train_steps (AdamW included) for their peak memory")
-    trainer.packing = default
+    contenders = {
+        "trainer": trainer_contender("shared_prompt"),
+        "trainer_padded": trainer_contender("padded"),
+        "hf": lambda: hf_forward_backward(model, trainer, groups),
+    }
+    return _measure(contenders, repeats), step_metrics
+
+
+def _full_steps(trainer: Trainer, groups: list[Group]) -> list[dict[str, Any]]:
+    """Two packed train_steps (the trainer's own packing, as `_packing_trainer` checked):
+    the first without AdamW state, the second with it."""
+    trainer.packing = "shared_prompt"
     steps = []
     for _ in range(2):
         release_free_heap()
         steps.append(trainer.train_step(groups))
-    report.update(_results(report["workload"]["tokens"], timings, floor, steps))
-    report["agreement"] = _agreement(step_metrics["shared_prompt"], step_metrics["padded"])
-    report["bars"] = compute_bars(report)
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    return report
+    return steps
 
 
 def _agreement(packed: dict[str, float], padded: dict[str, float]) -> dict[str, float]:
@@ -257,7 +272,6 @@ def _header(
             "activation_checkpointing": config.activation_checkpointing,
         },
         "threads": torch.get_num_threads(),
-        "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
         "model": {
             "arch": model.config.model_type,
@@ -281,15 +295,16 @@ def _header(
 def _results(
     tokens: int, timings: dict[str, Timing], floor: dict[str, float], steps: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    wall = {n: statistics.median(t.wall_s) for n, t in timings.items()}
-    cpu = {n: statistics.median(t.cpu_s) for n, t in timings.items()}
+    medians = {n: t.laps.median() for n, t in timings.items()}
+    wall = {n: m.wall_s for n, m in medians.items()}
+    cpu = {n: m.cpu_s for n, m in medians.items()}
     wall["floor"] = floor["total"] / 1e3
     return {
         "ms_per_step": {n: s * 1e3 for n, s in wall.items()},
         "cpu_ms_per_step": {n: s * 1e3 for n, s in cpu.items()},
         "tokens_per_s": {n: tokens / s for n, s in wall.items()},
         "tokens_per_cpu_s": {n: tokens / s for n, s in cpu.items()},
-        "wall_s_all": {n: t.wall_s for n, t in timings.items()},
+        "wall_s_all": {n: t.laps.wall_s for n, t in timings.items()},
         "peak_memory_gb": {n: t.peak_memory_gb for n, t in timings.items()},
         "floor_ms": floor,
         "train_step": {
@@ -436,7 +451,6 @@ def main(argv: list[str]) -> int:
     report = run(model, config, work, Console(stderr=True))
     report["quick"] = args.quick
     report["source"] = args.model or f"random {args.shape}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trainer.json").write_text(json.dumps(report, indent=2))
-    print_report(report, Console())
+    write_json(args.out, "trainer.json", report)
+    print_report(report, table_console())
     return 0

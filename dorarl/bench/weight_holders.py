@@ -9,11 +9,11 @@ endpoint functions, verified against the sender's manifest on every load.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 
+from dorarl.bench.clock import process_cpu_s
 from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.weight_endpoints import ServedVersions, WeightServing
 from dorarl.runtime.weight_group import (
@@ -38,7 +38,7 @@ def random_weights(shapes: dict[str, tuple[int, ...]], dtype: str, seed: int) ->
 class _Clocked:
     def cpu_s(self) -> float:
         """This process's CPU seconds so far (all its threads)."""
-        return time.process_time()
+        return process_cpu_s()
 
 
 class SourceHolder(_Clocked):

@@ -13,23 +13,23 @@ spent on it (the figure to trust on a loaded machine).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
-from rich.console import Console
 from rich.table import Table
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from dorarl.bench.cli_args import write_json
+from dorarl.bench.clock import load_average, timed
 from dorarl.bench.shapes import SHAPES
 from dorarl.bench.weight_holders import SinkHolder, SourceHolder
 from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.transports import make_transport
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
@@ -108,12 +108,12 @@ class Bench:
         return handle
 
     def timed(self, work: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
-        cpu = sum(ray.get([a.cpu_s.remote() for a in self.actors]))
-        start = time.perf_counter()
-        result = work()
-        wall = time.perf_counter() - start
-        cpu = sum(ray.get([a.cpu_s.remote() for a in self.actors])) - cpu
-        return result, {"s": wall, "cpu_s": cpu}
+        """`work()`, its wall seconds and the CPU seconds all the actors spent on it."""
+        result, took = timed(work, cpu_clock=self.actors_cpu_s)
+        return result, {"s": took.wall_s, "cpu_s": took.cpu_s}
+
+    def actors_cpu_s(self) -> float:
+        return sum(ray.get([a.cpu_s.remote() for a in self.actors]))
 
     def drop(self) -> None:
         ray.get([s.drop.remote() for s in self.sinks])
@@ -234,9 +234,8 @@ def main(argv: list[str]) -> int:
     report.update(
         params=sum(_numel(s) for s in shapes.values()), dtype=args.dtype, repeats=repeats,
         instances=instances, quick=args.quick, bucket_mb=args.bucket_mb,
-        load_average=" ".join(f"{x:.1f}" for x in os.getloadavg()),
+        load_average=" ".join(f"{x:.1f}" for x in load_average()),
     )  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "weights.json").write_text(json.dumps(report, indent=2))
-    Console().print(table(report))
+    write_json(args.out, "weights.json", report)
+    table_console().print(table(report))
     return 0

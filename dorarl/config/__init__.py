@@ -1,5 +1,15 @@
 """Typed configuration: dataclasses loaded from YAML plus dotted `key=value` overrides."""
 
-from dorarl.config.loader import ConfigError, describe, flatten, load_config, to_dict, to_yaml
+from dorarl.config.errors import ConfigError
+from dorarl.config.fields import check_fields
+from dorarl.config.loader import describe, flatten, load_config, to_dict, to_yaml
 
-__all__ = ["ConfigError", "describe", "flatten", "load_config", "to_dict", "to_yaml"]
+__all__ = [
+    "ConfigError",
+    "check_fields",
+    "describe",
+    "flatten",
+    "load_config",
+    "to_dict",
+    "to_yaml",
+]

@@ -1,7 +1,9 @@
 """Build a config dataclass tree from YAML and `key=value` overrides, validating every key.
 
 Errors are `ConfigError`s whose message names the dotted key (and the file) so the CLI
-can print one line and exit 2. Field help comes from `field(metadata={"help": ...})`.
+can print one line and exit 2. Field help comes from `field(metadata={"help": ...})`, and
+each value read is checked against its field's bounds (`metadata` ge, gt, le, lt:
+`dorarl.config.fields`) before its section is built.
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from dorarl.config.errors import ConfigError
+from dorarl.config.fields import bound_problem, choice_problem
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A user error in a config file or override; the message names the key."""
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
@@ -212,6 +213,9 @@ def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: An
             kwargs[f.name] = _build(ftype, raw[f.name], f"{key}.", source, base=section)
         else:
             kwargs[f.name] = _coerce(ftype, raw[f.name], key, source)
+            problem = bound_problem(f.metadata, kwargs[f.name])
+            if problem:
+                raise ConfigError(f"{key}: {problem} ({source})")
     try:
         config = cls(**kwargs)
     except ConfigError as exc:
@@ -223,8 +227,14 @@ def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: An
 
 
 def _prefixed(prefix: str, message: str) -> str:
-    """Qualify a component's `key: reason` with its section, unless it already names it."""
-    return message if not prefix or message.startswith(prefix) else f"{prefix}{message}"
+    """Qualify a component's `key: reason` with its section. A component that names its own
+    section (`engine.block_size: ...`) gets only the sections above it added: under
+    `train.engine.` that is `train.engine.block_size`, not `train.engine.engine.block_size`."""
+    sections = prefix.split(".")[:-1]
+    for i in range(len(sections)):
+        if message.startswith(".".join(sections[i:]) + "."):
+            return "".join(f"{s}." for s in sections[:i]) + message
+    return f"{prefix}{message}"
 
 
 def _run_checks(config: Any, prefix: str, source: str) -> None:
@@ -253,9 +263,9 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
                 continue
         raise _type_error(key, ftype, value, source)
     if origin is Literal:
-        if value not in get_args(ftype):
-            choices = ", ".join(repr(a) for a in get_args(ftype))
-            raise ConfigError(f"{key}: must be one of {choices}, got {value!r} ({source})")
+        problem = choice_problem(ftype, value)
+        if problem:
+            raise ConfigError(f"{key}: {problem} ({source})")
         return value
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):

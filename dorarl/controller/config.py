@@ -1,20 +1,22 @@
 """`ControllerConfig`: the rollout/training schedule shared by every runtime.
 
-`validate()` raises `ConfigError("key: reason")`. Modes fix some knobs (sync: K=0 and
-RBS=TBS; one_step_off: K=1 and RBS=TBS); `effective_K` and `rollout_batch` give the
-values in force, and `ignored_settings()` names the knobs a mode overrides.
+Simple bounds are declared on the fields (`metadata` ge, gt, le, lt: dorarl.config.fields);
+`validate()` checks them and the knobs' relations, raising `ConfigError("key: reason")`.
+Modes fix some knobs (sync: K=0 and RBS=TBS; one_step_off: K=1 and RBS=TBS);
+`effective_K` and `rollout_batch` give the values in force, and `ignored_settings()` names
+the knobs a mode overrides.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-from dorarl.config import ConfigError
+from dorarl.config import ConfigError, check_fields
 
 Mode = Literal["sync", "one_step_off", "partial_rollout", "dora"]
-MODES: tuple[str, ...] = ("sync", "one_step_off", "partial_rollout", "dora")
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 @dataclass(kw_only=True)
@@ -23,10 +25,15 @@ class OrchestratorConfig:
     both take them as `orchestrator.*`."""
 
     kv_offload_threshold: float = field(
-        default=0.9, metadata={"help": "KV usage share that triggers relief (migrate or offload)"}
+        default=0.9,
+        metadata={
+            "help": "KV usage share that triggers relief (migrate or offload)",
+            "gt": 0,
+            "le": 1,
+        },
     )
     rebalance_period_s: float = field(
-        default=5.0, metadata={"help": "temporal re-balance period (seconds)"}
+        default=5.0, metadata={"help": "temporal re-balance period (seconds)", "gt": 0}
     )
     p2p_weights: bool = field(
         default=True, metadata={"help": "load weights from peer instances when possible"}
@@ -46,12 +53,8 @@ class OrchestratorConfig:
     )
 
     def validate(self) -> None:
-        if not 0.0 < self.kv_offload_threshold <= 1.0:
-            raise ConfigError(
-                f"kv_offload_threshold: must be in (0, 1], got {self.kv_offload_threshold}"
-            )
-        if not (self.rebalance_period_s > 0 and math.isfinite(self.rebalance_period_s)):
-            raise ConfigError(f"rebalance_period_s: must be > 0, got {self.rebalance_period_s}")
+        if not math.isfinite(self.rebalance_period_s):
+            raise ConfigError(f"rebalance_period_s: must be finite, got {self.rebalance_period_s}")
 
 
 @dataclass(kw_only=True)
@@ -71,15 +74,10 @@ class RolloutConfig:
         default=64,
         metadata={
             "help": "filter_groups: groups filtered at most per step (between two published "
-            "versions); once reached, uniform groups are trained on, so a step always forms"
+            "versions); once reached, uniform groups are trained on, so a step always forms",
+            "ge": 1,
         },
     )
-
-    def validate(self) -> None:
-        if self.max_filtered_per_step < 1:
-            raise ConfigError(
-                f"max_filtered_per_step: must be >= 1, got {self.max_filtered_per_step}"
-            )
 
 
 @dataclass(kw_only=True)
@@ -88,28 +86,35 @@ class ControllerConfig:
         default="dora", metadata={"help": "sync | one_step_off | partial_rollout | dora"}
     )
     K: int = field(
-        default=2, metadata={"help": "staleness bound K of Eq. 1 (dora, partial_rollout)"}
+        default=2, metadata={"help": "staleness bound K of Eq. 1 (dora, partial_rollout)", "ge": 0}
     )
     rbs: int = field(
         default=48,
         metadata={"help": "RBS: target groups in rollout (dispatched, not yet complete)"},
     )
-    tbs: int = field(default=32, metadata={"help": "TBS: groups consumed by one training step"})
-    group_size: int = field(default=8, metadata={"help": "G: samples per group (prompt)"})
-    instances: int = field(default=4, metadata={"help": "rollout instances (one version each)"})
-    slots: int = field(default=64, metadata={"help": "max running requests per instance"})
+    tbs: int = field(
+        default=32, metadata={"help": "TBS: groups consumed by one training step", "ge": 1}
+    )
+    group_size: int = field(default=8, metadata={"help": "G: samples per group (prompt)", "ge": 1})
+    instances: int = field(
+        default=4, metadata={"help": "rollout instances (one version each)", "ge": 1}
+    )
+    slots: int = field(default=64, metadata={"help": "max running requests per instance", "ge": 1})
     steps: int = field(
         default=10,
-        metadata={"help": "version the run ends at (steps run: steps - initial_version)"},
+        metadata={"help": "version the run ends at (steps run: steps - initial_version)", "ge": 1},
     )
     initial_version: int = field(
-        default=0, metadata={"help": "version every instance and the trainer start at (resume)"}
+        default=0,
+        metadata={"help": "version every instance and the trainer start at (resume)", "ge": 0},
     )
     first_group: int = field(
-        default=0, metadata={"help": "id of the first group (resume: groups dispatched before)"}
+        default=0,
+        metadata={"help": "id of the first group (resume: groups dispatched before)", "ge": 0},
     )
     first_prompt: int = field(
-        default=0, metadata={"help": "prompt index of the first new prompt (resume: data position)"}
+        default=0,
+        metadata={"help": "prompt index of the first new prompt (resume: data position)", "ge": 0},
     )
     resume_prompts: list[int] = field(
         default_factory=list,
@@ -123,14 +128,7 @@ class ControllerConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
 
     def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
-        _at_least("K", self.K, 0)
-        for key in ("tbs", "group_size", "instances", "slots", "steps"):
-            _at_least(key, getattr(self, key), 1)
-        _at_least("initial_version", self.initial_version, 0)
-        _at_least("first_group", self.first_group, 0)
-        _at_least("first_prompt", self.first_prompt, 0)
+        check_fields(self)  # its fields' bounds and choices, sections' included
         if self.initial_version >= self.steps:
             raise ConfigError(
                 f"steps: the run starts at version {self.initial_version}, so it must end "
@@ -148,11 +146,10 @@ class ControllerConfig:
                 f"{self.instances} x {self.slots} slots"
             )
         self._check_max_groups()
-        for section in ("orchestrator", "rollout"):
-            try:
-                getattr(self, section).validate()
-            except ConfigError as exc:
-                raise ConfigError(f"{section}.{exc}") from None
+        try:
+            self.orchestrator.validate()
+        except ConfigError as exc:
+            raise ConfigError(f"orchestrator.{exc}") from None
         if self.rollout.filter_groups and self.group_size < 2:
             raise ConfigError(
                 "rollout.filter_groups: needs group_size >= 2 (a group of one always has "
@@ -199,8 +196,3 @@ class ControllerConfig:
             why = "lockstep mode" if self.lockstep else "admission caps it at (K+1) x tbs"
             notes.append(f"rbs={self.rbs} ignored: {why}, effective {self.rollout_batch}")
         return notes
-
-
-def _at_least(key: str, value: int, low: int) -> None:
-    if value < low:
-        raise ConfigError(f"{key}: must be >= {low}, got {value}")

@@ -14,35 +14,32 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dorarl.config import ConfigError
+from dorarl.config import ConfigError, check_fields
 
 Z99 = 2.3263478740408408  # standard normal 99th percentile
 
 
 @dataclass(kw_only=True)
 class LengthDist:
-    median: float = field(default=512.0, metadata={"help": "median response length (tokens)"})
-    p99_ratio: float = field(default=12.0, metadata={"help": "p99 / median of response lengths"})
-    group_corr: float = field(
-        default=0.5, metadata={"help": "share of log-variance shared in a group"}
+    median: float = field(
+        default=512.0, metadata={"help": "median response length (tokens)", "ge": 1}
     )
-    min_len: int = field(default=1, metadata={"help": "shortest response"})
-    max_len: int = field(default=16384, metadata={"help": "longest response (cap)"})
-    prompt_len: int = field(default=256, metadata={"help": "prompt tokens per group"})
+    p99_ratio: float = field(
+        default=12.0, metadata={"help": "p99 / median of response lengths", "ge": 1}
+    )
+    group_corr: float = field(
+        default=0.5, metadata={"help": "share of log-variance shared in a group", "ge": 0, "le": 1}
+    )
+    min_len: int = field(default=1, metadata={"help": "shortest response", "ge": 1})
+    max_len: int = field(default=16384, metadata={"help": "longest response (cap)", "ge": 1})
+    prompt_len: int = field(default=256, metadata={"help": "prompt tokens per group", "ge": 1})
 
     def validate(self) -> None:
-        if not self.median >= 1:
-            raise ConfigError(f"median: must be >= 1, got {self.median}")
-        if not self.p99_ratio >= 1:
-            raise ConfigError(f"p99_ratio: must be >= 1, got {self.p99_ratio}")
-        if not 0.0 <= self.group_corr <= 1.0:
-            raise ConfigError(f"group_corr: must be in [0, 1], got {self.group_corr}")
-        if not 1 <= self.min_len <= self.max_len:
+        check_fields(self)
+        if self.min_len > self.max_len:
             raise ConfigError(
-                f"max_len: need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}"
+                f"max_len: need min_len <= max_len, got {self.min_len}, {self.max_len}"
             )
-        if self.prompt_len < 1:
-            raise ConfigError(f"prompt_len: must be >= 1, got {self.prompt_len}")
 
     @property
     def sigma(self) -> float:

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class Turn:
     """One turn of a multi-turn episode: the tokens sampled, how its sampling ended (the
-    engine's caps count per turn), and the observation tokens the environment added after it."""
+    engine's caps count per turn), the observation tokens the environment added after it,
+    the tool calls its reply attempted and those answered with an error (malformed, of an
+    unknown tool, cut by the length cap, or refused by the tool with `ToolError`)."""
 
     sampled: int
     observed: int
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "stop_string" | "length"
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 @dataclass

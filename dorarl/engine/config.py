@@ -1,6 +1,7 @@
 """Engine and per-request sampling configuration, validated on construction.
 
-`EngineConfig` errors are `ConfigError`s naming the `engine.<field>` key; `SamplingParams`
+`EngineConfig` errors are `ConfigError`s naming the `engine.<field>` key (simple bounds are
+declared on its fields: dorarl.config.fields); `SamplingParams`
 errors are `UserInputError`s naming the request, because they arrive with a request.
 """
 
@@ -10,15 +11,14 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
-from dorarl.config import ConfigError
+from dorarl.config import ConfigError, check_fields
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.errors import UserInputError
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 LinearKernel = Literal["auto", "onednn", "torch"]  # dorarl/engine/linear.py
-LINEAR_KERNELS = get_args(LinearKernel)
 # The GPU fast paths (dorarl/engine/backends.py resolves `auto` for the device).
 Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
@@ -46,35 +46,48 @@ def _power_of_two_from(value: int, least: int) -> bool:
 class EngineConfig:
     """Capacity and placement of one rollout engine (one instance)."""
 
-    max_num_seqs: int = field(default=64, metadata={"help": "slot budget: max running sequences"})
-    block_size: int = field(default=16, metadata={"help": "tokens per KV block"})
+    max_num_seqs: int = field(
+        default=64, metadata={"help": "slot budget: max running sequences", "gt": 0}
+    )
+    block_size: int = field(default=16, metadata={"help": "tokens per KV block", "gt": 0})
     num_blocks: int | None = field(
         default=None,
         metadata={
             "help": "KV blocks on the device; None: max_num_seqs full-length sequences, on "
-            "cuda at most what engine.gpu_memory_share leaves after weights and workspace"
+            "cuda at most what engine.gpu_memory_share leaves after weights and workspace",
+            "gt": 0,
         },
     )
-    max_model_len: int = field(default=2048, metadata={"help": "max prompt + output tokens"})
+    max_model_len: int = field(
+        default=2048, metadata={"help": "max prompt + output tokens", "gt": 0}
+    )
     prefill_chunk_size: int = field(
         default=512,
-        metadata={"help": "max prefill tokens per step (long prompts prefill in chunks)"},
+        metadata={"help": "max prefill tokens per step (long prompts prefill in chunks)", "gt": 0},
     )
     host_blocks: int = field(
-        default=0, metadata={"help": "host-memory KV blocks for offload; 0: recompute instead"}
+        default=0,
+        metadata={"help": "host-memory KV blocks for offload; 0: recompute instead", "ge": 0},
     )
     offload_threshold: float = field(
-        default=0.95, metadata={"help": "offload running requests above this share of used blocks"}
+        default=0.95,
+        metadata={
+            "help": "offload running requests above this share of used blocks",
+            "gt": 0,
+            "le": 1,
+        },
     )
     device: str = field(default="cpu", metadata={"help": "torch device, e.g. cpu or cuda:0"})
     gpu_memory_share: float | None = field(
         default=None,
         metadata={
             "help": "on cuda, the share of the GPU's memory for this engine's weights, "
-            "workspace and KV pool (None: its GPU share in Ray, else 0.9)"
+            "workspace and KV pool (None: its GPU share in Ray, else 0.9)",
+            "gt": 0,
+            "le": 1,
         },
     )
-    dtype: str = field(
+    dtype: Dtype = field(
         default="auto",
         metadata={"help": "auto (bfloat16 on cuda, float32 on cpu) | float32 | bfloat16 | float16"},
     )
@@ -120,7 +133,6 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
         self.validate()
 
     @property
@@ -132,30 +144,8 @@ class EngineConfig:
             return self.num_blocks
         return self.max_num_seqs * math.ceil(self.max_model_len / self.block_size)
 
-    def _check_positive(self, *keys: str) -> None:
-        for key in keys:
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"engine.{key}: must be > 0, got {getattr(self, key)}")
-
     def validate(self) -> None:
-        self._check_positive("max_num_seqs", "block_size", "max_model_len", "prefill_chunk_size")
-        if self.num_blocks is not None:
-            self._check_positive("num_blocks")
-        share = self.gpu_memory_share
-        if share is not None and not 0.0 < share <= 1.0:
-            raise ConfigError(f"engine.gpu_memory_share: must be in (0, 1], got {share}")
-        if self.host_blocks < 0:
-            raise ConfigError(f"engine.host_blocks: must be >= 0, got {self.host_blocks}")
-        if not 0.0 < self.offload_threshold <= 1.0:
-            raise ConfigError(
-                f"engine.offload_threshold: must be in (0, 1], got {self.offload_threshold}"
-            )
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"engine.dtype: must be one of {DTYPES}, got {self.dtype!r}")
-        if self.linear_kernel not in LINEAR_KERNELS:
-            raise ConfigError(
-                f"engine.linear_kernel: must be one of {LINEAR_KERNELS}, got {self.linear_kernel!r}"
-            )
+        check_fields(self, "engine.")  # bounds and choices first: kv_blocks divides by block_size
         self._check_fast_paths()
         # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
         if self.kv_blocks * self.block_size < self.max_model_len:
@@ -168,15 +158,6 @@ class EngineConfig:
         """The fast-path choices that cannot work on this device, refused up front."""
         if isinstance(self.cuda_graphs, bool):
             self.cuda_graphs = "on" if self.cuda_graphs else "off"
-        for key, allowed in (
-            ("attention", get_args(Attention)),
-            ("sampler", get_args(Sampler)),
-            ("cuda_graphs", ("auto", "on", "off")),
-        ):
-            if getattr(self, key) not in allowed:
-                raise ConfigError(
-                    f"engine.{key}: must be one of {allowed}, got {getattr(self, key)!r}"
-                )
         on_cuda = self.device.startswith("cuda")
         if self.attention == "triton" and importlib.util.find_spec("triton") is None:
             raise ConfigError("engine.attention: triton is not installed (pip install -e '.[gpu]')")
@@ -213,9 +194,11 @@ class EngineConfig:
 class SamplingParams:
     """How one request samples. temperature 0 is greedy; top_k 0 and top_p 1 disable filtering.
 
-    stop_token_ids None means the model's EOS ids; [] means no stop ids. target_len forces the
-    response length (benchmarks): stop ids are ignored and the request stops at exactly
-    target_len tokens, overriding max_new_tokens.
+    stop_token_ids None means the model's EOS ids; [] means no stop ids. stop_strings end a
+    turn at the first token whose text completes one (finish reason "stop_string"; the engine
+    needs the model's tokenizer for them). target_len forces the response length (benchmarks):
+    stop ids and strings are ignored and the request stops at exactly target_len tokens,
+    overriding max_new_tokens.
     """
 
     temperature: float = 1.0
@@ -223,6 +206,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 128
     stop_token_ids: list[int] | None = None
+    stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
     target_len: int | None = None
     multi_turn: bool = False
@@ -249,3 +233,8 @@ class SamplingParams:
             raise UserInputError(f"{where}.target_len must be > 0, got {self.target_len}")
         if self.stop_token_ids is not None:
             checked_token_ids(request_id, self.stop_token_ids, "sampling.stop_token_ids")
+        bad = [s for s in self.stop_strings if not isinstance(s, str) or not s]
+        if bad or isinstance(self.stop_strings, str):
+            raise UserInputError(
+                f"{where}.stop_strings must be a list of non-empty strings, got {self.stop_strings!r}"
+            )

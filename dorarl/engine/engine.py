@@ -47,6 +47,7 @@ from dorarl.engine.outputs import (
 from dorarl.engine.preflight import check_triton_attention
 from dorarl.engine.scheduler import Batch, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
+from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.weights import (
     check_named,
@@ -82,8 +83,10 @@ class Engine:
         named_weights: dict[str, torch.Tensor],
         version: int = 0,
         where: str = "hf_config",
+        decode: Decode | None = None,
     ) -> None:
         self.config = config
+        self.decode = decode  # token ids -> text, for requests with stop strings
         self.hf_config = hf_config
         self.spec: ModelSpec = spec_from_hf(hf_config, where)
         self.device = torch.device(config.device)
@@ -233,7 +236,7 @@ class Engine:
         hf_config = read_hf_config(folder)
         where = str(Path(folder) / "config.json")
         named = from_checkpoint(spec_from_hf(hf_config, where), load_folder(folder))
-        return cls(hf_config, config, named, version, where=where)
+        return cls(hf_config, config, named, version, where, FolderDecoder(str(folder)))
 
     @classmethod
     def from_hf_config(
@@ -243,12 +246,14 @@ class Engine:
         state_dict: dict[str, torch.Tensor] | None = None,
         version: int = 0,
         seed: int = 0,
+        decode: Decode | None = None,
     ) -> Engine:
-        """Build from a transformers config, with its state dict or a seeded random init."""
+        """Build from a transformers config, with its state dict or a seeded random init;
+        `decode` (token ids -> text) serves requests with stop strings."""
         if state_dict is None:
             std = getattr(hf_config, "initializer_range", 0.02)
             state_dict = random_named(spec_from_hf(hf_config), seed, std)
-        return cls(hf_config, config, state_dict, version)
+        return cls(hf_config, config, state_dict, version, decode=decode)
 
     # --- requests ---------------------------------------------------------------------
     def add_request(
@@ -259,6 +264,7 @@ class Engine:
         self._check_new(request_id, prompt, params)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         seq = Sequence(request_id, prompt, params, seed, self._stop_ids(params))
+        seq.stop_text = self._stop_text(params, prompt, [])
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
 
@@ -266,12 +272,25 @@ class Engine:
         ids = self.spec.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
         return frozenset(operator.index(t) for t in ids)  # checked by params.validate
 
+    def _stop_text(
+        self, params: SamplingParams, before: list[int], turn: list[int]
+    ) -> StopText | None:
+        if not params.stop_strings or params.target_len is not None:
+            return None
+        assert self.decode is not None, "checked by _check_new"
+        return StopText.open(params.stop_strings, self.decode, before, turn)
+
     def _check_new(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         if request_id in self._seqs:
             raise UserInputError(
                 f"request {request_id!r}: a request with this id is already in the engine"
             )
         params.validate(request_id)
+        if params.stop_strings and self.decode is None:
+            raise UserInputError(
+                f"request {request_id!r}: sampling.stop_strings needs the model's tokenizer "
+                "(an engine from a model folder, or Engine(..., decode=...))"
+            )
         limit = self.config.max_model_len
         if not prompt_ids:
             raise UserInputError(f"request {request_id!r}: empty prompt")
@@ -478,7 +497,9 @@ class Engine:
             routes=bytearray(self._snapshot_routes(snap)),
         )  # fmt: skip
         if seq.waits_env:
-            seq.finish_reason = snap.turn_reason
+            seq.finish_reason, seq.stop_string = snap.turn_reason, snap.turn_stop_string
+        opened = seq.num_prompt + seq.turn_start
+        seq.stop_text = self._stop_text(snap.params, seq.token_ids[:opened], seq.token_ids[opened:])
         return seq
 
     def _snapshot_routes(self, snap: RequestSnapshot) -> bytes:
@@ -619,6 +640,7 @@ def _output(seq: Sequence) -> RequestOutput:
         observed=list(seq.observed),
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
+        stop_string=seq.stop_string,
         routes=bytes(seq.routes),
     )
 
@@ -643,5 +665,6 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
         turn_reason=seq.finish_reason if seq.waits_env else None,
+        turn_stop_string=seq.stop_string if seq.waits_env else None,
         routes=bytes(seq.routes),
     )

@@ -26,13 +26,14 @@ class RequestOutput:
     output_ids: list[int]
     logprobs: list[float]
     versions: list[int]  # version of the weights that sampled each output token
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" (a stop token) | "stop_string" | "length"
     migrations: int = 0
     offloads: int = 0
     reprefill_tokens: int = 0  # tokens whose KV was computed again (preemption, resume)
     observed: list[bool] = field(default_factory=list)  # per output token: an env's, not sampled
     turn_start: int = 0  # output index where the last turn's sampled tokens begin
     waits_env: bool = False  # multi-turn: a turn ended; continue_request or end_request next
+    stop_string: str | None = None  # the stop string that ended the (last) turn
     routes: bytes = b""  # MoE, engine.record_routes: each output token's experts (data/routes.py)
 
     @property
@@ -63,6 +64,7 @@ class RequestSnapshot:
     turn_start: int = 0
     waits_env: bool = False  # a multi-turn request between turns (KV kept, no slot)
     turn_reason: str | None = None  # how its last turn ended, while it waits
+    turn_stop_string: str | None = None  # and the stop string that ended it, if one did
     routes: bytes = b""  # the output tokens' recorded experts (data/routes.py), if any
 
     @property

@@ -10,6 +10,9 @@ neighbours. With routes recorded (an MoE model, engine.record_routes), `routes` 
 output token's expert ids (dorarl/data/routes.py), as `logprobs` holds its logprob. A
 multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it holds its KV but
 no slot until `Engine.continue_request` appends the next observation.
+A request with stop strings carries its turn's `StopText`; a turn ends on a stop token,
+then a stop string, then the length cap, so a turn that completes a stop string at its cap
+ends "stop_string".
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import enum
 from dataclasses import dataclass, field
 
 from dorarl.engine.config import SamplingParams
+from dorarl.engine.stop_strings import StopText
 
 
 class KVPlace(enum.Enum):
@@ -48,6 +52,8 @@ class Sequence:
     observed: list[bool] = field(default_factory=list)
     turn_start: int = 0  # output index where the current turn's sampled tokens begin
     waits_env: bool = False
+    stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
+    stop_string: str | None = None  # the stop string that ended the last turn
     routes: bytearray = field(default_factory=bytearray)  # per output token, when recorded
 
     def __post_init__(self) -> None:
@@ -95,6 +101,11 @@ class Sequence:
         self.turn_start = self.num_output
         self.finish_reason = None
         self.waits_env = False
+        self.stop_string = None
+        if self.stop_text is not None:
+            self.stop_text = StopText.open(
+                self.stop_text.stops, self.stop_text.decode, self.token_ids
+            )
 
     @property
     def turn_output(self) -> int:
@@ -107,6 +118,10 @@ class Sequence:
             return "length" if self.turn_output >= self.params.target_len else None
         if token in self.stop_ids:
             return "stop"
+        if self.stop_text is not None:
+            self.stop_string = self.stop_text.feed(token)
+            if self.stop_string is not None:
+                return "stop_string"
         if self.turn_output >= self.params.max_new_tokens or self.num_tokens >= max_model_len:
             return "length"
         return None

@@ -11,19 +11,24 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from dorarl.errors import UserInputError
+from dorarl.jobs.evaluation import headline_scores, sampled_scores
+from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
 
 
 def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
-    """What a reader compares first: mode, steps, wall time, held-out accuracy, throughput
-    (`curve`: the folder's `read_curve`)."""
+    """What a reader compares first: mode, steps, wall time, held-out accuracy (the first
+    evaluation and the last when later, with their versions; mean@k and pass@k of the last
+    where it sampled), throughput (`curve`: the folder's `read_curve`)."""
     summary = _read_summary(run_dir)
     evals = curve["eval"]
+    first = evals[0] if evals else None
+    last = evals[-1] if evals and evals[-1]["version"] > evals[0]["version"] else None
+    sampled = {str(p["version"]): sampled_scores(p) for p in evals if sampled_scores(p)}
     return {
         "name": name,
         "mode": summary.get("mode"),
@@ -33,9 +38,13 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
         "mean_step_time_s": summary.get("mean_step_time_s"),
         "rollout_only_share": summary.get("rollout_only_share"),
         "throughput_tokens_per_s": summary.get("throughput_tokens_per_s"),
-        "eval_first": evals[0]["accuracy"] if evals else None,
-        "eval_last": evals[-1]["accuracy"] if evals else None,
+        "eval_first": first["accuracy"] if first else None,
+        "eval_version_first": first["version"] if first else None,
+        "eval_last": last["accuracy"] if last else None,
+        "eval_version_last": last["version"] if last else None,
+        "sampled_last": headline_scores(last) if last else {},
         "eval": {str(p["version"]): p["accuracy"] for p in evals},
+        "eval_sampled": sampled,
         "dropped_total": summary.get("dropped_total"),
     }
 
@@ -67,21 +76,33 @@ def run_names(run_dirs: list[Path], names: str | None) -> list[str]:
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:
+    """One row a run; a column per sampled score of the last evaluations (mean@k, pass@k)
+    when a run's evaluation sampled."""
+    scores = list(dict.fromkeys(key for r in rows for key in r["sampled_last"]))
     table = Table(title="runs compared")
     for column in ("run", "mode", "steps", "wall s", "s/step", "rollout-only", "tok/s",
-                   "held-out first", "held-out last", "dropped"):  # fmt: skip
+                   "held-out first", "held-out last", *(f"{k} last" for k in scores),
+                   "dropped"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("run", "mode") else "right")
     for r in rows:
         mode = f"{r['mode']} (K={r['K']})" if r["mode"] == "dora" else str(r["mode"])
         table.add_row(r["name"], mode, str(r["steps"]), _fmt(r["wall_time_s"], 0),
                       _fmt(r["mean_step_time_s"], 1), _fmt(r["rollout_only_share"], 2),
-                      _fmt(r["throughput_tokens_per_s"], 1), _fmt(r["eval_first"], 3),
-                      _fmt(r["eval_last"], 3), str(r["dropped_total"]))  # fmt: skip
+                      _fmt(r["throughput_tokens_per_s"], 1),
+                      _at(r["eval_first"], r["eval_version_first"]),
+                      _at(r["eval_last"], r["eval_version_last"]),
+                      *(_fmt(r["sampled_last"].get(k), 3) for k in scores),
+                      str(r["dropped_total"]))  # fmt: skip
     return table
 
 
 def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _at(accuracy: float | None, version: int | None) -> str:
+    """An evaluation's accuracy and the version it is of: '0.500 (v8)'."""
+    return "-" if accuracy is None else f"{accuracy:.3f} (v{version})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot_convergence(curves, args.out, time_label="wall time (s)")
     args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
-    Console().print(_table(rows))
+    table_console().print(_table(rows))
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
     return 0

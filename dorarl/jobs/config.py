@@ -1,7 +1,11 @@
 """`TrainConfig`: the root configuration of `dorarl train`, one section per component.
 
 The main knobs sit at the top level (mode, K, runtime, steps, instances, rbs, tbs,
-group_size, seed); components keep their own dataclasses (engine, trainer) as sections.
+group_size, seed); components keep their own dataclasses (engine, trainer, ray, weights) as
+sections. Settings only: a simple bound is declared on its field (`metadata` ge, gt, le, lt,
+checked by the loader: dorarl.config.fields), `validate()` checks the keys' relations, and
+nothing here reads a file or builds a runtime object (the checkpoint `resume=` names is read
+by `dorarl.jobs.train`, the placement and the weight transport are the runtime's).
 """
 
 from __future__ import annotations
@@ -9,14 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dorarl.config import ConfigError
+from dorarl.config import ConfigError, check_fields
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
-from dorarl.errors import RunComplete
-from dorarl.jobs.resume import ResumePoint, read_resume_point
-from dorarl.runtime.placement import PlacementPlan, check_resource_names, plan_placement
-from dorarl.runtime.weights_config import TransportSpec, WeightsConfig
+from dorarl.jobs.resume import ResumePoint
+from dorarl.runtime.ray_config import RayConfig
+from dorarl.runtime.weights_config import WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
 
@@ -72,24 +75,21 @@ class TaskSection:
         },
     )
     max_turns: int = field(
-        default=0, metadata={"help": "multi-turn: turns per episode at most (0: the task's own)"}
+        default=0,
+        metadata={
+            "help": "multi-turn: turns per episode at most (0: the task's own; 8 for a task "
+            "without one, as jsonl and arith)",
+            "ge": 0,
+        },
     )
     env_timeout_s: float = field(
-        default=30.0, metadata={"help": "multi-turn: timeout of one env call (reset or step)"}
+        default=30.0,
+        metadata={"help": "multi-turn: timeout of one env call (reset or step)", "gt": 0},
     )
     env_latency_s: float = field(
-        default=0.0, metadata={"help": "multiturn_sum: simulated tool latency per env step"}
+        default=0.0,
+        metadata={"help": "multiturn_sum: simulated tool latency per env step", "ge": 0},
     )
-
-    def validate(self) -> None:
-        if self.max_turns < 0:
-            raise ConfigError(
-                f"task.max_turns: must be >= 0 (0: the task's own), got {self.max_turns}"
-            )
-        if self.env_timeout_s <= 0:
-            raise ConfigError(f"task.env_timeout_s: must be > 0, got {self.env_timeout_s}")
-        if self.env_latency_s < 0:
-            raise ConfigError(f"task.env_latency_s: must be >= 0, got {self.env_latency_s}")
 
     def resolved_reward(self) -> str:
         """The reward the jsonl task scores with: the key, else what the rows' format calls for."""
@@ -100,20 +100,16 @@ class TaskSection:
 
 @dataclass(kw_only=True)
 class SamplingSection:
-    temperature: float = field(default=1.0, metadata={"help": "rollout sampling temperature"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (1: off)"})
-    top_k: int = field(default=0, metadata={"help": "top-k sampling (0: off)"})
+    temperature: float = field(
+        default=1.0, metadata={"help": "rollout sampling temperature (> 0 for RL)", "gt": 0}
+    )
+    top_p: float = field(
+        default=1.0, metadata={"help": "nucleus sampling (1: off)", "gt": 0, "le": 1}
+    )
+    top_k: int = field(default=0, metadata={"help": "top-k sampling (0: off)", "ge": 0})
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "response cap (None: the task's own)"}
     )
-
-    def validate(self) -> None:
-        if self.temperature <= 0:
-            raise ConfigError("temperature: must be > 0 for RL rollouts")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError("top_p: must be in (0, 1]")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k: must be >= 0 (0: off), got {self.top_k}")
 
 
 @dataclass(kw_only=True)
@@ -121,10 +117,14 @@ class ForcedLengthsSection:
     """Benchmarks and tests: force response lengths (ignore EOS) from a long-tailed lognormal."""
 
     enabled: bool = field(default=False, metadata={"help": "force response lengths"})
-    median: float = field(default=16.0, metadata={"help": "median forced length (tokens)"})
-    p99_ratio: float = field(default=10.0, metadata={"help": "p99 / median of forced lengths"})
-    max_len: int = field(default=200, metadata={"help": "longest forced length"})
-    group_corr: float = field(default=0.5, metadata={"help": "share of log-variance per group"})
+    median: float = field(default=16.0, metadata={"help": "median forced length (tokens)", "ge": 1})
+    p99_ratio: float = field(
+        default=10.0, metadata={"help": "p99 / median of forced lengths", "ge": 1}
+    )
+    max_len: int = field(default=200, metadata={"help": "longest forced length", "ge": 1})
+    group_corr: float = field(
+        default=0.5, metadata={"help": "share of log-variance per group", "ge": 0, "le": 1}
+    )
 
     def dist(self, prompt_len: int = 16) -> LengthDist:
         return LengthDist(
@@ -135,19 +135,21 @@ class ForcedLengthsSection:
             prompt_len=prompt_len,
         )
 
-    def validate(self) -> None:
-        self.dist().validate()
-
 
 @dataclass(kw_only=True)
 class EvalSection:
-    every: int = field(default=10, metadata={"help": "evaluate every N versions (0: first/last)"})
-    max_prompts: int = field(default=200, metadata={"help": "held-out prompts per evaluation"})
+    every: int = field(
+        default=10, metadata={"help": "evaluate every N versions (0: first/last)", "ge": 0}
+    )
+    max_prompts: int = field(
+        default=200, metadata={"help": "held-out prompts per evaluation", "ge": 1}
+    )
     samples: int = field(
         default=0,
         metadata={
             "help": "k responses per held-out prompt sampled at the run's sampling settings, "
-            "for mean@k and pass@k beside greedy accuracy (0: greedy only)"
+            "for mean@k and pass@k beside greedy accuracy (0: greedy only)",
+            "ge": 0,
         },
     )
 
@@ -158,87 +160,6 @@ class RecordSection:
         default=False,
         metadata={"help": "write prompt, answer and response text to trajectories.jsonl"},
     )
-
-
-@dataclass(kw_only=True)
-class RaySection:
-    address: str | None = field(
-        default=None, metadata={"help": "Ray cluster address (None: start local Ray)"}
-    )
-    host: str = field(
-        default="127.0.0.1",
-        metadata={"help": "address a local Ray's services listen on (127.0.0.1: this machine)"},
-    )
-    threads_per_actor: int = field(
-        default=0,
-        metadata={
-            "help": "torch threads in each actor (0: share this machine's cores: the trainer "
-            "all of them, engines an equal share at lower priority, the evaluator one)"
-        },
-    )
-    max_engine_restarts: int = field(
-        default=3,
-        metadata={"help": "dead engine instances replaced mid-run before the run stops"},
-    )
-    max_trainer_restarts: int = field(
-        default=1,
-        metadata={
-            "help": "times a dead trainer (any rank of a sharded one) restarts from the newest checkpoint mid-run"
-        },
-    )
-    engine_gpus: float | None = field(
-        default=None,
-        metadata={"help": "GPU share of each engine on cuda (None: fit the node; 0.25: 4 a GPU)"},
-    )
-    trainer_gpus: float | None = field(
-        default=None, metadata={"help": "GPU share of the trainer on cuda (None: fit the node)"}
-    )
-    eval_gpus: float | None = field(
-        default=None,
-        metadata={
-            "help": "GPU share of the evaluator, inside the trainer's bundle (None: 0.1 of it)"
-        },
-    )
-    placement_timeout_s: float = field(
-        default=60.0, metadata={"help": "seconds to wait for Ray to place the actors' GPUs"}
-    )
-    gpu_memory_gb: float | None = field(
-        default=None,
-        metadata={
-            "help": "memory of each GPU, to check the engines' KV budgets before any actor "
-            "starts and for --print-placement (None: what nvidia-smi reports here)"
-        },
-    )
-    engine_resources: dict[str, float] = field(
-        default_factory=dict,
-        metadata={
-            "help": "custom Ray resources each engine asks for, e.g. {rollout: 0.01}: engines "
-            "run only on nodes started with them (ray start --resources='{\"rollout\": 1}')"
-        },
-    )
-    trainer_resources: dict[str, float] = field(
-        default_factory=dict,
-        metadata={
-            "help": "custom Ray resources the trainer (each rank) asks for, and the evaluator "
-            "beside it (beside the first engine when only the engines are on cuda)"
-        },
-    )
-
-    def validate(self) -> None:
-        if self.max_engine_restarts < 0:
-            raise ConfigError("max_engine_restarts: must be >= 0")
-        if self.max_trainer_restarts < 0:
-            raise ConfigError("max_trainer_restarts: must be >= 0")
-        for key in ("engine_gpus", "trainer_gpus", "eval_gpus"):
-            share = getattr(self, key)
-            if share is not None and not share > 0:
-                raise ConfigError(f"{key}: must be > 0 (or unset), got {share}")
-        if not self.placement_timeout_s > 0:
-            raise ConfigError("placement_timeout_s: must be > 0")
-        if self.gpu_memory_gb is not None and not self.gpu_memory_gb > 0:
-            raise ConfigError(f"gpu_memory_gb: must be > 0 (or unset), got {self.gpu_memory_gb}")
-        check_resource_names("engine_resources", self.engine_resources)
-        check_resource_names("trainer_resources", self.trainer_resources)
 
 
 def _default_engine() -> EngineConfig:
@@ -254,24 +175,25 @@ class TrainConfig:
     mode: Mode = field(
         default="dora", metadata={"help": "sync | one_step_off | partial_rollout | dora"}
     )
-    K: int = field(default=1, metadata={"help": "staleness bound (dora, partial_rollout)"})
+    K: int = field(default=1, metadata={"help": "staleness bound (dora, partial_rollout)", "ge": 0})
     runtime: Literal["ray", "sim"] = field(default="ray", metadata={"help": "ray | sim"})
     steps: int = field(
-        default=60, metadata={"help": "training steps (a resumed run ends at this version)"}
+        default=60,
+        metadata={"help": "training steps (a resumed run ends at this version)", "ge": 1},
     )
-    instances: int = field(default=2, metadata={"help": "rollout instances"})
+    instances: int = field(default=2, metadata={"help": "rollout instances", "ge": 1})
     rbs: int = field(default=24, metadata={"help": "groups outstanding (dispatched, not consumed)"})
-    tbs: int = field(default=16, metadata={"help": "groups per training step"})
-    group_size: int = field(default=8, metadata={"help": "responses per prompt (G)"})
+    tbs: int = field(default=16, metadata={"help": "groups per training step", "ge": 1})
+    group_size: int = field(default=8, metadata={"help": "responses per prompt (G)", "ge": 1})
     seed: int = field(default=0, metadata={"help": "seed of data order, sampling and init"})
     model: str | None = field(
         default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
     )
     checkpoint_every: int = field(
-        default=20, metadata={"help": "checkpoint every N versions (0: at the end only)"}
+        default=20, metadata={"help": "checkpoint every N versions (0: at the end only)", "ge": 0}
     )
     checkpoint_keep: int = field(
-        default=3, metadata={"help": "newest checkpoints kept in the run folder (0: all)"}
+        default=3, metadata={"help": "newest checkpoints kept in the run folder (0: all)", "ge": 0}
     )
     resume: str | None = field(
         default=None,
@@ -286,7 +208,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalSection = field(default_factory=EvalSection)
     record: RecordSection = field(default_factory=RecordSection)
-    ray: RaySection = field(default_factory=RaySection)
+    ray: RayConfig = field(default_factory=RayConfig)
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     engine: EngineConfig = field(default_factory=_default_engine)
     trainer: TrainerConfig = field(default_factory=_default_trainer)
@@ -303,32 +225,20 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.trainer.temperature = self.sampling.temperature
         self.trainer.loss.response_cap = self.sampling.max_new_tokens
-        self._resume_read: tuple[str, ResumePoint] | None = None  # not a setting: a cache
 
     def validate(self) -> None:
+        check_fields(self)  # the loader checked what it read; a config built in code, here
         for key, device in (
             ("engine.device", self.engine.device),
             ("trainer.device", self.trainer.device),
         ):
             _check_device(key, device)
         self.weights.resolve(self.engine.device, self.trainer.device)
-        if self.checkpoint_every < 0 or self.checkpoint_keep < 0:
-            raise ConfigError("checkpoint_every: checkpoint_every and checkpoint_keep must be >= 0")
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
-        self._check_work_left()
-        self.controller_config().validate()
-        self.task.validate()
+        self.controller_config(None).validate()
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
-        if self.engine.max_num_seqs < 1:
-            raise ConfigError("engine.max_num_seqs: must be >= 1")
-        if self.eval.every < 0 or self.eval.max_prompts < 1:
-            raise ConfigError("eval: every must be >= 0 and max_prompts >= 1")
-        if self.eval.samples < 0:
-            raise ConfigError(
-                f"eval.samples: must be >= 0 (0: greedy only), got {self.eval.samples}"
-            )
         self._check_overlong()
         if self.trainer.moe.route_replay and not self.engine.record_routes:
             raise ConfigError(
@@ -355,19 +265,11 @@ class TrainConfig:
         except ConfigError as exc:
             raise ConfigError(f"trainer.loss.{exc}") from None
 
-    def _check_work_left(self) -> None:
-        point = self.resume_point()
-        if point is not None and point.version >= self.steps:
-            raise RunComplete(
-                f"{point.folder} is version {point.version} and steps={self.steps}: the run is "
-                f"complete; steps=N (N > {point.version}) trains it further"
-            )
-
-    def controller_config(self) -> ControllerConfig:
-        """The controller's view: its knobs carry the names they have here (K, steps, instances,
+    def controller_config(self, point: ResumePoint | None) -> ControllerConfig:
+        """The controller's view, starting where `point` (the checkpoint a run resumes, None:
+        a fresh run) left off: its knobs carry the names they have here (K, steps, instances,
         rbs, tbs, group_size, orchestrator.*, rollout.*), so its errors name the keys a user
         typed."""
-        point = self.resume_point()
         return ControllerConfig(
             mode=self.mode,
             K=self.K,
@@ -381,35 +283,6 @@ class TrainConfig:
             rollout=self.rollout,
             **(point.controller_keys() if point else {}),
         )
-
-    def placement(self, node_gpus: float) -> PlacementPlan:
-        """GPU shares of the engines, trainer and evaluator on a node with `node_gpus` GPUs,
-        and the custom resources they ask for (the nodes they may run on)."""
-        return plan_placement(
-            instances=self.instances,
-            engine_on_gpu=self.engine.device != "cpu",
-            trainer_on_gpu=self.trainer.device != "cpu",
-            node_gpus=node_gpus,
-            engine_gpus=self.ray.engine_gpus,
-            trainer_gpus=self.ray.trainer_gpus,
-            eval_gpus=self.ray.eval_gpus,
-            engine_resources=self.ray.engine_resources,
-            trainer_resources=self.ray.trainer_resources,
-            trainer_ranks=self.trainer.world_size,
-        )
-
-    def transport(self) -> TransportSpec:
-        """How weights reach the engines (`weights.*`, resolved for the devices)."""
-        return self.weights.spec(self.engine.device, self.trainer.device, self.engine.dtype)
-
-    def resume_point(self) -> ResumePoint | None:
-        """The checkpoint `resume` names, read once (at validation) for the value it has."""
-        if not self.resume:
-            return None
-        read = self._resume_read
-        if read is None or read[0] != self.resume:
-            read = self._resume_read = (self.resume, read_resume_point(self.resume))
-        return read[1]
 
 
 def _check_device(key: str, device: str) -> None:

@@ -23,16 +23,16 @@ from dorarl.engine.backends import refuse_unfit
 from dorarl.engine.memory import DTYPE_BYTES, GB, KVPlan, plan_kv, size
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, spec_from_hf
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.placement import PlacementPlan
 from dorarl.tasks.assets import shipped_base_model
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
-def model_folder(config: TrainConfig) -> str:
-    """The folder the run's weights come from: the checkpoint it resumes, the model it
-    names, or the shipped base model of its task."""
-    point = config.resume_point()
+def model_folder(config: TrainConfig, point: ResumePoint | None) -> str:
+    """The folder the run's weights come from: the checkpoint it resumes (`point`), the model
+    it names, or the shipped base model of its task."""
     return str(point.folder if point else (config.model or shipped_base_model(config.task.name)))
 
 

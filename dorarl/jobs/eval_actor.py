@@ -54,10 +54,6 @@ class Evaluations:
         elif version not in self.running:
             self.running[version] = self.evaluator.evaluate.remote(weights, version)
 
-    def accuracy_so_far(self) -> dict[int, float]:
-        """Accuracy of every evaluation finished by now."""
-        return {v: result["accuracy"] for v, result in self.finished().items()}
-
     def finished(self) -> dict[int, dict[str, Any]]:
         """The evaluations finished by now (a stopped run waits for no others)."""
         if not self.running:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.jobs.config import TrainConfig
+from dorarl.report.run_curve import read_curve
 
 
 def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
@@ -33,7 +34,7 @@ def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) 
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     from dorarl.report.plots import plot_training_curve  # matplotlib: only once a run ends
 
-    plot_training_curve(rows, out_dir / "reward_curve.png", title=title)
+    plot_training_curve(read_curve(out_dir), out_dir / "reward_curve.png", title=title)
     return rows
 
 
@@ -45,11 +46,11 @@ def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_st
     result = evals.get(version)
     if result is not None:
         row["eval_accuracy"] = result["accuracy"]
-        row.update({f"eval_{key}": value for key, value in _sampled_scores(result).items()})
+        row.update({f"eval_{key}": value for key, value in sampled_scores(result).items()})
         row["eval_version"] = version
 
 
-def _sampled_scores(result: dict[str, Any]) -> dict[str, float]:
+def sampled_scores(result: dict[str, Any]) -> dict[str, float]:
     """An evaluation's mean@k and pass@j (present with eval.samples = k > 0)."""
     return {k: v for k, v in result.items() if k.startswith(("mean@", "pass@"))}
 
@@ -60,8 +61,24 @@ def eval_fields(row: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in row.items() if k.startswith(keys)}
 
 
+def headline_scores(result: dict[str, Any]) -> dict[str, float]:
+    """Of an evaluation's sampled scores, the two a line has room for: mean@k and pass@k
+    (k = eval.samples); nothing for a greedy-only one."""
+    means = [key for key in result if key.startswith("mean@")]
+    if not means:
+        return {}
+    k = means[0].removeprefix("mean@")
+    return {key: result[key] for key in (f"mean@{k}", f"pass@{k}") if key in result}
+
+
+def format_scores(result: dict[str, Any]) -> str:
+    """'0.500' greedy only; '0.500 mean@4 0.375 pass@4 0.750' when it sampled."""
+    scores = "".join(f" {key} {value:.3f}" for key, value in headline_scores(result).items())
+    return f"{result['accuracy']:.3f}{scores}"
+
+
 def sampled_eval_summary(ordered: list[dict[str, Any]]) -> dict[str, Any]:
     """summary.json's sampled scores, {"eval_sampled": {version: {"mean@k": .., ..}}}, when
     the evaluations sampled (eval.samples > 0); nothing otherwise."""
-    sampled = {str(r["version"]): _sampled_scores(r) for r in ordered if _sampled_scores(r)}
+    sampled = {str(r["version"]): sampled_scores(r) for r in ordered if sampled_scores(r)}
     return {"eval_sampled": sampled} if sampled else {}

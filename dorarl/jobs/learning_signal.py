@@ -1,5 +1,7 @@
 """Warnings for a run that cannot learn: steps whose groups all have zero advantage, and
-rewards that stay 0 for every response after the first steps.
+rewards that stay 0 for every response after the first steps. Each says where to read the
+prompts, answers and responses: the run's trajectories.jsonl with record.text=true, else
+how to turn that on.
 
 GRPO's advantage is a response's reward minus its group's mean, so a group whose G
 responses all got the same reward gives no gradient; a step made only of such groups
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -19,8 +22,17 @@ log = logging.getLogger(__name__)
 HINT = "record.text=true writes prompts, answers and responses to trajectories.jsonl"
 
 
+def texts_hint(texts_at: Path | None) -> str:
+    """Where to read what the model was asked and answered: `texts_at`, the trajectories
+    that hold the texts (record.text=true), or how to write them."""
+    if texts_at is None:
+        return HINT
+    return f"the prompts, answers and responses are in {texts_at}"
+
+
 @dataclass
 class LearningSignal:
+    texts_at: Path | None = None  # trajectories.jsonl with the texts (record.text=true)
     every: int = 10  # steps between repeats of one warning
     first_steps: int = 3  # steps after which all-zero rewards are a warning
     steps: int = 0
@@ -32,6 +44,7 @@ class LearningSignal:
         """Take one step's metrics row; return (and log) the warnings it calls for."""
         self.steps += 1
         step = row.get("step", self.steps - 1)
+        hint = texts_hint(self.texts_at)
         warnings = []
         if row.get("zero_advantage_groups", 0.0) >= 1.0:
             self.zero_advantage_steps += 1
@@ -39,7 +52,7 @@ class LearningSignal:
                 "zero_advantage",
                 f"step {step}: every group has zero advantage (all responses to each prompt "
                 f"got the same reward), so this step cannot change the policy "
-                f"({self.zero_advantage_steps} such steps of {self.steps}); {HINT}",
+                f"({self.zero_advantage_steps} such steps of {self.steps}); {hint}",
             )
         all_zero = row.get("reward_mean", 0.0) == 0.0 and row.get("reward_std", 0.0) == 0.0
         self.rewarded = self.rewarded or not all_zero
@@ -47,7 +60,7 @@ class LearningSignal:
             warnings += self._due(
                 "zero_reward",
                 f"step {step}: every response of the first {self.steps} steps got reward 0; "
-                f"check the task's answers and reward; {HINT}",
+                f"check the task's answers and reward; {hint}",
             )
         for warning in warnings:
             log.warning("%s", warning)

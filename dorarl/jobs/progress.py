@@ -1,4 +1,5 @@
-"""Live progress of a training run: steps done, ETA, reward, throughput, staleness, accuracy.
+"""Live progress of a training run: steps done, ETA, reward, throughput, staleness, and the
+newest evaluation (greedy accuracy; mean@k and pass@k when it sampled).
 
 On a terminal a rich progress bar (log records print above it through the same console);
 otherwise (a log file, CI) one plain line every `plain_every(total)` steps and at the last.
@@ -19,6 +20,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+
+from dorarl.jobs.evaluation import format_scores
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -82,7 +85,8 @@ class TrainProgress:
     def __exit__(self, *exc: Any) -> None:
         self._progress.__exit__(*exc)
 
-    def update(self, row: dict[str, Any], accuracy: dict[int, float]) -> None:
+    def update(self, row: dict[str, Any], evaluations: dict[int, dict[str, Any]]) -> None:
+        """One step done (`row`: its metrics); `evaluations`: those finished, by version."""
         self.done += 1
         if self._first_step_at is None:
             self._first_step_at = time.monotonic()
@@ -92,9 +96,9 @@ class TrainProgress:
         )
         if row.get("filtered_groups"):
             text += f"  filtered {row['filtered_groups']}"
-        if accuracy:
-            last = max(accuracy)
-            text += f"  eval v{last}: {accuracy[last]:.3f}"
+        if evaluations:
+            last = max(evaluations)
+            text += f"  eval v{last}: {format_scores(evaluations[last])}"
         self._progress.update(self._task, advance=1, description=text)
         if self.enabled and not self.live and self._plain_due():
             self.console.print(self.plain_line(row, text), highlight=False, soft_wrap=True)

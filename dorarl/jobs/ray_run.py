@@ -43,11 +43,11 @@ from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record import Recorder
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.segments import end_segment, open_segment, write_run_records
+from dorarl.record.segments import end_segment, eval_ends, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
-from dorarl.runtime.placement import PlacedActors, check_fits
+from dorarl.runtime.placement import PlacedActors, check_fits, plan_placement
 from dorarl.runtime.ray_runtime import RayRuntime
 from dorarl.runtime.threads import share_threads
 from dorarl.tasks import Task
@@ -57,18 +57,19 @@ log = logging.getLogger(__name__)
 
 def run_ray(
     config: TrainConfig,
+    point: ResumePoint | None,
     out_dir: Path,
     *,
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
     stop: StopRequest | None = None,
 ) -> dict[str, Any]:
-    """Run to `config.steps`, or until `stop` is requested (then: the step in flight ends, a
-    checkpoint of that version is written, the summary says `stopped_by`)."""
+    """Run from `point` (the checkpoint `config.resume` names, read once by the caller; None: a
+    fresh run) to `config.steps`, or until `stop` is requested (then: the step in flight
+    ends, a checkpoint of that version is written, the summary says `stopped_by`)."""
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
-    point = config.resume_point()
-    folder = model_folder(config)
+    folder = model_folder(config, point)
     task = build_task(config, folder)  # bad data stops the run before any file is written
     spec, where = model_spec(folder)
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
@@ -82,7 +83,7 @@ def run_ray(
             out_dir, point.version if point else 0, config.instances, config.engine.max_num_seqs
         )
         actors = RayActors.start(config, folder, task, point, placed, pace)
-        return _run(config, out_dir, segment, task, actors, defer_eval=defer_eval, stop=stop)
+        return _run(config, point, out_dir, segment, task, actors, defer_eval=defer_eval, stop=stop)
     except WorkerFailed as exc:
         raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
@@ -109,7 +110,8 @@ def place_actors(config: TrainConfig, spec: ModelSpec) -> PlacedActors:
     hold the model and one max_model_len sequence; the plan (with the engines' KV budgets) is
     printed when it asks for GPUs or custom resources."""
     cluster = ray.cluster_resources()
-    plan = config.placement(cluster.get("GPU", 0.0))
+    gpus = cluster.get("GPU", 0.0)
+    plan = plan_placement(config.instances, config.engine, config.trainer, config.ray, gpus)
     gpu_bytes = gpu_memory(config) if plan.uses_gpus else None
     budgets = engine_budgets(config, spec, plan, gpu_bytes)
     if plan.uses_gpus or plan.asks:
@@ -174,6 +176,7 @@ class RayActors:
 # ---- the run -----------------------------------------------------------------------------
 def _run(
     config: TrainConfig,
+    point: ResumePoint | None,
     out_dir: Path,
     segment: Path,
     task: Task,
@@ -183,7 +186,7 @@ def _run(
     stop: StopRequest | None,
 ) -> dict[str, Any]:
     """Run this segment; returns the whole run's summary."""
-    runtime = _runtime(config, out_dir, segment, task, actors)
+    runtime = _runtime(config, point, out_dir, segment, task, actors)
     start = runtime.controller.config.initial_version
     evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
@@ -233,9 +236,14 @@ def _clock_started(runtime: RayRuntime) -> float:
 
 
 def _runtime(
-    config: TrainConfig, out_dir: Path, segment: Path, task: Task, actors: RayActors
+    config: TrainConfig,
+    point: ResumePoint | None,
+    out_dir: Path,
+    segment: Path,
+    task: Task,
+    actors: RayActors,
 ) -> RayRuntime:
-    controller = config.controller_config()
+    controller = config.controller_config(point)
     recorder = Recorder(
         out_dir,
         mode=config.mode,
@@ -260,7 +268,9 @@ def _runtime(
         max_trainer_restarts=config.ray.max_trainer_restarts,
         checkpoints=out_dir / "checkpoints",
         max_model_len=config.engine.max_model_len,
-        transport=config.transport(),
+        transport=config.weights.spec(
+            config.engine.device, config.trainer.device, config.engine.dtype
+        ),
     )
 
 
@@ -269,7 +279,7 @@ def _step_hook(
 ):  # noqa: ANN202 (the runtime's StepHook)
     """After each step: evaluate its version if wanted, log its scalars, show progress,
     warn when it cannot learn."""
-    signal = LearningSignal()
+    signal = LearningSignal(texts_at=runtime.recorder.texts_path)
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
@@ -277,7 +287,7 @@ def _step_hook(
             evals.offer(version, runtime.weights_of(version))
         scalars.log(row)
         signal.observe(row)
-        progress.update(row, evals.accuracy_so_far())
+        progress.update(row, evals.finished())
 
     return on_step
 
@@ -332,9 +342,7 @@ def _final_summary(
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
     summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
-    if ordered:  # a stopped run may have none finished
-        summary["eval_accuracy_first"] = ordered[0]["accuracy"]
-        summary["eval_accuracy_last"] = ordered[-1]["accuracy"]
+    summary.update(eval_ends({r["version"]: r["accuracy"] for r in ordered}))
     summary.update(sampled_eval_summary(ordered))
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()

@@ -1,7 +1,7 @@
 """Where a resumed run starts: a checkpoint folder, its version and its data position.
 
 `resume=` names a checkpoint (`checkpoints/version_N`) or a run folder (its newest
-checkpoint). The trainer restores weights, optimizer and RNG from it; engines load its
+checkpoint); `dorarl train` reads it once (`read_resume_point`) and hands the point on. The trainer restores weights, optimizer and RNG from it; engines load its
 weights as version N; the controller dispatches the prompts the checkpoint never trained
 on first (`Controller.resume_state`, saved with every checkpoint).
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.config import ConfigError
+from dorarl.errors import RunComplete
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"  # dorarl.trainer.checkpoint's; not imported here (torch)
@@ -51,7 +52,18 @@ def find_checkpoint(path: str | Path) -> Path:
     return found[-1]
 
 
+def check_work_left(point: ResumePoint, steps: int) -> None:
+    """RunComplete when the checkpoint already holds the version the run ends at (what a
+    stop that lands after the last step leaves: nothing is wrong, nothing to train)."""
+    if point.version >= steps:
+        raise RunComplete(
+            f"{point.folder} is version {point.version} and steps={steps}: the run is "
+            f"complete; steps=N (N > {point.version}) trains it further"
+        )
+
+
 def read_resume_point(path: str | Path) -> ResumePoint:
+    """The checkpoint `path` names (itself, or a run folder's newest) and its data position."""
     from dorarl.trainer.checkpoint import read_state
 
     folder = find_checkpoint(path)

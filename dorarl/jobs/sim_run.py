@@ -10,5 +10,6 @@ from dorarl.sim.runtime import SimRuntime
 
 
 def run_sim(config: TrainConfig, out_dir: Path) -> dict[str, Any]:
-    runtime = SimRuntime(config.controller_config(), seed=config.seed, out_dir=out_dir)
+    # a sim run never resumes (TrainConfig.validate refuses resume= with it)
+    runtime = SimRuntime(config.controller_config(None), seed=config.seed, out_dir=out_dir)
     return runtime.run().summary

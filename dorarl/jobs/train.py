@@ -1,4 +1,5 @@
-"""`dorarl train`: load and validate the config, start the runtime, write the run folder.
+"""`dorarl train`: load and validate the config, read the checkpoint `resume=` names (once,
+for the whole run), start the runtime, write the run folder.
 
 Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key
 (and imports no torch, Ray or transformers, so it answers at once). The run folder holds
@@ -17,7 +18,9 @@ from typing import Any
 
 from dorarl.config import ConfigError, describe, load_config, to_yaml
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.resume import ResumePoint, check_work_left, read_resume_point
 from dorarl.jobs.run_folder import choose_out, config_source, open_run_folder, resume_command
+from dorarl.runtime.placement import plan_placement
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +32,12 @@ def main(argv: list[str]) -> int:
     args = _parse_args(argv)
     config_path, out, overrides = args.config, args.out, args.overrides
     config = load_config(TrainConfig, config_source(config_path, overrides), overrides)
+    point = resume_point(config)
     if args.print_config:
         print(to_yaml(config), end="")
         return 0
     if args.print_placement is not None:
-        print("\n".join(_placement_lines(config, args.print_placement)))
+        print("\n".join(_placement_lines(config, point, args.print_placement)))
         return 0
     out_dir = choose_out(out, config.resume, config.mode)
     _setup_logging()
@@ -44,10 +48,20 @@ def main(argv: list[str]) -> int:
         summary = run_sim(config, out_dir)
         _print_summary(summary, out_dir)
         return 0 if summary.get("dropped_total", 0) == 0 else 1
-    return _train_on_ray(config, out_dir)
+    return _train_on_ray(config, point, out_dir)
 
 
-def _train_on_ray(config: TrainConfig, out_dir: Path) -> int:
+def resume_point(config: TrainConfig) -> ResumePoint | None:
+    """The checkpoint `resume=` names, read here once for the whole run (None: a fresh run);
+    RunComplete when it already holds the version the run ends at."""
+    if not config.resume:
+        return None
+    point = read_resume_point(config.resume)
+    check_work_left(point, config.steps)
+    return point
+
+
+def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path) -> int:
     """Run on Ray; SIGINT/SIGTERM stop it after the step in flight (exit 128 + signal), a
     second one aborts at once (exit 130); either way one line says how to resume."""
     from dorarl.jobs.ray_run import run_ray
@@ -55,7 +69,7 @@ def _train_on_ray(config: TrainConfig, out_dir: Path) -> int:
 
     try:
         with StopRequest() as stop:
-            summary = run_ray(config, out_dir, stop=stop)
+            summary = run_ray(config, point, out_dir, stop=stop)
     except KeyboardInterrupt:
         print(f"dorarl: aborted; {_how_to_resume(out_dir)}", file=sys.stderr)
         return 130
@@ -68,15 +82,15 @@ def _train_on_ray(config: TrainConfig, out_dir: Path) -> int:
     return 0 if summary.get("dropped_total", 0) == 0 else 1
 
 
-def _placement_lines(config: TrainConfig, gpus: float) -> list[str]:
+def _placement_lines(config: TrainConfig, point: ResumePoint | None, gpus: float) -> list[str]:
     """The GPU shares on a node of `gpus` GPUs and each engine's KV budget in its share."""
-    plan = config.placement(gpus)
+    plan = plan_placement(config.instances, config.engine, config.trainer, config.ray, gpus)
     if not plan.uses_gpus:
         return plan.lines()
     from dorarl.jobs.engine_plan import budget_lines, engine_budgets, gpu_memory, model_spec
     from dorarl.jobs.engine_plan import model_folder as folder_of
 
-    spec, _ = model_spec(folder_of(config))
+    spec, _ = model_spec(folder_of(config, point))
     gpu_bytes = gpu_memory(config)
     return plan.lines() + budget_lines(engine_budgets(config, spec, plan, gpu_bytes), gpu_bytes)
 
@@ -164,8 +178,9 @@ def _help() -> str:
 
 
 def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from dorarl.report.console import table_console
 
     title = f"dorarl train: {summary.get('mode')} (K={summary.get('K')})"
     segments = len(summary.get("segments", []))
@@ -188,12 +203,30 @@ def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
         "mean_step_time_s",
         "rollout_only_share",
         "migrations",
-        "eval_accuracy_first",
-        "eval_accuracy_last",
     ):
         if key in summary:
-            value = summary[key]
-            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
-    console = Console()
+            table.add_row(key, _cell(summary[key]))
+    for key, value in _eval_rows(summary):
+        table.add_row(key, _cell(value))
+    console = table_console()
     console.print(table)
     console.print(f"run folder: {out_dir}")
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _eval_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The first evaluation and the last (when later): version, greedy accuracy, and the
+    mean@k and pass@j of one that sampled (eval.samples > 0)."""
+    sampled = summary.get("eval_sampled", {})
+    rows: list[tuple[str, Any]] = []
+    for end in ("first", "last"):
+        version = summary.get(f"eval_version_{end}")
+        if version is None:
+            continue
+        rows += [(f"eval_version_{end}", version)]
+        rows += [(f"eval_accuracy_{end}", summary[f"eval_accuracy_{end}"])]
+        rows += [(f"eval_{key}_{end}", v) for key, v in sampled.get(str(version), {}).items()]
+    return rows

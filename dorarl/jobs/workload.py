@@ -17,7 +17,7 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.env import load_env_class
-from dorarl.tasks.env_task import EnvTask
+from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 
 
@@ -36,7 +36,7 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
     if section.env is None:
         return task
     env_class = load_env_class(section.env)
-    max_turns = section.max_turns or getattr(task, "max_turns", 0) or 8
+    max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
     return EnvTask(task, env_class, max_turns, section.env_timeout_s)
 
 
@@ -96,6 +96,7 @@ def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:
         top_k=s.top_k,
         max_new_tokens=s.max_new_tokens or task.max_new_tokens,
         stop_token_ids=list(task.stop_token_ids),
+        stop_strings=list(getattr(task, "stop_strings", [])),
         seed=config.seed,
         forced_lengths=config.forced_lengths.dist() if config.forced_lengths.enabled else None,
     )

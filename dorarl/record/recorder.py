@@ -117,6 +117,14 @@ class Recorder:
     def out_dir(self) -> Path | None:
         return self.files.out_dir
 
+    @property
+    def texts_path(self) -> Path | None:
+        """The trajectories.jsonl that holds prompt, answer and response texts (record.text),
+        or None when none does."""
+        if self.texts is None or not self.files.writes_trajectories:
+            return None
+        return self.files.out_dir / "trajectories.jsonl"
+
     # ---- inputs --------------------------------------------------------------------------
     def observe(self, event: ev.Event, commands: Sequence[cmd.Command]) -> None:
         """Record one controller step: the event it handled and the commands it returned."""
@@ -427,9 +435,14 @@ def _share(part: float, whole: float) -> float:
 
 
 def _turns(sample: Sample) -> dict[str, Any]:
-    """A multi-turn sample's turns: how many, and per turn its sampled and observed tokens."""
-    return {
+    """A multi-turn sample's turns: how many, per turn its sampled and observed tokens, and
+    (a chat episode's) its tool calls and those answered with an error."""
+    row: dict[str, Any] = {
         "turns": len(sample.turns),
         "turn_tokens": [t.sampled for t in sample.turns],
         "observation_tokens": [t.observed for t in sample.turns],
     }
+    if any(t.tool_calls for t in sample.turns):
+        row["tool_calls"] = sum(t.tool_calls for t in sample.turns)
+        row["tool_call_errors"] = sum(t.tool_errors for t in sample.turns)
+    return row

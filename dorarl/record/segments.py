@@ -168,6 +168,20 @@ FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed
           "replay_mismatches", "reward_errors")  # fmt: skip
 
 
+def _engine_setups(segments: Sequence[Segment]) -> dict[str, Any]:
+    """The newest segment's engine set-ups (the engines the run ended with), and every
+    segment's fast-path fallbacks, each marked with its segment."""
+    reported = [s for s in segments if s.summary is not None and "engines" in s.summary]
+    if not reported:
+        return {}
+    fallbacks = [
+        {"segment": s.index, **fallback}
+        for s in reported
+        for fallback in s.summary.get("fast_path_fallbacks", [])
+    ]
+    return {"engines": reported[-1].summary["engines"], "fast_path_fallbacks": fallbacks}
+
+
 def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
     """The whole run's summary. Per field: mode and K from the newest segment's summary;
     `LAST` from the last segment's; `SUMMED`, drops and `FAULTS` summed over the segments'
@@ -176,7 +190,8 @@ def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
     over the segments' run times (`Segment.wall_time_s`), and the throughput, slot
     utilization and overhead shares taken over it; evaluations from each segment's summary,
     for the versions the history keeps of it (a later segment's result of the same version
-    wins: the resumed start is evaluated again); plus each segment's line (`segments`)."""
+    wins: the resumed start is evaluated again); the engines' set-ups and fast-path
+    fallbacks (`_engine_setups`); plus each segment's line (`segments`)."""
     rows = [r for s in segments for r in s.rows]
     own = [s.summary for s in segments if s.summary is not None]
     newest = own[-1] if own else {}
@@ -188,6 +203,7 @@ def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
     summary: dict[str, Any] = {"mode": newest.get("mode"), "K": newest.get("K"), "steps": len(rows)}
     summary |= {key: sum(s.get(key, 0) for s in own) for key in SUMMED}
     summary |= {key: last[key] for key in LAST if key in last}
+    summary |= _engine_setups(segments)
     summary |= {
         "dropped": dict(dropped),
         "dropped_total": sum(dropped.values()),
@@ -237,13 +253,23 @@ def _evaluations(segments: Sequence[Segment]) -> dict[str, Any]:
         kept = range(s.start_version, s.end_version + 1)
         accuracy |= {int(v): a for v, a in own.get("eval", {}).items() if int(v) in kept}
         sampled |= {int(v): x for v, x in own.get("eval_sampled", {}).items() if int(v) in kept}
-    ordered = [accuracy[v] for v in sorted(accuracy)]
     out: dict[str, Any] = {"eval": {str(v): accuracy[v] for v in sorted(accuracy)}}
-    if ordered:
-        out |= {"eval_accuracy_first": ordered[0], "eval_accuracy_last": ordered[-1]}
+    out |= eval_ends(accuracy)
     if sampled:
         out["eval_sampled"] = {str(v): sampled[v] for v in sorted(sampled)}
     return out
+
+
+def eval_ends(accuracy: dict[int, float]) -> dict[str, Any]:
+    """The first evaluation's version and accuracy, and the last's when it is of a later
+    version: a run stopped after its first evaluation has no last to report."""
+    if not accuracy:
+        return {}
+    first, last = min(accuracy), max(accuracy)
+    ends = {"eval_version_first": first, "eval_accuracy_first": accuracy[first]}
+    if last > first:
+        ends |= {"eval_version_last": last, "eval_accuracy_last": accuracy[last]}
+    return ends
 
 
 def _pace(totals: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:

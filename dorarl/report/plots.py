@@ -11,16 +11,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_training_curve(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
-    """Reward mean per step, with held-out accuracy on the steps where evaluation ran."""
+def plot_training_curve(curve: dict[str, Any], path: str | Path, title: str = "") -> Path:
+    """Reward mean per step at the version it made, held-out accuracy at the version it is of
+    (`curve`: dorarl.report.run_curve's, the x axis of `dorarl report compare` too)."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in rows if "reward_mean" in r]
-    ax.plot(steps, [r["reward_mean"] for r in rows if "reward_mean" in r], label="reward mean")
-    evals = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
-    if evals:
-        ax.plot(*zip(*evals, strict=True), "o-", label="held-out accuracy (greedy)")
-    ax.set_xlabel("training step")
+    ax.plot(curve["steps"], curve["reward_mean"], label="reward mean")
+    if curve["eval"]:
+        versions = [p["version"] for p in curve["eval"]]
+        accuracy = [p["accuracy"] for p in curve["eval"]]
+        ax.plot(versions, accuracy, "o-", label="held-out accuracy (greedy)")
+    ax.set_xlabel("training step (version)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")

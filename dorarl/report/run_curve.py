@@ -1,7 +1,10 @@
 """A run folder's learning curve: reward per step and held-out accuracy per evaluated version.
 
-Times are on the run's clock: a resumed run's segments end to end (dorarl.record.segments),
-where each metrics row's own `time_s` starts again at its segment's start.
+Both plots of a run (its reward_curve.png, `dorarl report compare`'s PNG) draw this curve,
+on one x axis: a step's reward at the version it made, an evaluation at the version it is
+of (the start, v0, at 0). Times are on the run's clock: a resumed run's segments end to end
+(dorarl.record.segments), where each metrics row's own `time_s` starts again at its
+segment's start.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from typing import Any
 
 from dorarl.record.segments import read_segments, run_times
 
+SAMPLED = ("eval_mean@", "eval_pass@")
+"""A metrics row's scores of a sampled evaluation (eval.samples = k > 0) beside greedy accuracy."""
+
 
 def read_curve(run_dir: Path) -> dict[str, Any]:
-    """Per step: reward and time; per evaluated version: accuracy and the time it was made."""
+    """The curve of the history the run folder keeps (a resumed run's kept steps)."""
     rows = [
         json.loads(line)
         for line in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -26,14 +32,24 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
         times = run_times(segments)
     else:
         times = [r["time_s"] for r in rows]
+    return curve_of(rows, times)
+
+
+def curve_of(rows: list[dict[str, Any]], times: list[float]) -> dict[str, Any]:
+    """Per step (metrics rows, `times` on the run's clock): the version it made, its reward;
+    per evaluated version: its scores and the time it was made."""
     made_at = {0: 0.0} | {r["new_version"]: t for r, t in zip(rows, times, strict=True)}
-    evals = sorted(
-        {r["eval_version"]: r["eval_accuracy"] for r in rows if "eval_version" in r}.items()
-    )
+    evals = sorted({r["eval_version"]: _scores(r) for r in rows if "eval_version" in r}.items())
     return {
-        "steps": [r["step"] + 1 for r in rows],
+        "steps": [r["new_version"] for r in rows],
         "time_s": times,
         "reward_mean": [r["reward_mean"] for r in rows],
-        "eval": [{"version": v, "time_s": made_at[v], "accuracy": a} for v, a in evals],
+        "eval": [{"version": v, "time_s": made_at[v], **scores} for v, scores in evals],
         "wall_time_s": times[-1] if times else 0.0,
     }
+
+
+def _scores(row: dict[str, Any]) -> dict[str, float]:
+    """A row's evaluation: greedy `accuracy`, and mean@k and pass@j when it sampled."""
+    sampled = {k.removeprefix("eval_"): v for k, v in row.items() if k.startswith(SAMPLED)}
+    return {"accuracy": row["eval_accuracy"], **sampled}

@@ -5,13 +5,13 @@ Every method returns plain picklable data. Calls on one worker run in submission
 only sends of its weights (or of migrated KV) to a peer run beside them, on the actor's
 `weights` concurrency group (dorarl.runtime.weight_endpoints, dorarl.runtime.kv_transfer).
 Every weight load is checked against the sender's manifest before it is swapped in,
-whatever carried it. With a `DeviceModel`, every engine
-step lasts its device time (dorarl.record.pacing). On cuda the engine's memory share is its
-GPU share in Ray unless `engine.gpu_memory_share` says otherwise. A setting the engine
-refuses at start (`ConfigError`, `UserInputError`) is raised by the first call, `started`
-at a run's start, so it reaches the driver as itself (an error raised while an actor is
-constructed reaches it only as the actor's death, and recovery would restart it into the
-same error).
+whatever carried it, and the engine's own weights against it once copied. With a
+`DeviceModel`, every engine step lasts its device time (dorarl.record.pacing). On cuda the
+engine's memory share is its GPU share in Ray unless `engine.gpu_memory_share` says
+otherwise. A setting the engine refuses at start (`ConfigError`, `UserInputError`) is raised
+by the first call, `started` at a run's start, so it reaches the driver as itself (an error
+raised while an actor is constructed reaches it only as the actor's death, and recovery
+would restart it into the same error).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from dorarl.runtime import kv_transfer
 from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.weight_group import GroupAddress, Member, WeightGroup, device_key, share
-from dorarl.runtime.weight_layout import Manifest, flatten
+from dorarl.runtime.weight_layout import Manifest, WeightsRefused, flatten
 
 log = logging.getLogger(__name__)
+NO_VERSION = -1  # what an engine hosts whose weights failed their check after a copy
 
 
 @dataclass
@@ -268,10 +269,29 @@ class EngineWorker:
         are empty (checked) and a version change frees nothing."""
         self._check_empty()
         start = time.time()
+        where = f"instance {self.instance_id}"
         if manifest is not None:
-            manifest.verify(named_tensors, version, f"instance {self.instance_id}")
+            manifest.verify(named_tensors, version, where)
         self.engine.load_weights(named_tensors, version)
+        if manifest is not None:
+            self._verify_hosted(manifest, version, where)
         return WeightsReport(self.instance_id, version, time.time() - start, time.time())
+
+    def _verify_hosted(self, manifest: Manifest, version: int, where: str) -> None:
+        """Check the engine's own tensors after the copy against `manifest`: what it will
+        sample with and serve to peers, not only what arrived. They are the copy's
+        destinations, in the manifest's dtype (the engines' own): the plain tensors and
+        the q/k/v and gate/up slices of the fused matrices (oneDNN's reordered copies are
+        made from these and cannot be compared bit for bit). A tied model's output layer
+        is its embedding, which a manifest's `lm_head.weight` (a sender whose alias came
+        apart) must then match. On a mismatch the engine holds no version's weights."""
+        hosted = self.engine.state_dict()
+        hosted.setdefault("lm_head.weight", hosted["model.embed_tokens.weight"])
+        try:
+            manifest.verify(hosted, version, f"{where} after the copy")
+        except WeightsRefused:
+            self.engine.version = NO_VERSION
+            raise
 
     def _check_empty(self) -> None:
         left = self.engine.request_ids()

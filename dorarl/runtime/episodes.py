@@ -84,7 +84,10 @@ class Episodes:
         live = self._live[request_id]
         live.last = output
         key = (request_id, live.incarnation)
-        self.loop.submit(key, step(self.task, live.state, output.turn_ids, output.finish_reason))
+        turn = step(
+            self.task, live.state, output.turn_ids, output.finish_reason, output.stop_string
+        )
+        self.loop.submit(key, turn)
 
     def ready(self) -> list[tuple[str, list[int] | None]]:
         """Answered turns of live episodes: (request, next observation ids or None: ended)."""

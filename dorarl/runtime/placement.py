@@ -2,8 +2,8 @@
 custom Ray resources each asks for (`ray.engine_resources`, `ray.trainer_resources`), which
 keep it to the nodes started with them (`ray start --resources`).
 
-`plan_placement` is pure (it only needs the node's GPU count), so a plan can be printed for
-any machine; `PlacedActors` reserves the plan on a live Ray cluster, refusing in one line
+`plan_placement` is pure (the run's sections and the node's GPU count), so a plan can be
+printed for any machine; `PlacedActors` reserves the plan on a live Ray cluster, refusing in one line
 when the cluster cannot hold it instead of waiting forever on an actor Ray cannot place.
 """
 
@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dorarl.config import ConfigError
+from dorarl.engine.config import EngineConfig
+from dorarl.runtime.ray_config import ENGINE_KEY, RESERVED, ROUND, TRAINER_KEY, RayConfig
+from dorarl.trainer.config import TrainerConfig
 
 # The evaluator's share of the bundle it shares: Ray needs a positive GPU share to give an
 # actor a visible device, and evaluation is idle most of the run, so it takes a sliver.
 EVAL_SHARE = 0.1
-ROUND = 1e-4  # Ray accounts GPU shares in 1e-4 units
-ENGINE_KEY, TRAINER_KEY = "ray.engine_resources", "ray.trainer_resources"
-RESERVED = ("CPU", "GPU", "memory", "object_store_memory")
-"""Resources Ray accounts itself: an actor's CPUs and GPUs come from num_cpus / num_gpus."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +94,30 @@ class PlacementPlan:
 
 
 def plan_placement(
+    instances: int,
+    engine: EngineConfig,
+    trainer: TrainerConfig,
+    ray: RayConfig,
+    node_gpus: float,
+) -> PlacementPlan:
+    """The plan of a run of `instances` engines and one trainer, on the devices `engine.device`
+    and `trainer.device` name, with the GPU shares and custom resources of `ray.*`, on a node
+    with `node_gpus` GPUs."""
+    return plan_shares(
+        instances=instances,
+        engine_on_gpu=engine.device != "cpu",
+        trainer_on_gpu=trainer.device != "cpu",
+        node_gpus=node_gpus,
+        engine_gpus=ray.engine_gpus,
+        trainer_gpus=ray.trainer_gpus,
+        eval_gpus=ray.eval_gpus,
+        engine_resources=ray.engine_resources,
+        trainer_resources=ray.trainer_resources,
+        trainer_ranks=trainer.world_size,
+    )
+
+
+def plan_shares(
     *,
     instances: int,
     engine_on_gpu: bool,
@@ -188,20 +211,6 @@ def _node_asks(
     if evaluator:
         asks["evaluator"] = NodeAsk(key, evaluator)
     return asks
-
-
-def check_resource_names(key: str, amounts: Mapping[str, float]) -> None:
-    """`key` (engine_resources, trainer_resources) names custom resources in positive
-    amounts Ray can account (at least 1e-4; CPUs and GPUs have keys of their own)."""
-    for name, amount in amounts.items():
-        if not name or name in RESERVED:
-            raise ConfigError(
-                f"{key}: {name!r} is not a custom resource (CPUs and GPUs come from "
-                "engine.device / trainer.device and ray.*_gpus); name one a node was started "
-                "with (ray start --resources)"
-            )
-        if not (math.isfinite(amount) and amount >= ROUND):
-            raise ConfigError(f"{key}.{name}: must be >= {ROUND:g}, got {amount:g}")
 
 
 def check_resources(plan: PlacementPlan, nodes: list[dict[str, float]]) -> None:

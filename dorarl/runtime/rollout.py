@@ -29,6 +29,7 @@ class RolloutSettings:
     top_k: int = 0
     max_new_tokens: int = 64
     stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)  # a chat environment's, e.g. </tool_call>
     seed: int = 0
     forced_lengths: LengthDist | None = None  # benchmarks: target lengths, EOS ignored
 
@@ -52,6 +53,7 @@ class RolloutPlan:
             top_k=s.top_k,
             max_new_tokens=max(s.max_new_tokens, spec.target_len or 0),
             stop_token_ids=list(s.stop_token_ids),
+            stop_strings=list(s.stop_strings),
             seed=spec.seed,
             target_len=spec.target_len,
             multi_turn=self.episodes is not None,

@@ -10,10 +10,10 @@ and `CollectiveWeights` (dorarl.runtime.collective: torch.distributed), chosen b
 
 Whatever carries them, every load is verified: a version's manifest holds the trainer's
 fingerprint of every tensor, computed on its device (dorarl.runtime.weight_layout), and
-the engine refuses a load whose tensors do not match the manifest of the copy it loads
-from: the trainer's, or for a peer the one that peer loaded (so a replayed version that
-differs from the original, see dorarl.runtime.trainer_recovery, is still checked
-against the bits the peer holds).
+the engine refuses a load whose tensors, as received and once copied into its own
+weights, do not match the manifest of the copy it loads from: the trainer's, or for a
+peer the one that peer loaded (so a replayed version that differs from the original, see
+dorarl.runtime.trainer_recovery, is still checked against the bits the peer holds).
 
 `ObjectStoreWeights` moves weights as Ray object references: the trainer's CPU copies of
 a version stay in the object store while the version can still be hosted (the staleness

@@ -25,18 +25,13 @@ class WeightsConfig:
         },
     )
     bucket_mb: int = field(
-        default=256, metadata={"help": "collective: MiB per flat bucket sent (one dtype each)"}
+        default=256,
+        metadata={"help": "collective: MiB per flat bucket sent (one dtype each)", "ge": 1},
     )
     timeout_s: float = field(
         default=300.0,
-        metadata={"help": "collective: seconds a transfer or the group's start may take"},
+        metadata={"help": "collective: seconds a transfer or the group's start may take", "gt": 0},
     )
-
-    def validate(self) -> None:
-        if self.bucket_mb < 1:
-            raise ConfigError(f"weights.bucket_mb: must be >= 1, got {self.bucket_mb}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"weights.timeout_s: must be > 0, got {self.timeout_s}")
 
     def resolve(self, engine_device: str, trainer_device: str) -> str:
         """The transport in force: collective needs the trainer and the engines on one kind

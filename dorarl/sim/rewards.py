@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dorarl.config import ConfigError
+from dorarl.config import check_fields
 
 _STREAM = 0x5EED  # keeps reward draws apart from the length draws of the same group
 
@@ -21,17 +21,23 @@ _STREAM = 0x5EED  # keeps reward draws apart from the length draws of the same g
 class RewardModel:
     uniform_share: float = field(
         default=0.3,
-        metadata={"help": "share of groups whose rewards are all equal (filtered by DAPO)"},
+        metadata={
+            "help": "share of groups whose rewards are all equal (filtered by DAPO)",
+            "ge": 0,
+            "le": 1,
+        },
     )
     correct_share: float = field(
-        default=0.5, metadata={"help": "of the uniform groups, the share that is all correct"}
+        default=0.5,
+        metadata={
+            "help": "of the uniform groups, the share that is all correct",
+            "ge": 0,
+            "le": 1,
+        },
     )
 
     def validate(self) -> None:
-        for key in ("uniform_share", "correct_share"):
-            value = getattr(self, key)
-            if not 0.0 <= value <= 1.0:
-                raise ConfigError(f"{key}: must be in [0, 1], got {value}")
+        check_fields(self)
 
     def group_rewards(self, seed: int, group_id: int, group_size: int) -> list[float]:
         """The rewards of the G samples of group `group_id`, by sample index."""

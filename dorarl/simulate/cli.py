@@ -1,16 +1,21 @@
 """`dorarl simulate`: the controller at cluster scale on the cost model, modes side by side.
 
     dorarl simulate [--preset NAME] [--config FILE.yaml] [--out DIR] [--modes sync,dora]
-                    [--validate MODES_JSON] [--whatif] [--expert-imbalance-from RUN]
-                    [key=value ...]
+                    [--validate] [--bench MODES_JSON] [--whatif [tail|split]]
+                    [--expert-imbalance-from RUN] [key=value ...]
 
 Keys are dotted fields of `SimulateConfig` (controller.*, cost.*, lengths.*, seed), applied
-over the preset, then the YAML file, then the command line. Every mode runs the same
-workload (same seed, same lengths) through the same controller as the real runtime and
-writes DIR/<mode>/ with the recorder's files; DIR/sim.json holds the per-mode figures of
-the steps after `warmup_steps`, DIR/timeline_<mode>.png the instance lanes (when traced).
-`--preset local` simulates the runs of the `dorarl bench modes` run recorded in the package
-and writes how far each prediction is from the measurement (sim.json `validation`).
+over the preset, then the YAML file, then the command line. Each mode of --modes runs once,
+with the settings as given (dora and partial_rollout at controller.K), on the same workload
+(same seed, same lengths) through the same controller as the real runtime, and writes
+DIR/<mode>/ with the recorder's files; DIR/sim.json holds the per-mode figures of the steps
+after `warmup_steps`, DIR/timeline_<mode>.png the instance lanes (when traced).
+`--validate` compares each run with the `dorarl bench modes` run recorded in the package
+that ran the same controller settings (sim.json `validation`); `--bench MODES_JSON` with
+another modes.json. Both take the `local` preset (this machine as that bench paced it);
+`--preset local` with its own settings validates too. `--whatif` sweeps dora's speedup over
+p99/median and K, `--whatif split` the step time as the devices are split between rollout
+instances and the trainer.
 `--expert-imbalance-from RUN` sets `cost.expert_imbalance` (an MoE preset's slowest-expert
 factor) to the mean `moe_imbalance` of a `dorarl train` run's metrics.jsonl.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +34,35 @@ from rich.console import Console
 from rich.table import Table
 
 from dorarl.config import ConfigError, describe, load_config, to_yaml
-from dorarl.controller import MODES
+from dorarl.controller import MODES, ControllerConfig
+from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.report.lanes import plot_lanes
 from dorarl.simulate.config import SimulateConfig
 from dorarl.simulate.presets import PRESETS, check_bars, reference_consistency
-from dorarl.simulate.runs import run_modes, run_named
+from dorarl.simulate.runs import mode_controller, run_named
 from dorarl.simulate.validate import (
     COMPARED,
     LOCAL_BENCH,
-    bench_runs,
+    bench_controllers,
     compare,
     local_from_bench,
+    measured_as,
     read_bench,
     recorded_bench,
-    run_controller,
+    schedule,
+    unmeasured_reason,
 )
-from dorarl.simulate.whatif import plot_whatif, run_whatif, whatif_table
+from dorarl.simulate.whatif import (
+    WHATIF_AXES,
+    plot_split,
+    plot_whatif,
+    run_split_whatif,
+    run_whatif,
+    split_lines,
+    split_table,
+    whatif_table,
+)
 
 __all__ = ["build_config", "main"]
 
@@ -66,12 +85,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--validate",
-        metavar="MODES_JSON",
-        help="simulate the runs of a `dorarl bench modes` modes.json and compare "
-        "(--preset local does this against the bench run recorded in the package)",
+        action="store_true",
+        help="compare each run with the bench run that ran its settings (the local preset's "
+        "recorded `dorarl bench modes` run, or --bench's)",
     )
     parser.add_argument(
-        "--whatif", action="store_true", help="dora speedup vs p99/median and K (heat map)"
+        "--bench",
+        metavar="MODES_JSON",
+        help="a `dorarl bench modes` modes.json to take the local preset from and validate "
+        "against (implies --validate)",
+    )
+    parser.add_argument(
+        "--whatif",
+        nargs="?",
+        const="tail",
+        choices=WHATIF_AXES,
+        help="a what-if grid and its heat map: tail (the default: dora's speedup vs "
+        "p99/median and K) or split (step time vs rollout / trainer devices, per mode)",
     )
     parser.add_argument(
         "--expert-imbalance-from",
@@ -189,34 +219,42 @@ def measured_imbalance(run: str | Path) -> float:
 
 
 def main(argv: list[str]) -> int:
-    args = _parse(argv)
+    args = _parse(_whatif_axis(argv))
     if args.expert_imbalance_from:
         imbalance = measured_imbalance(args.expert_imbalance_from)
         args.overrides = [f"cost.expert_imbalance={imbalance!r}", *args.overrides]
     out = Path(args.out)
-    console = Console(width=max(160, Console().width))
+    bench = _bench(args)
+    preset = "local" if bench is not None else args.preset
+    if args.whatif and preset is None:
+        preset = "paper-64"
+    base = local_from_bench(bench) if bench is not None else preset
+    cfg = build_config(base, args.config, args.overrides)
     if args.print_config:
-        base = args.preset
-        if args.validate or args.preset == "local":
-            base = local_from_bench(
-                read_bench(args.validate) if args.validate else recorded_bench()
-            )
-        print(to_yaml(build_config(base, args.config, args.overrides)), end="")
+        print(to_yaml(cfg), end="")
         return 0
+    console = table_console()
     if args.whatif:
-        return _main_whatif(args, out, console)
-    if args.validate or args.preset == "local":
-        return _main_validate(args, out, console)
-    cfg = build_config(args.preset, args.config, args.overrides)
-    results = run_modes(cfg, _modes(args.modes), out)
-    doc = {"preset": args.preset, "config": dataclasses.asdict(cfg), "modes": results}
+        return _main_whatif(args.whatif, preset, cfg, out, console)
+    runs = [(mode, mode_controller(cfg, mode)) for mode in _modes(args.modes)]
+    check = _validation_plan(args, bench, cfg, runs, console)
+    results = run_named(cfg, runs, out)
+    doc = {"preset": preset, "config": dataclasses.asdict(cfg), "modes": results}
     doc["speedups"] = speedups(results)
-    doc["bars"] = check_bars(args.preset, results)
-    doc["reference_consistency"] = reference_consistency(args.preset, results)
+    doc["bars"] = check_bars(preset, results)
+    doc["reference_consistency"] = reference_consistency(preset, results)
+    if check is not None:
+        doc["validation"] = check.report(results)
     out.mkdir(parents=True, exist_ok=True)
     doc["timelines"] = _timelines(cfg, results, out)
     _write(out, doc)
-    console.print(_table(results, f"dorarl simulate {args.preset or ''} (virtual time)"))
+    console.print(_table(results, f"dorarl simulate {preset or ''} (virtual time)"))
+    _print_comparisons(doc, console)
+    return 0
+
+
+def _print_comparisons(doc: dict[str, Any], console: Console) -> None:
+    """Speedups, the paper's bars, and the validation against the bench where there is one."""
     for key, value in doc["speedups"].items():
         console.print(f"{key}: {value:.2f}x")
     for bar in doc["bars"]:
@@ -230,27 +268,77 @@ def main(argv: list[str]) -> int:
             f"paper's shares would give a {consistency['paper_speedup_at_equal_training']:.2f}x "
             "speedup)"
         )
-    return 0
+    if "validation" in doc:
+        _print_validation(doc["validation"], console)
 
 
-def _main_validate(args: argparse.Namespace, out: Path, console: Console) -> int:
-    bench = read_bench(args.validate) if args.validate else recorded_bench()
-    cfg = build_config(local_from_bench(bench), args.config, args.overrides)
-    wanted = _modes(args.modes)
-    runs = [
-        (name, run_controller(cfg.controller, mode, k))
-        for name, mode, k in bench_runs(bench)
-        if mode in wanted
-    ]
-    results = run_named(cfg, runs, out)
-    source = args.validate or f"{LOCAL_BENCH} ({bench.get('source', 'recorded bench run')})"
-    validation = compare(results, bench["modes"]) | {"modes_json": str(source)}
-    doc = {"preset": "local", "config": dataclasses.asdict(cfg), "modes": results}
-    doc["validation"] = validation
-    out.mkdir(parents=True, exist_ok=True)
-    doc["timelines"] = _timelines(cfg, results, out)
-    _write(out, doc)
-    console.print(_table(results, "dorarl simulate --validate (local preset, virtual time)"))
+# ---- validation against a `dorarl bench modes` run --------------------------------------
+def _bench(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The modes.json the local preset is made from: --bench's, the recorded one for
+    --validate or --preset local; None for another preset (or none). --bench with --whatif
+    takes the preset from it and validates nothing."""
+    if (args.validate or args.bench) and args.preset not in (None, "local"):
+        raise ConfigError(
+            f"--validate: compares with a `dorarl bench modes` run of this machine, so it "
+            f"takes the local preset; drop --preset {args.preset}"
+        )
+    if args.validate and args.whatif:
+        raise ConfigError("--validate: a what-if grid runs settings no bench measured; drop one")
+    if args.bench:
+        return read_bench(args.bench)
+    if args.validate or args.preset == "local":
+        return recorded_bench()
+    return None
+
+
+@dataclass
+class Validation:
+    """The runs to compare with the bench's measurements: run name -> bench run name, and
+    why each other run has none."""
+
+    bench: dict[str, Any]
+    source: str
+    matched: dict[str, str]
+    unmeasured: dict[str, str]
+
+    def report(self, results: dict[str, dict]) -> dict[str, Any]:
+        predicted = {self.matched[name]: results[name] for name in self.matched}
+        checked = compare(predicted, self.bench["modes"])
+        return checked | {"modes_json": self.source, "not_measured": self.unmeasured}
+
+
+def _validation_plan(
+    args: argparse.Namespace,
+    bench: dict[str, Any] | None,
+    cfg: SimulateConfig,
+    runs: list[tuple[str, ControllerConfig]],
+    console: Console,
+) -> Validation | None:
+    """What to validate: asked for (--validate, --bench), every run the bench measured, at
+    least one; the local preset's own settings, every run; other settings, nothing."""
+    if bench is None:
+        return None
+    asked = bool(args.validate or args.bench)
+    if not asked and not _same_settings(cfg, local_from_bench(bench)):
+        console.print("not validated: the settings differ from the recorded bench run's "
+                      "(--validate compares the runs it measured)")  # fmt: skip
+        return None
+    measured = bench_controllers(bench)
+    matched = {name: measured_as(c, measured) for name, c in runs}
+    unmeasured = {name: unmeasured_reason(c, measured) for name, c in runs if not matched[name]}
+    if not any(matched.values()):
+        names = "; ".join(f"{schedule(c)}: {unmeasured[name]}" for name, c in runs)
+        raise UserInputError(f"--validate: the bench measured none of these runs ({names})")
+    source = args.bench or f"{LOCAL_BENCH} ({bench.get('source', 'recorded bench run')})"
+    return Validation(bench, str(source), {n: b for n, b in matched.items() if b}, unmeasured)
+
+
+def _same_settings(cfg: SimulateConfig, preset: SimulateConfig) -> bool:
+    """Whether `cfg` simulates what `preset` does (whether it writes traces aside)."""
+    return dataclasses.replace(cfg, trace=preset.trace, trajectories=preset.trajectories) == preset
+
+
+def _print_validation(validation: dict[str, Any], console: Console) -> None:
     for name, row in validation["runs"].items():
         cells = [f"{k} {row[k]['predicted']:.3g} vs {row[k]['measured']:.3g} "
                  f"({row[k]['rel_error']:+.0%})" for k in COMPARED]  # fmt: skip
@@ -258,17 +346,41 @@ def _main_validate(args: argparse.Namespace, out: Path, console: Console) -> int
         cells.append(f"train s {ctx['train_time_s_predicted']:.2f} vs "
                      f"{ctx['train_time_s_measured']:.2f} (unpaced excess "
                      f"{ctx['pace_excess_train_s']:.1f}s)")  # fmt: skip
-        console.print(f"{name}: " + "; ".join(cells))
-    console.print(f"all within {validation['tolerance']:.0%}: {validation['all_within']}")
-    return 0
+        console.print(f"validation {name}: " + "; ".join(cells))
+    for name, why in validation["not_measured"].items():
+        console.print(f"not validated {name}: not measured by the bench ({why})")
+    console.print(
+        f"validated against {validation['modes_json']}: all within "
+        f"{validation['tolerance']:.0%}: {validation['all_within']}"
+    )
 
 
-def _main_whatif(args: argparse.Namespace, out: Path, console: Console) -> int:
-    cfg = build_config(args.preset or "paper-64", args.config, args.overrides)
-    grid = run_whatif(cfg)
+# ---- what-if grids -----------------------------------------------------------------------
+def _whatif_axis(argv: list[str]) -> list[str]:
+    """`--whatif` without an axis is `--whatif tail` (argparse would take a key=value after
+    it for the axis)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--whatif" and (i + 1 == len(out) or out[i + 1] not in WHATIF_AXES):
+            out[i] = "--whatif=tail"
+    return out
+
+
+def _main_whatif(axis: str, preset: str, cfg: SimulateConfig, out: Path, console: Console) -> int:
+    """The what-if grid of `axis` (tail: p99/median x K; split: rollout / trainer devices x
+    mode), its table and heat map."""
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"preset": args.preset or "paper-64", "config": dataclasses.asdict(cfg), "whatif": grid}
-    doc["heatmap"] = str(plot_whatif(grid, out / "whatif.png"))
+    doc = {"preset": preset, "config": dataclasses.asdict(cfg)}
+    if axis == "split":
+        grid = run_split_whatif(cfg)
+        doc |= {"whatif": grid, "heatmap": str(plot_split(grid, out / "whatif_split.png"))}
+        _write(out, doc)
+        console.print(split_table(grid))
+        for line in split_lines(grid):
+            console.print(line)
+        return 0
+    grid = run_whatif(cfg)
+    doc |= {"whatif": grid, "heatmap": str(plot_whatif(grid, out / "whatif.png"))}
     _write(out, doc)
     console.print(whatif_table(grid))
     return 0

@@ -147,6 +147,8 @@ def derive_cost(
         train_per_token_s=8
         * model.active_params
         / (trainer_accelerators * accel.bf16_flops * accel.mfu_train),
+        instance_devices=n,
+        trainer_devices=trainer_accelerators,
         expert_share=model.expert_params / model.active_params,
         expert_imbalance=expert_imbalance,
     )

@@ -101,6 +101,8 @@ def _cost(device: dict[str, float], config: dict[str, Any]) -> CostModel:
         free_cache_s=1e-4,
         train_fixed_s=device["train_fixed_s"],
         train_per_token_s=device["train_token_s"],
+        instance_devices=1,  # each engine and the trainer paced as a device of its own
+        trainer_devices=1,
     )
 
 
@@ -135,6 +137,47 @@ def run_controller(base: ControllerConfig, mode: str, k: int) -> ControllerConfi
     lockstep = mode in ("sync", "one_step_off")
     rbs = base.tbs if lockstep else (k + 1) * base.tbs
     return dataclasses.replace(base, mode=mode, K=k, rbs=rbs)
+
+
+def bench_controllers(bench: dict[str, Any]) -> dict[str, ControllerConfig]:
+    """Each run of a modes.json by name, as the controller config it ran with."""
+    base = local_from_bench(bench).controller
+    return {name: run_controller(base, mode, k) for name, mode, k in bench_runs(bench)}
+
+
+def schedule(controller: ControllerConfig) -> str:
+    """'sync', 'one_step_off', 'dora K=3 RBS 32': the mode, K and RBS in force."""
+    if controller.lockstep:
+        return controller.mode
+    return f"{controller.mode} K={controller.effective_K} RBS {controller.rollout_batch}"
+
+
+def measured_as(controller: ControllerConfig, measured: dict[str, ControllerConfig]) -> str | None:
+    """The bench run that ran `controller`'s settings: same mode, K and RBS in force and every
+    other controller setting the same; None when the bench measured no such run."""
+    for name, bench in measured.items():
+        if _in_force(bench) == _in_force(controller):
+            return name
+    return None
+
+
+def _in_force(controller: ControllerConfig) -> ControllerConfig:
+    """`controller` with K and RBS as the mode applies them (a knob the mode ignores differs
+    between two configs that run the same)."""
+    return dataclasses.replace(controller, K=controller.effective_K, rbs=controller.rollout_batch)
+
+
+def unmeasured_reason(controller: ControllerConfig, measured: dict[str, ControllerConfig]) -> str:
+    """Why no bench run matches `controller`: the schedules the bench ran, or the settings in
+    which its run of the same schedule differs."""
+    same = [b for b in measured.values() if schedule(b) == schedule(controller)]
+    if not same:
+        return f"the bench ran {', '.join(schedule(b) for b in measured.values())}"
+    ours, theirs = _in_force(controller), _in_force(same[0])
+    keys = [
+        f.name for f in dataclasses.fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)
+    ]
+    return "the bench ran it with " + ", ".join(f"{k}={getattr(theirs, k)}" for k in keys)
 
 
 def _get(figures: dict[str, Any], dotted: str) -> float:

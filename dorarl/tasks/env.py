@@ -1,25 +1,31 @@
-"""The multi-turn environment interface, and how a user's class is found (`module:Class`).
+"""The multi-turn environment interfaces, and how a user's class is found (`module:Class`).
 
-An `Env` serves one episode: `reset(prompt)` gives the first observation (the text the
+An environment speaks text (`Env`) or messages (`ChatEnv`). An `Env` serves one episode: `reset(prompt)` gives the first observation (the text the
 model sees after the task's prompt), then each `step(response)` judges one turn's response
 and answers the next observation, a reward and whether the episode is done. Both are
 coroutines, so an environment may wait on tools or services without blocking a thread;
 the runtime bounds every call by a timeout and an episode by a turn cap. The episode's
-reward is the sum of its steps' rewards. Invariant: an environment sees only text; token
-ids, versions and KV are the runtime's business.
+reward is the sum of its steps' rewards. A `ChatEnv` speaks messages instead: `reset`
+gives the first messages, each reply's tool calls (parsed in the model's own format from
+its `tools`) are served by `call_tool`, and `step(reply, results)` answers the messages
+that follow the results; dorarl renders them with the model's chat template
+(dorarl/tasks/conversation.py). Invariant: an environment sees only text or messages;
+token ids, versions and KV are the runtime's business.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dorarl.errors import UserInputError
 
 if TYPE_CHECKING:
     from dorarl.tasks.base import Prompt
+    from dorarl.tasks.conversation import Message, Reply
+    from dorarl.tasks.tool_calls import ToolCall
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,49 @@ class Env(ABC):
         """Judge a turn's response (decoded up to its stop token)."""
 
 
-def load_env_class(spec: str, key: str = "task.env") -> type[Env]:
+class ToolError(Exception):
+    """Raised by `ChatEnv.call_tool` for a call it cannot serve as asked (bad arguments, a
+    failed lookup); the model is told `error: <message>` and the episode goes on. Any other
+    exception ends the episode, as an environment's failure."""
+
+
+@dataclass(frozen=True)
+class ChatStep:
+    """What a chat environment answers to one reply: the messages after its tool results
+    (e.g. a user's), the reward, and whether the episode is done."""
+
+    messages: list[Message] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+
+
+class ChatEnv(ABC):
+    """One episode's environment, in messages; a new instance per episode.
+
+    `tools` (JSON schemas, OpenAI's function form) are offered through the chat template;
+    `stop_strings` end a turn early (e.g. `("</tool_call>",)`, so a call runs before more is
+    sampled); `template_kwargs` go to the chat template (e.g. `{"enable_thinking": False}`)."""
+
+    tools: ClassVar[list[dict[str, Any]]] = []
+    stop_strings: ClassVar[tuple[str, ...]] = ()
+    template_kwargs: ClassVar[dict[str, Any]] = {}
+
+    @abstractmethod
+    async def reset(self, prompt: Prompt) -> list[Message]:
+        """The first messages (system, user), rendered with the generation prompt."""
+
+    async def call_tool(self, call: ToolCall) -> str:
+        """Serve one well-formed call of a declared tool: its result, as the tool message's
+        content (a dict or list is sent as JSON)."""
+        raise ToolError(f"{call.name} is not served here")
+
+    @abstractmethod
+    async def step(self, reply: Reply, results: list[Message]) -> ChatStep:
+        """Judge a reply (`reply.finish_reason` says how its turn ended: "stop", "stop_string"
+        or "length"), given the tool messages that answer its calls, in order."""
+
+
+def load_env_class(spec: str, key: str = "task.env") -> type[Env] | type[ChatEnv]:
     """`package.module:ClassName` -> the class, checked; one line naming `key` otherwise."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
@@ -53,8 +101,8 @@ def load_env_class(spec: str, key: str = "task.env") -> type[Env]:
     except ImportError as exc:
         raise UserInputError(f"{key}: cannot import module {module_name!r} ({exc})") from None
     cls = getattr(module, class_name, None)
-    if not isinstance(cls, type) or not issubclass(cls, Env):
+    if not isinstance(cls, type) or not issubclass(cls, Env | ChatEnv):
         raise UserInputError(
-            f"{key}: {spec!r} is not a subclass of dorarl.tasks.env.Env (reset, step)"
+            f"{key}: {spec!r} is not a subclass of dorarl.tasks.env.Env or ChatEnv (reset, step)"
         )
     return cls

@@ -4,19 +4,27 @@
 by the runtime and by evaluation. `env_call` runs an env coroutine under the task's
 timeout and turns whatever it raises into one line (`EnvError`), so a broken environment
 ends its episode (reward 0, counted) and never the run. `run_episodes` plays episodes to
-the end on an idle engine (evaluation). Invariant: an episode ends after at most
-`max_turns` turns, with the sum of its steps' rewards.
+the end on an idle engine (evaluation). A `ChatEnv`'s episode keeps a `Conversation`:
+each turn's reply is parsed, its calls served in order (a malformed or unknown call, or a
+`ToolError`, is answered with an error tool message and counted; the episode goes on), and
+the next turn's tokens are the template's delta. Invariant: an episode ends after at most
+`max_turns` turns, with the sum of its steps' rewards; a chat template that re-renders
+what the model was shown stops the run in one line (`TemplateDrift`), never only the episode.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dorarl.data import Turn
+from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt
-from dorarl.tasks.env import Env, EnvStep
+from dorarl.tasks.conversation import Conversation, Message, TemplateDrift, tool_message
+from dorarl.tasks.env import ChatEnv, ChatStep, Env, EnvStep, ToolError
+from dorarl.tasks.tool_calls import ToolCall, ToolCallError
 
 
 class MultiTurnTask(Protocol):
@@ -48,15 +56,25 @@ async def env_call(awaitable: Any, timeout_s: float, what: str) -> Any:
 @dataclass
 class EpisodeState:
     prompt: Prompt
-    env: Env
+    env: Env | ChatEnv
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     error: str | None = None
     done: bool = False
     end_reason: str = ""  # "env" | "max_turns" | "no_room" | "env_error"
+    conversation: Conversation | None = None  # a ChatEnv's, from its reset on
 
-    def record(self, sampled: int, finish_reason: str, step: EnvStep | None, observed: int) -> None:
-        self.turns.append(Turn(sampled, observed, finish_reason))
+    def record(
+        self,
+        sampled: int,
+        finish_reason: str,
+        step: EnvStep | ChatStep | None,
+        observed: int,
+        calls: tuple[int, int] = (0, 0),
+    ) -> None:
+        """One turn's books; `calls`: (tool calls its reply attempted, those answered with an
+        error)."""
+        self.turns.append(Turn(sampled, observed, finish_reason, *calls))
         if step is not None:
             self.reward += float(step.reward)
 
@@ -71,7 +89,10 @@ def observation_ids(task: Any, text: str) -> list[int]:
 
 
 async def reset(task: Any, episode: EpisodeState) -> list[int]:
-    """The first turn's prompt: the task's prefix, then the first observation."""
+    """The first turn's prompt: the task's prefix, then the first observation (a chat
+    environment's: its first messages, rendered)."""
+    if isinstance(episode.env, ChatEnv):
+        return await _chat_reset(task, episode, episode.env)
     prefix = task.episode_prompt_ids(episode.prompt)
     try:
         first = await env_call(episode.env.reset(episode.prompt), task.env_timeout_s, "reset")
@@ -82,14 +103,20 @@ async def reset(task: Any, episode: EpisodeState) -> list[int]:
 
 
 async def step(
-    task: Any, episode: EpisodeState, turn_ids: list[int], finish_reason: str
+    task: Any,
+    episode: EpisodeState,
+    turn_ids: list[int],
+    finish_reason: str,
+    stop_string: str | None = None,
 ) -> list[int] | None:
-    """Judge one turn (its sampled ids, and the engine's finish reason for it); the next
-    observation's ids, or None when the episode ended."""
+    """Judge one turn (its sampled ids, and how the engine ended it); the next observation's
+    ids, or None when the episode ended."""
     sampled = len(turn_ids)
     if episode.done:  # reset failed: the first turn ends it
         episode.record(sampled, finish_reason, None, 0)
         return None
+    if isinstance(episode.env, ChatEnv):
+        return await _chat_step(task, episode, episode.env, turn_ids, finish_reason, stop_string)
     text = task.response_text(turn_ids)
     try:
         answer = await env_call(episode.env.step(text), task.env_timeout_s, "step")
@@ -106,6 +133,77 @@ async def step(
     return ids
 
 
+async def _chat_reset(task: Any, episode: EpisodeState, env: ChatEnv) -> list[int]:
+    # A tokenizer without a chat template, or a bad tool schema, stops the run (one line).
+    episode.conversation = Conversation(
+        task.tokenizer, env.tools, stop_token_ids=task.stop_token_ids,
+        template_kwargs=env.template_kwargs,
+    )  # fmt: skip
+    try:
+        messages = await env_call(env.reset(episode.prompt), task.env_timeout_s, "reset")
+        return episode.conversation.start(messages)
+    except (EnvError, UserInputError) as exc:  # a failed reset, or messages it got wrong
+        episode.end("env_error", str(exc))
+        return task.episode_prompt_ids(episode.prompt)
+
+
+async def _chat_step(
+    task: Any,
+    episode: EpisodeState,
+    env: ChatEnv,
+    turn_ids: list[int],
+    finish_reason: str,
+    stop_string: str | None,
+) -> list[int] | None:
+    assert episode.conversation is not None, "a chat episode's reset made its conversation"
+    sampled, conversation = len(turn_ids), episode.conversation
+    reply = conversation.add_reply(turn_ids, finish_reason, stop_string)
+    calls = (len(reply.calls), len(reply.tool_errors))
+    try:
+        served = [await _result(task, env, call) for call in reply.calls]
+        results = [message for message, _ in served]
+        calls = (calls[0], calls[1] + sum(failed for _, failed in served))
+        answer = await env_call(env.step(reply, results), task.env_timeout_s, "step")
+    except EnvError as exc:
+        episode.record(sampled, finish_reason, None, 0, calls)
+        episode.end("env_error", str(exc))
+        return None
+    if answer.done or len(episode.turns) + 1 >= task.max_turns:
+        episode.record(sampled, finish_reason, answer, 0, calls)
+        episode.end("env" if answer.done else "max_turns")
+        return None
+    try:
+        ids = conversation.render_delta([*results, *answer.messages])
+    except TemplateDrift:
+        raise
+    except UserInputError as exc:  # the env's messages: its failure, not the run's
+        episode.record(sampled, finish_reason, answer, 0, calls)
+        episode.end("env_error", f"step answered {exc}")
+        return None
+    episode.record(sampled, finish_reason, answer, len(ids), calls)
+    return ids
+
+
+async def _result(task: Any, env: ChatEnv, call: ToolCall | ToolCallError) -> tuple[Message, bool]:
+    """The tool message answering one attempted call, and whether it reports an error the
+    environment raised (`ToolError`: told to the model, counted with the reply's)."""
+    if isinstance(call, ToolCallError):
+        return tool_message(call, call.message), False  # counted with the reply's already
+    content, failed = await env_call(
+        _served(env, call), task.env_timeout_s, f"call_tool {call.name}"
+    )
+    return tool_message(call, content), failed
+
+
+async def _served(env: ChatEnv, call: ToolCall) -> tuple[str, bool]:
+    try:
+        result = await env.call_tool(call)
+    except ToolError as exc:
+        return f"error: {exc}", True
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    return text, False
+
+
 def run_episodes(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> dict[str, Any]:
     """Play one episode per prompt on an idle engine; {request id: (EpisodeState, output)}."""
     return asyncio.run(_play(engine, task, prompts, params))
@@ -120,7 +218,10 @@ async def _play(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> d
     while engine.has_runnable():
         ended = [out for out in engine.step() if out.waits_env]
         nexts = await asyncio.gather(
-            *(step(task, episodes[o.request_id], o.turn_ids, o.finish_reason) for o in ended)
+            *(
+                step(task, episodes[o.request_id], o.turn_ids, o.finish_reason, o.stop_string)
+                for o in ended
+            )
         )
         for out, ids in zip(ended, nexts, strict=True):
             episode = episodes[out.request_id]

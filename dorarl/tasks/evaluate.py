@@ -69,6 +69,7 @@ def _evaluate_episodes(engine: Any, task: Any, prompts: list[Prompt]) -> dict[st
         temperature=0.0,
         max_new_tokens=task.max_new_tokens,
         stop_token_ids=list(task.stop_token_ids),
+        stop_strings=list(getattr(task, "stop_strings", [])),
         multi_turn=True,
     )
     results = list(run_episodes(engine, task, prompts, params).values())

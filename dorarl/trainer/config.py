@@ -1,17 +1,23 @@
-"""Typed settings of the trainer and of its GRPO loss; `validate()` names the bad key."""
+"""Typed settings of the trainer and of its GRPO loss; simple bounds are declared on the
+fields (dorarl.config.fields), and `validate()` checks them and the keys' relations, naming
+the bad key."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dorarl.config import ConfigError
+from dorarl.config import ConfigError, check_fields
 
 
 @dataclass(kw_only=True)
 class LossConfig:
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip: ratio >= 1 - eps_low"})
-    eps_high: float = field(default=0.28, metadata={"help": "upper clip: ratio <= 1 + eps_high"})
+    eps_low: float = field(
+        default=0.2, metadata={"help": "lower clip: ratio >= 1 - eps_low", "ge": 0, "lt": 1}
+    )
+    eps_high: float = field(
+        default=0.28, metadata={"help": "upper clip: ratio <= 1 + eps_high", "ge": 0}
+    )
     aggregation: Literal["token_mean", "seq_mean"] = field(
         default="token_mean",
         metadata={
@@ -22,9 +28,12 @@ class LossConfig:
     normalize_std: bool = field(
         default=True, metadata={"help": "divide group advantages by the group reward std"}
     )
-    adv_eps: float = field(default=1e-6, metadata={"help": "added to the std before dividing"})
+    adv_eps: float = field(
+        default=1e-6, metadata={"help": "added to the std before dividing", "ge": 0}
+    )
     kl_coef: float = field(
-        default=0.0, metadata={"help": "weight of the k3 KL to the frozen reference (0: none)"}
+        default=0.0,
+        metadata={"help": "weight of the k3 KL to the frozen reference (0: none)", "ge": 0},
     )
     ratio_base: Literal["behavior", "proximal"] = field(
         default="behavior",
@@ -39,14 +48,16 @@ class LossConfig:
         default=None,
         metadata={
             "help": "truncate the importance weight pi_proximal / pi_behavior at this "
-            "value (truncated IS; ratio_base=proximal only)"
+            "value (truncated IS; ratio_base=proximal only)",
+            "gt": 0,
         },
     )
     dual_clip: float | None = field(
         default=None,
         metadata={
             "help": "bound the loss of negative-advantage tokens at dual_clip * |A| "
-            "(dual-clip PPO; > 1)"
+            "(dual-clip PPO; > 1)",
+            "gt": 1,
         },
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
@@ -62,7 +73,10 @@ class LossConfig:
     )
     overlong_buffer: int = field(
         default=64,
-        metadata={"help": "overlong=soft: tokens before the cap over which the penalty grows"},
+        metadata={
+            "help": "overlong=soft: tokens before the cap over which the penalty grows",
+            "ge": 1,
+        },
     )
     # Derived in `dorarl train` (TrainConfig.DERIVED_KEYS), not settings there: the
     # engines' response cap, and (read-only) the old name of overlong=mask.
@@ -75,28 +89,15 @@ class LossConfig:
         self.mask_truncated = self.overlong == "mask"
 
     def validate(self) -> None:
-        if not 0.0 <= self.eps_low < 1.0:
-            raise ConfigError("eps_low: must be in [0, 1)")
-        if self.eps_high < 0.0:
-            raise ConfigError("eps_high: must be >= 0")
-        if self.kl_coef < 0.0:
-            raise ConfigError("kl_coef: must be >= 0")
-        if not self.adv_eps >= 0.0:  # also refuses NaN
-            raise ConfigError("adv_eps: must be >= 0")
+        check_fields(self)
         if self.tis_cap is not None and self.ratio_base != "proximal":
             raise ConfigError(
                 "tis_cap: only used with ratio_base=proximal (with ratio_base="
                 "behavior the clip already bounds the importance ratio)"
             )
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ConfigError("tis_cap: must be > 0")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
-            raise ConfigError("dual_clip: must be > 1")
         self._check_overlong()
 
     def _check_overlong(self) -> None:
-        if self.overlong_buffer < 1:
-            raise ConfigError(f"overlong_buffer: must be >= 1, got {self.overlong_buffer}")
         if self.overlong != "soft" or self.response_cap is None:
             return  # the cap is checked when it is known (TrainConfig, or the first batch)
         if self.overlong_buffer >= self.response_cap:
@@ -114,7 +115,8 @@ class MoeConfig:
         default=0.0,
         metadata={
             "help": "weight of the router's load-balancing loss (Switch style, per sequence: "
-            "experts x sum of token share x mean router probability; 0: off)"
+            "experts x sum of token share x mean router probability; 0: off)",
+            "ge": 0,
         },
     )
     route_replay: bool = field(
@@ -126,19 +128,17 @@ class MoeConfig:
         },
     )
 
-    def validate(self) -> None:
-        if not self.aux_loss_coef >= 0.0:
-            raise ConfigError(f"aux_loss_coef: must be >= 0, got {self.aux_loss_coef}")
-
 
 @dataclass(kw_only=True)
 class TrainerConfig:
-    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate", "gt": 0})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
-    warmup_steps: int = field(default=0, metadata={"help": "linear learning-rate warmup steps"})
+    warmup_steps: int = field(
+        default=0, metadata={"help": "linear learning-rate warmup steps", "ge": 0}
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "clip the global gradient norm (<= 0: no clipping)"}
     )
@@ -147,7 +147,8 @@ class TrainerConfig:
         metadata={
             "help": "tokens per forward/backward micro-batch, rows x longest row, padding "
             "included (0: as many as keep the activations saved for backward near 2 GiB, "
-            "from the model's shape)"
+            "from the model's shape)",
+            "ge": 0,
         },
     )
     packing: Literal["shared_prompt", "padded"] = field(
@@ -164,14 +165,17 @@ class TrainerConfig:
         metadata={
             "help": "tokens per chunk through the output layer (log-probs and entropy are "
             "computed chunk by chunk, recomputed in backward): bounds the full-vocabulary "
-            "logits in memory to chunk x vocabulary"
+            "logits in memory to chunk x vocabulary",
+            "gt": 0,
         },
     )
     temperature: float = field(
         default=1.0,
         metadata={
             "help": "the engines' sampling temperature; logits are divided "
-            "by it so trainer logprobs match the behavior logprobs"
+            "by it so trainer logprobs match the behavior logprobs (> 0: greedy rollouts "
+            "have no logprobs to train on)",
+            "gt": 0,
         },
     )
     activation_checkpointing: bool = field(
@@ -188,7 +192,8 @@ class TrainerConfig:
             "help": "trainer ranks: N > 1 shards the model, gradients and AdamW state over "
             "N processes (FSDP2; gloo on cpu, NCCL on cuda) that split each step's batch "
             "(whole groups with packing=shared_prompt, single sequences with padded); 1: "
-            "one process, no sharding"
+            "one process, no sharding",
+            "ge": 1,
         },
     )
     dtype: Literal["float32", "bfloat16"] = field(
@@ -204,22 +209,8 @@ class TrainerConfig:
     moe: MoeConfig = field(default_factory=MoeConfig)
 
     def validate(self) -> None:
-        if self.lr <= 0.0:
-            raise ConfigError("lr: must be > 0")
-        if self.micro_batch_tokens < 0:
-            raise ConfigError("micro_batch_tokens: must be >= 0 (0: sized from the model)")
-        if self.logits_chunk_tokens <= 0:
-            raise ConfigError("logits_chunk_tokens: must be > 0")
-        if self.temperature <= 0.0:
-            raise ConfigError(
-                "temperature: must be > 0 (greedy rollouts have no logprobs to train on)"
-            )
-        if self.warmup_steps < 0:
-            raise ConfigError("warmup_steps: must be >= 0")
-        if self.world_size < 1:
-            raise ConfigError("world_size: must be >= 1")
-        self.loss.validate()
+        check_fields(self)  # the loss's fields too, named loss.*
         try:
-            self.moe.validate()
+            self.loss.validate()
         except ConfigError as exc:
-            raise ConfigError(f"moe.{exc}") from None
+            raise ConfigError(f"loss.{exc}") from None

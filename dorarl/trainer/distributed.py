@@ -11,6 +11,7 @@ the group is longer than the widest row.
 from __future__ import annotations
 
 import datetime
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -57,8 +58,15 @@ def join_group(rank: int, world_size: int, store: dist.Store, host: str, device:
 
 
 def leave_group() -> None:
+    """Leave the group while Python is whole: FSDP-wrapped models are cyclic garbage that
+    hold the group and its last gloo works, whose tensors a gloo thread releases; left to
+    the interpreter's exit, that thread needs the GIL as Python finalizes, is made to exit
+    inside a C++ destructor and aborts the process ("terminate called without an active
+    exception"). Collected first, the group's threads end before the process does."""
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()
 
 
 def mixed_precision(device: torch.device) -> MixedPrecisionPolicy:

@@ -1,4 +1,4 @@
-"""Batch statistics for one training step: rewards, lengths, staleness, reward errors.
+"""Batch statistics for one training step: rewards, lengths, staleness, reward and tool errors.
 
 Staleness of a sample consumed by the step that updates version v is v - w, w being its
 behavior version (the oldest version among its tokens; Eq. 1 of docs/design.md).
@@ -26,6 +26,9 @@ def batch_metrics(groups: list[Group], train_version: int) -> dict[str, float | 
         "response_len_mean": statistics.fmean(lengths) if lengths else 0.0,
         "response_len_max": float(max(lengths, default=0)),
         "truncated_fraction": _fraction(s.truncated for s in samples),
+        # Chat episodes: tool calls the replies attempted, and those answered with an error.
+        "tool_calls": float(sum(t.tool_calls for s in samples for t in s.turns)),
+        "tool_call_errors": float(sum(t.tool_errors for s in samples for t in s.turns)),
         "zero_advantage_groups": _fraction(len(set(g.rewards)) <= 1 for g in groups),
         "mixed_version_samples": float(sum(not s.single_version for s in samples)),
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,

@@ -1,4 +1,4 @@
-"""`dorarl bench engine --device`: every section runs end to end on the CPU at a tiny size
+"""`dorarl bench engine-device`: every section runs end to end on the CPU at a tiny size
 (the cuda run is scripts/gpu_check_1.sh), bars and the CPU bench's keys come out filled."""
 
 import os

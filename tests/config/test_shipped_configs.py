@@ -8,6 +8,7 @@ import pytest
 
 from dorarl.config import load_config
 from dorarl.jobs.config import TrainConfig
+from dorarl.runtime.placement import PlacementPlan, plan_placement
 from dorarl.simulate.cli import build_config
 from dorarl.simulate.config import SimulateConfig
 from dorarl.simulate.presets import PRESETS
@@ -37,10 +38,15 @@ def test_the_cpu_config_is_the_default_run():
     assert load_config(TrainConfig, CONFIGS / "cpu.yaml") == load_config(TrainConfig)
 
 
+def _plan(name: str, node_gpus: float) -> PlacementPlan:
+    run = load_config(TrainConfig, CONFIGS / name)
+    return plan_placement(run.instances, run.engine, run.trainer, run.ray, node_gpus)
+
+
 def test_the_gpu_configs_fit_their_machines():
-    one = load_config(TrainConfig, CONFIGS / "gpu-1.yaml").placement(node_gpus=1)
+    one = _plan("gpu-1.yaml", 1)
     assert one.total_gpus <= 1 and set(one.shares) == {"engine0", "engine1", "trainer", "evaluator"}
-    node = load_config(TrainConfig, CONFIGS / "node-8gpu-qwen2.5-7b.yaml").placement(node_gpus=8)
+    node = _plan("node-8gpu-qwen2.5-7b.yaml", 8)
     assert [b.gpus for b in node.bundles] == [1.0] * 8
 
 

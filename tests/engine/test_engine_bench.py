@@ -1,4 +1,5 @@
-"""`dorarl bench engine`: the workload, the report, and an end-to-end micro run."""
+"""`dorarl bench engine` and `dorarl bench engine-model`: the workload, the report, and an
+end-to-end micro run."""
 
 import json
 from dataclasses import dataclass, replace
@@ -109,13 +110,13 @@ def test_cli_quick_writes_engine_json(tmp_path):
 def test_real_model_bench_compares_engine_hf_and_floor_exactly():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dorarl.bench import engine_real
+    from dorarl.bench import engine_model
 
     config = LlamaConfig(**{**SHAPES["smollm2-135m"], **TINY_LLAMA})
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
-    spec = engine_real.RealSpec(batches=(3, 5), prompt_len=6, new_tokens=4)
-    report = engine_real.run_real(model, spec, Console(quiet=True))
+    spec = engine_model.RealSpec(batches=(3, 5), prompt_len=6, new_tokens=4)
+    report = engine_model.run_real(model, spec, Console(quiet=True))
     json.dumps(report)
     assert set(report["batches"]) == {"3", "5"}
     for batch, entry in report["batches"].items():
@@ -125,7 +126,7 @@ def test_real_model_bench_compares_engine_hf_and_floor_exactly():
         # The floor runs the engine's own kernel; the F.linear floor is timed beside it.
         assert entry["floor"]["kernel"] == entry["engine"]["kernel"]
         assert entry["floor_torch"]["kernel"] == "torch" and entry["floor_torch"]["step"]["ms"] > 0
-    assert set(report["bars"]) == set(engine_real.REAL_BARS)
+    assert set(report["bars"]) == set(engine_model.REAL_BARS)
     assert report["bars"]["step_vs_matmuls_32"]["pass"] is None  # batch 32 not measured here
 
 
@@ -149,8 +150,8 @@ def test_continuous_batching_config_tolerates_a_transformers_without_page_size()
 
 
 def test_unknown_shape_is_a_one_line_user_error():
-    from dorarl.bench import engine_real
+    from dorarl.bench import engine_model
     from dorarl.errors import UserInputError
 
     with pytest.raises(UserInputError, match="--shape"):
-        engine_real.load_model(None, "gpt-9")
+        engine_model.load_model(None, "gpt-9")

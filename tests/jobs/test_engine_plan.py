@@ -20,6 +20,7 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.engine_plan import engine_budgets, local_gpu_memory, model_spec
 from dorarl.jobs.ray_run import place_actors
 from dorarl.runtime.local_ray import start_local_ray
+from dorarl.runtime.placement import PlacementPlan, plan_placement
 
 QWEN_7B = spec_from_hf(Qwen2Config(**SHAPES["qwen2.5-7b"]))
 
@@ -28,9 +29,14 @@ def _config(*overrides: str) -> TrainConfig:
     return load_config(TrainConfig, None, ["engine.device=cuda", "trainer.device=cuda", *overrides])
 
 
+def placement(config: TrainConfig, node_gpus: float) -> PlacementPlan:
+    """The run's plan on a node of `node_gpus` GPUs, as `dorarl train` makes it."""
+    return plan_placement(config.instances, config.engine, config.trainer, config.ray, node_gpus)
+
+
 def test_each_engine_gets_its_placement_share_and_a_plan_that_cannot_fit_is_refused():
     config = _config("engine.max_model_len=32768", "ray.engine_gpus=0.3333")
-    plan = config.placement(node_gpus=1)
+    plan = placement(config, 1)
     big = engine_budgets(config, QWEN_7B, plan, int(141 * GB))
     assert [(b.actor, b.share) for b in big] == [("engine0", 0.3333), ("engine1", 0.3333)]
     for budget in big:
@@ -40,18 +46,19 @@ def test_each_engine_gets_its_placement_share_and_a_plan_that_cannot_fit_is_refu
     with pytest.raises(ConfigError, match=r"^ray.engine_gpus: engine0's 0.3333 of 24.0 GB"):
         small[0].check()
     own = _config("engine.max_model_len=32768", "engine.gpu_memory_share=0.9")
-    for budget in engine_budgets(own, QWEN_7B, own.placement(node_gpus=1), int(24 * GB)):
+    for budget in engine_budgets(own, QWEN_7B, placement(own, 1), int(24 * GB)):
         assert budget.key == "engine.gpu_memory_share" and budget.share == 0.9
         budget.check()
 
 
 def test_unknown_memory_checks_nothing_and_says_what_each_share_must_hold():
     config = _config("engine.max_model_len=32768")
-    (first, _) = engine_budgets(config, QWEN_7B, config.placement(node_gpus=1), None)
+    (first, _) = engine_budgets(config, QWEN_7B, placement(config, 1), None)
     first.check()
     assert first.kv is None and 15 * GB < first.minimum_bytes < 20 * GB
     assert "must hold" in first.line() and "set ray.gpu_memory_gb" in first.line()
-    assert engine_budgets(load_config(TrainConfig, None, []), QWEN_7B, config.placement(1), 1) == []
+    on_cpu = load_config(TrainConfig, None, [])
+    assert engine_budgets(on_cpu, QWEN_7B, placement(config, 1), 1) == []
 
 
 def test_the_gpus_memory_comes_from_nvidia_smi(tmp_path, monkeypatch):

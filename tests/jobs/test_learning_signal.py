@@ -24,6 +24,15 @@ def test_zero_advantage_steps_warn_once_then_every_n_steps(caplog):
     assert not any(mixed.observe(_row(s, 0.5, 0.5, 0.5)) for s in range(10))
 
 
+def test_with_record_text_on_the_warnings_say_where_the_texts_are(tmp_path):
+    texts = tmp_path / "run" / "trajectories.jsonl"
+    signal = LearningSignal(texts_at=texts, first_steps=1)
+    warnings = signal.observe(_row(0, 1.0))  # zero advantage, and reward 0 from the first step
+    assert len(warnings) == 2
+    for warning in warnings:
+        assert f"are in {texts}" in warning and "record.text=true" not in warning
+
+
 def test_all_zero_rewards_warn_after_the_first_steps_until_a_reward_comes():
     signal = LearningSignal(every=4, first_steps=3)
     warnings = {s: signal.observe(_row(s, 0.5)) for s in range(9)}
@@ -44,7 +53,10 @@ def test_record_text_writes_prompt_answer_and_response(tmp_path, tiny_model_dir)
                     response_ids=[*response, *task.stop_token_ids[:1], 9], versions=[0] * 3)  # fmt: skip
     rec = Recorder(tmp_path / "run", mode="dora", k=1, num_instances=1, slots_per_instance=1,
                    texts=trajectory_texts(task))  # fmt: skip
+    assert rec.texts_path == tmp_path / "run" / "trajectories.jsonl"
     rec.consumed([Group(0, prompt.prompt_id, 0, [sample])], 0)
     rec.close(1.0)
+    plain = Recorder(tmp_path / "plain", mode="dora", k=1, num_instances=1, slots_per_instance=1)
+    assert plain.texts_path is None  # record.text=false: the warnings say how to turn it on
     (row,) = [json.loads(x) for x in (tmp_path / "run" / "trajectories.jsonl").open()]
     assert (row["prompt"], row["answer"], row["response"]) == ("2+1=", "3", "3")

@@ -1,4 +1,5 @@
-"""Progress: staleness as a short histogram, an ETA, plain lines when not on a terminal."""
+"""Progress: staleness as a short histogram, an ETA, plain lines when not on a terminal, the
+newest evaluation (with mean@k and pass@k when it sampled)."""
 
 import io
 
@@ -24,12 +25,22 @@ def test_off_a_terminal_one_plain_line_every_few_steps_with_an_eta():
     with TrainProgress(40, console=console) as progress:
         assert not progress.live
         for v in range(1, 41):
-            progress.update(_row(v), {1: 0.5})
+            progress.update(_row(v), {1: {"version": 1, "accuracy": 0.5}})
     lines = [line for line in out.getvalue().splitlines() if line.startswith("train step")]
     assert plain_every(40) == 2 and len(lines) == 20
     assert lines[0].startswith("train step 2/40 (v2)") and "eta " in lines[0]
     assert "stale █▃ 0:12 1:4" in lines[0] and "{" not in lines[0]
     assert lines[-1].startswith("train step 40/40") and "eta 0m00s" in lines[-1]
+    assert lines[0].endswith("eval v1: 0.500")
+
+
+def test_a_sampled_evaluation_shows_mean_and_pass_at_k():
+    out = io.StringIO()
+    sampled = {"version": 2, "accuracy": 0.5, "mean@4": 0.375, "pass@2": 0.5, "pass@4": 0.75}
+    with TrainProgress(1, console=Console(file=out, width=200)) as progress:
+        progress.update(_row(2), {0: {"version": 0, "accuracy": 0.1}, 2: sampled})
+    (line,) = out.getvalue().splitlines()
+    assert line.endswith("eval v2: 0.500 mean@4 0.375 pass@4 0.750")
 
 
 def test_progress_false_prints_nothing():

@@ -13,6 +13,7 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.ray_run import failure_report
 from dorarl.jobs.resume import find_checkpoint, read_resume_point
 from dorarl.jobs.train import main as train_main
+from dorarl.jobs.train import resume_point
 from dorarl.tasks import make_task
 
 
@@ -59,7 +60,7 @@ def test_a_data_position_of_another_version_is_refused(tmp_path):
     state = {"version": 5, "extra_state": {"version": 4}}
     (folder / "trainer_state.json").write_text(json.dumps(state))
     with pytest.raises(ConfigError, match="resume: .* version 5 .* version 4"):
-        load_config(TrainConfig, overrides=[f"resume={folder}"]).controller_config()
+        resume_point(load_config(TrainConfig, overrides=[f"resume={folder}"]))
 
 
 SMALL = ["instances=2", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
@@ -142,7 +143,7 @@ def test_a_failed_worker_says_what_failed_and_how_to_resume(tmp_path):
 def test_the_cli_prints_a_failed_run_on_one_line_with_exit_1(monkeypatch, tmp_path, capsys):
     import dorarl.jobs.ray_run as ray_run
 
-    def fail(config, out_dir, **kwargs):
+    def fail(config, point, out_dir, **kwargs):
         raise RunFailed("the trainer (training step 3) failed: OOM; resume with ...")
 
     monkeypatch.setattr(ray_run, "run_ray", fail)

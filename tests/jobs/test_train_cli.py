@@ -118,6 +118,24 @@ def test_task_keys_reach_the_arith_and_jsonl_tasks(tmp_path, tiny_chat_model_dir
     )
 
 
+def test_an_env_on_a_task_without_a_turn_cap_gets_the_cap_the_help_names(
+    tmp_path, tiny_chat_model_dir
+):
+    from dorarl.config import describe
+    from dorarl.tasks.env_task import DEFAULT_MAX_TURNS
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    overrides = ["task.name=jsonl", f"task.path={data}", f"task.eval_path={data}",
+                 "task.env=dorarl.tasks.multiturn_sum:MultiTurnSumEnv"]  # fmt: skip
+    task = build_task(load_config(TrainConfig, overrides=overrides), str(tiny_chat_model_dir))
+    help_ = {key: text for key, _, text in describe(TrainConfig)}["task.max_turns"]
+    assert task.max_turns == DEFAULT_MAX_TURNS
+    assert f"0: the task's own; {DEFAULT_MAX_TURNS} for a task without one" in help_
+    capped = load_config(TrainConfig, overrides=[*overrides, "task.max_turns=3"])
+    assert build_task(capped, str(tiny_chat_model_dir)).max_turns == 3
+
+
 def test_help_is_fast_it_imports_no_torch_ray_or_transformers():
     import subprocess
     import sys

@@ -21,7 +21,7 @@ def _group(gid, version, tokens):
     return Group(gid, gid, version, [sample])
 
 
-def _segment(out, start, steps, *, stale=0, close=True):
+def _segment(out, start, steps, *, stale=0, close=True, fallbacks=()):
     """A segment from version `start`: per step one group of 4 tokens sampled `stale`
     versions back (1 s of rollout, then 1 s of training, on 1 instance of 2 slots); not
     closed: killed after its last step."""
@@ -33,6 +33,7 @@ def _segment(out, start, steps, *, stale=0, close=True):
         gid = 100 * start + i
         return [Dispatch(gid, gid, start + i - stale, 0, (0,))] if i < steps else []
 
+    rec.engine_setup(0, {"attention": "torch", "fast_path_fallbacks": list(fallbacks)})
     rec.observe(Start(0.0), dispatch(0))
     for i in range(steps):
         v, t, gid = start + i, 2.0 * i, 100 * start + i
@@ -66,6 +67,7 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
     assert summary["staleness"] == {"0": 2, "1": 3}
     assert summary["eval"] == {"0": 0.0, "2": 0.2, "5": 0.5}
     assert (summary["eval_accuracy_first"], summary["eval_accuracy_last"]) == (0.0, 0.5)
+    assert (summary["eval_version_first"], summary["eval_version_last"]) == (0, 5)
     ends = [
         (s["start_version"], s["end_version"], s["steps"], s["ended"]) for s in summary["segments"]
     ]
@@ -88,6 +90,16 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
 
     curve = read_curve(tmp_path)  # the compare plot's clock runs on across segments
     assert curve["time_s"] == [2.0, 4.0, 4.5 + 2.0, 4.5 + 4.0, 4.5 + 6.0]
+
+
+def test_a_run_evaluated_only_at_its_start_reports_that_evaluation_as_first_only(tmp_path):
+    folder = _segment(tmp_path, 0, 2)
+    own = json.loads((folder / "summary.json").read_text())
+    own["eval"] = {"0": 0.25}  # stopped before the evaluation of v2 finished
+    (folder / "summary.json").write_text(json.dumps(own))
+    summary = write_run_records(tmp_path)
+    assert (summary["eval_version_first"], summary["eval_accuracy_first"]) == (0, 0.25)
+    assert "eval_accuracy_last" not in summary and "eval_version_last" not in summary
 
 
 def test_a_killed_segment_keeps_the_others_and_its_kept_steps_count(tmp_path):
@@ -126,3 +138,12 @@ def test_a_resume_from_an_older_version_moves_later_segments_aside(tmp_path):
     assert summary["steps"] == 3 and summary["wall_time_s"] == 4.5 + 2.5
     assert roll_back(tmp_path, 2)["segments"] == 1
     assert (tmp_path / "rolled_back" / "segments" / "001-1").is_dir()  # the earlier one kept
+
+
+def test_the_runs_summary_keeps_its_engines_and_every_segments_fast_path_fallbacks(tmp_path):
+    fell_back = {"path": "triton", "error": "RuntimeError: PTX assembly failed"}
+    _segment(tmp_path, 0, 2, fallbacks=[fell_back])
+    _segment(tmp_path, 2, 1)
+    summary = write_run_records(tmp_path)
+    assert summary["engines"] == {"0": {"attention": "torch", "fast_path_fallbacks": []}}
+    assert summary["fast_path_fallbacks"] == [{"segment": 0, "instance": 0, **fell_back}]

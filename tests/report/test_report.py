@@ -16,9 +16,7 @@ def test_scalar_logger_writes_event_file(tmp_path):
 
 
 def test_training_curve_png(tmp_path):
-    rows = [
-        {"step": i, "reward_mean": i / 10, "eval_accuracy": 0.1 if i == 0 else None}
-        for i in range(5)
-    ]
-    path = plot_training_curve(rows, tmp_path / "curve.png")
+    curve = {"steps": [1, 2, 3, 4], "reward_mean": [0.1, 0.2, 0.3, 0.4],
+             "eval": [{"version": 0, "accuracy": 0.1}, {"version": 4, "accuracy": 0.5}]}  # fmt: skip
+    path = plot_training_curve(curve, tmp_path / "curve.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,9 @@
-"""read_curve: a run folder's metrics.jsonl as per-step rewards and per-version accuracies."""
+"""read_curve: a run folder's metrics.jsonl as per-step rewards and per-version accuracies,
+the one curve both plots of a run draw."""
 
 import json
+
+import pytest
 
 from dorarl.report.run_curve import read_curve
 
@@ -18,3 +21,31 @@ def test_read_curve_maps_each_evaluated_version_to_the_time_it_was_made(tmp_path
         {"version": 0, "time_s": 0.0, "accuracy": 0.2},
         {"version": 2, "time_s": 3.5, "accuracy": 0.4},
     ]
+
+
+def test_the_reward_curve_and_the_compare_plot_draw_each_point_at_the_same_version(
+    tmp_path, monkeypatch
+):
+    from matplotlib.axes import Axes
+
+    from dorarl.jobs.evaluation import finish_outputs
+    from dorarl.report.convergence_plot import plot_convergence
+
+    rows = [{"step": i, "version": i, "new_version": i + 1, "time_s": float(i + 1),
+             "reward_mean": 0.1 * (i + 1)} for i in range(3)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evals = {v: {"version": v, "accuracy": a} for v, a in ((0, 0.1), (2, 0.4), (3, 0.6))}
+    drawn, plot = [], Axes.plot
+
+    def spy(ax, *args, **kwargs):  # the (x, y) of every line either figure draws
+        drawn.append((list(args[0]), list(args[1])))
+        return plot(ax, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    finish_outputs(tmp_path, evals, title="dora")  # reward_curve.png, as `dorarl train` ends
+    reward, accuracy = drawn
+    drawn.clear()
+    plot_convergence({"run": read_curve(tmp_path)}, tmp_path / "compare.png")
+    by_version, _, reward_by_step, _ = drawn
+    assert accuracy == by_version == ([0, 2, 3], [0.1, 0.4, 0.6])  # v0 at 0, v3 at 3
+    assert reward == reward_by_step == ([1, 2, 3], [0.1, 0.2, pytest.approx(0.3)])

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dorarl.config import ConfigError, load_config
+from dorarl.engine import EngineConfig
 from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.placement import (
@@ -22,10 +23,17 @@ from dorarl.runtime.placement import (
     check_resources,
     plan_placement,
 )
+from dorarl.runtime.ray_config import RayConfig
+from dorarl.trainer import TrainerConfig
 
 
 def gpu_config(*overrides: str) -> TrainConfig:
     return load_config(TrainConfig, None, ["engine.device=cuda", "trainer.device=cuda", *overrides])
+
+
+def placement(config: TrainConfig, node_gpus: float) -> PlacementPlan:
+    """The run's plan on a node of `node_gpus` GPUs, as `dorarl train` makes it."""
+    return plan_placement(config.instances, config.engine, config.trainer, config.ray, node_gpus)
 
 
 def packs(bundles: tuple[Bundle, ...], gpus: int) -> bool:
@@ -48,7 +56,7 @@ def packs(bundles: tuple[Bundle, ...], gpus: int) -> bool:
 
 
 def test_one_gpu_holds_the_default_run():
-    plan = gpu_config().placement(node_gpus=1)
+    plan = placement(gpu_config(), 1)
     assert plan.total_gpus <= 1 and packs(plan.bundles, 1)
     assert set(plan.shares) == {"engine0", "engine1", "trainer", "evaluator"}
     assert all(share > 0 for share in plan.shares.values())
@@ -56,23 +64,23 @@ def test_one_gpu_holds_the_default_run():
 
 
 def test_an_eight_gpu_node_gives_the_evaluator_no_gpu_of_its_own():
-    plan = gpu_config("instances=7").placement(node_gpus=8)
+    plan = placement(gpu_config("instances=7"), 8)
     assert [b.gpus for b in plan.bundles] == [1.0] * 8
     assert plan.bundles[-1].actors == ("trainer", "evaluator")
     assert plan.shares["engine3"] == 1.0 and plan.shares["evaluator"] == pytest.approx(0.1)
 
 
 def test_explicit_shares_and_cpu_actors():
-    plan = gpu_config("ray.engine_gpus=0.25").placement(node_gpus=1)
+    plan = placement(gpu_config("ray.engine_gpus=0.25"), 1)
     assert plan.shares["engine0"] == plan.shares["engine1"] == 0.25
-    assert not load_config(TrainConfig).placement(node_gpus=8).uses_gpus
-    trainer_only = load_config(TrainConfig, None, ["trainer.device=cuda"]).placement(1)
+    assert not placement(load_config(TrainConfig), 8).uses_gpus
+    trainer_only = placement(load_config(TrainConfig, None, ["trainer.device=cuda"]), 1)
     assert trainer_only.shares == {"trainer": 1.0}
 
 
 def test_a_share_above_one_must_be_whole():
     with pytest.raises(ConfigError, match="^ray: bundle trainer, evaluator asks for 1.5 GPU"):
-        gpu_config("ray.trainer_gpus=1.4").placement(node_gpus=8)
+        placement(gpu_config("ray.trainer_gpus=1.4"), 8)
     with pytest.raises(ConfigError, match="^ray.engine_gpus: must be > 0"):
         gpu_config("ray.engine_gpus=0")
 
@@ -86,12 +94,9 @@ def test_a_share_above_one_must_be_whole():
 def test_automatic_shares_always_pack_onto_the_node(
     instances, node_gpus, engine_on_gpu, trainer_on_gpu
 ):
-    plan = plan_placement(
-        instances=instances,
-        engine_on_gpu=engine_on_gpu,
-        trainer_on_gpu=trainer_on_gpu,
-        node_gpus=node_gpus,
-    )
+    engine = EngineConfig(device="cuda" if engine_on_gpu else "cpu")
+    trainer = TrainerConfig(device="cuda" if trainer_on_gpu else "cpu")
+    plan = plan_placement(instances, engine, trainer, RayConfig(), node_gpus)
     assert plan.uses_gpus == (engine_on_gpu or trainer_on_gpu)
     assert all(share > 0 for share in plan.shares.values())
     assert plan.total_gpus <= node_gpus + 1e-9 and packs(plan.bundles, node_gpus)
@@ -99,7 +104,7 @@ def test_automatic_shares_always_pack_onto_the_node(
 
 
 def test_a_cluster_without_the_gpus_is_refused_in_one_line():
-    plan = gpu_config().placement(node_gpus=1)
+    plan = placement(gpu_config(), 1)
     with pytest.raises(ConfigError) as refused:
         check_fits(plan, {"CPU": 2.0, "GPU": 0.0})
     message = str(refused.value)
@@ -111,7 +116,7 @@ def test_a_cluster_without_the_gpus_is_refused_in_one_line():
 def test_reservation_on_live_ray_and_no_wait_forever():
     start_local_ray(num_cpus=1, num_gpus=2)  # logical GPUs: Ray only accounts them
     try:
-        plan = gpu_config().placement(ray.cluster_resources()["GPU"])
+        plan = placement(gpu_config(), ray.cluster_resources()["GPU"])
         placed = PlacedActors(plan, timeout_s=30)
 
         @ray.remote
@@ -153,7 +158,7 @@ def test_custom_resources_follow_each_actor_and_fill_its_bundle():
     the evaluator for what the actor whose bundle it shares asks (on the CPU: the
     trainer's); a bundle reserves its actors' custom resources with its GPU share."""
     keys = ["ray.engine_resources={rollout: 0.5}", "ray.trainer_resources={learner: 0.25}"]
-    cpu = load_config(TrainConfig, None, [*keys, "trainer.world_size=2"]).placement(0)
+    cpu = placement(load_config(TrainConfig, None, [*keys, "trainer.world_size=2"]), 0)
     assert not cpu.uses_gpus
     assert {a: cpu.resources_of(a) for a in cpu.asks} == {
         "engine0": {"rollout": 0.5},
@@ -163,16 +168,16 @@ def test_custom_resources_follow_each_actor_and_fill_its_bundle():
         "evaluator": {"learner": 0.25},
     }
     assert "engine0, engine1: each asks for rollout=0.5 (ray.engine_resources)" in cpu.lines()
-    engines_on_gpu = load_config(TrainConfig, None, [*keys, "engine.device=cuda"]).placement(1)
+    engines_on_gpu = placement(load_config(TrainConfig, None, [*keys, "engine.device=cuda"]), 1)
     assert engines_on_gpu.resources_of("evaluator") == {"rollout": 0.5}
     assert engines_on_gpu.asks["evaluator"].key == "ray.engine_resources"
     assert [b.resources for b in engines_on_gpu.bundles] == [{"rollout": 1.0}, {"rollout": 0.5}]
-    both = gpu_config(*keys).placement(node_gpus=3)
+    both = placement(gpu_config(*keys), 3)
     assert both.resources_of("evaluator") == {"learner": 0.25}
     held = {b.actors: b.reserved() for b in both.bundles}
     assert held[("trainer", "evaluator")] == {"GPU": 1.0, "learner": 0.5}
     assert held[("engine0",)] == {"GPU": 1.0, "rollout": 0.5}
-    assert not load_config(TrainConfig).placement(0).asks  # unset: any node
+    assert not placement(load_config(TrainConfig), 0).asks  # unset: any node
 
 
 @pytest.mark.parametrize(
@@ -191,9 +196,8 @@ def test_bad_custom_resources_are_refused_naming_the_key(override, refusal):
 
 
 def test_a_cluster_without_the_custom_resources_is_refused_in_one_line():
-    plan = load_config(
-        TrainConfig, None, ["ray.engine_resources={rollout: 1}", "ray.trainer_resources.a=1"]
-    ).placement(0)
+    keys = ["ray.engine_resources={rollout: 1}", "ray.trainer_resources.a=1"]
+    plan = placement(load_config(TrainConfig, None, keys), 0)
     head, second = {"CPU": 2.0, "a": 1.0, "node:10.0.0.1": 1.0}, {"CPU": 1.0, "rollout": 1.0}
     with pytest.raises(ConfigError) as refused:
         check_resources(plan, [head])
@@ -207,6 +211,7 @@ def test_a_cluster_without_the_custom_resources_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="^ray.trainer_resources: trainer, evaluator ask for a=2"):
         check_resources(plan, [head, {"CPU": 1.0, "rollout": 2.0}])
     check_resources(plan, [{**head, "a": 2.0}, {"CPU": 1.0, "rollout": 2.0}])
-    split = load_config(TrainConfig, None, ["ray.engine_resources={rollout: 1, b: 1}"]).placement(0)
+    split_keys = ["ray.engine_resources={rollout: 1, b: 1}"]
+    split = placement(load_config(TrainConfig, None, split_keys), 0)
     with pytest.raises(ConfigError, match="no node of the cluster has rollout=1, b=1"):
         check_resources(split, [{"b": 2.0}, {"rollout": 2.0}])  # each on a node, none both

@@ -90,7 +90,7 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     overrides.append("weights.transport=collective")  # peer loads over the group
     out = tmp_path / "run"
     config = load_config(TrainConfig, overrides=overrides)
-    run_ray(config, out, pace=DeviceModel(decode_step_s=0.02, train_fixed_s=0.05))
+    run_ray(config, None, out, pace=DeviceModel(decode_step_s=0.02, train_fixed_s=0.05))
     summary, trajectories, metrics, trace = _read(out)
     _check_invariants(summary, trajectories, k=1)
     assert summary["steps"] == 12 and len(metrics) == 12
@@ -194,10 +194,12 @@ def _dora_k1_runtime(
         out, mode="dora", k=1, num_instances=config.instances, slots_per_instance=8,
         overhead_kinds=RayRuntime.OVERHEAD_KINDS, records_dir=records_dir,
     )  # fmt: skip
+    devices = (config.engine.device, config.trainer.device)
+    transport = config.weights.spec(*devices, config.engine.dtype)
     return RayRuntime(
-        config.controller_config(), task, rollout_settings(config, task), workers, trainer,
+        config.controller_config(None), task, rollout_settings(config, task), workers, trainer,
         recorder, respawn=lambda i: spawn_engine(i, engine, pace),
-        max_restarts=max_restarts, transport=config.transport(),
+        max_restarts=max_restarts, transport=transport,
     )  # fmt: skip
 
 

@@ -4,7 +4,6 @@ dead rank stops the run naming it, and `dorarl train` keeps the run invariants."
 import importlib.util
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -72,16 +71,15 @@ def test_a_group_trainers_version_goes_from_engine_to_engine(local_ray):
     trainer = spawn_trainer(TrainerSpec(folder, TrainerConfig(lr=1e-3, world_size=2), 2))
     engine = EngineSpec(folder, EngineConfig(max_num_seqs=4, max_model_len=64))
     first, second = (spawn_engine(i, engine) for i in range(2))
-    spec = TransportSpec("collective", "float32", 1 << 20, timeout_s=60.0, backend="gloo")
+    spec = TransportSpec("collective", "float32", 1 << 20, timeout_s=600.0, backend="gloo")
     transport = make_transport(spec, window=1)
     transport.start(trainer, [first, second])
     metrics, published = transport.step(trainer, _make_groups(seed=50))
     version = int(ray.get(metrics, timeout=120)["version"])
     transport.publish(version, published)
-    assert ray.get(transport.load(first, version, None), timeout=60).version == version
-    started = time.monotonic()
-    assert ray.get(transport.load(second, version, first), timeout=60).version == version
-    assert time.monotonic() - started < 20.0
+    assert ray.get(transport.load(first, version, None), timeout=120).version == version
+    # a load that can never complete waits out the group's timeout (600 s), never this one
+    assert ray.get(transport.load(second, version, first), timeout=120).version == version
     names = set(ray.get(second.weights.remote()))
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
 

@@ -127,7 +127,7 @@ def _runtime(
         return replacements[-1]
 
     runtime = RayRuntime(
-        config.controller_config(), task, rollout_settings(config, task), workers, trainer,
+        config.controller_config(None), task, rollout_settings(config, task), workers, trainer,
         recorder, respawn=lambda i: spawn_engine(i, engine, pace), max_restarts=2,
         respawn_trainer=respawn_trainer,
         max_trainer_restarts=trainer_restarts, checkpoints=out / "checkpoints",

@@ -32,7 +32,7 @@ from dorarl.jobs.ray_run import run_ray
 from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.actors import TrainerSpec, spawn_trainer
 from dorarl.runtime.local_ray import _single_node_mode, is_loopback, join_ray
-from dorarl.runtime.placement import PlacedActors
+from dorarl.runtime.placement import PlacedActors, plan_placement
 from dorarl.trainer import TrainerConfig
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def test_a_dora_run_across_two_nodes(two_nodes, tiny_model_dir, tmp_path):
     watcher = Watcher(out, _raylets(two_nodes))
     watcher.start()
     try:  # paced engine steps keep requests in flight across versions: migrations
-        run_ray(config, out, pace=DeviceModel(decode_step_s=0.02, train_fixed_s=0.05))
+        run_ray(config, None, out, pace=DeviceModel(decode_step_s=0.02, train_fixed_s=0.05))
     finally:
         watcher.done.set()
         watcher.join()
@@ -168,7 +168,8 @@ def test_a_sharded_trainers_ranks_ask_for_the_trainers_resources(two_nodes, tiny
     join_ray(two_nodes.address)
     try:
         keys = ["trainer.world_size=2", "ray.trainer_resources={learner: 0.25}"]
-        placed = PlacedActors(load_config(TrainConfig, None, keys).placement(0))
+        run = load_config(TrainConfig, None, keys)
+        placed = PlacedActors(plan_placement(run.instances, run.engine, run.trainer, run.ray, 0))
         config = TrainerConfig(lr=1e-3, world_size=2)
         trainer = spawn_trainer(TrainerSpec(str(tiny_model_dir), config), placed=placed)
         (rank1,) = ray.get(trainer.rank_pids.remote(), timeout=120)
@@ -187,7 +188,7 @@ def test_a_run_asking_for_what_no_node_has_is_refused_before_it_starts(
     keys = [f"model={tiny_model_dir}", f"ray.address={two_nodes.address}"]
     keys.append("ray.engine_resources={gpu_node: 1}")
     with pytest.raises(ConfigError) as refused:
-        run_ray(load_config(TrainConfig, None, [*keys, "progress=false"]), out)
+        run_ray(load_config(TrainConfig, None, [*keys, "progress=false"]), None, out)
     message = str(refused.value)
     assert message.startswith("ray.engine_resources: no node of the cluster has gpu_node=1")
     assert "[CPU=1, learner=1]" in message and "[CPU=1, rollout=3]" in message

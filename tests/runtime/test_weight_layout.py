@@ -66,6 +66,15 @@ def test_a_corrupted_bucket_is_refused_naming_the_tensor_and_its_bucket():
     assert f"(bucket 1 of {len(manifest.buckets)})" in message
 
 
+def test_two_sign_flips_in_one_tensor_are_refused():
+    """Negating two bfloat16 weights of one row (bit 31 of two 32-bit words)."""
+    _, manifest, buckets = _sent()
+    raw = buckets[1].view(torch.uint8)  # layer.q.weight, bfloat16: bytes 3 and 7 hold signs
+    raw[[3, 7]] ^= 0x80
+    with pytest.raises(WeightsRefused, match="tensor 'layer.q.weight'"):
+        manifest.verify(unflatten(buckets, manifest), 7, "instance 2")
+
+
 def test_a_wrong_version_shape_or_dtype_or_a_missing_tensor_is_refused():
     wire, manifest, _ = _sent()
     with pytest.raises(WeightsRefused, match="manifest is of version 7"):

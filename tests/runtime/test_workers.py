@@ -1,7 +1,8 @@
 """Engine and trainer workers: `reset` gives the state of a freshly started actor (base weights,
 version 0, nothing in flight, fresh pace counts), so benchmarks can reuse actors across modes;
-a new trainer waits for the versions it is asked for before it made them; and an engine
-handed the trainer's handle loads none of the trainer's code."""
+a new trainer waits for the versions it is asked for before it made them; an engine
+handed the trainer's handle loads none of the trainer's code; and an engine refuses a
+load whose copy into its own weights does not match the sender's manifest."""
 
 import subprocess
 import sys
@@ -10,14 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
+import dorarl.engine.engine as engine_module
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.engine.weights import unpack
 from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.actors import actor_options
-from dorarl.runtime.engine_worker import EngineWorker, NewRequest
+from dorarl.runtime.engine_worker import NO_VERSION, EngineWorker, NewRequest
 from dorarl.runtime.trainer_worker import TrainerWorker
 from dorarl.runtime.weight_endpoints import WeightServing
+from dorarl.runtime.weight_layout import WeightsRefused, build_manifest, wire_tensors
 from dorarl.trainer import TrainerConfig
 
 PROMPT = [1, 5, 6, 7]
@@ -193,3 +198,55 @@ def test_a_setting_an_engine_actor_refuses_reaches_the_driver_as_itself(tmp_path
         assert "\n" not in str(refused.value) and "has shape" in str(refused.value)
     finally:
         ray.shutdown()
+
+
+def _sent(named: dict[str, torch.Tensor], version: int):
+    """`named` as the trainer sends it in float32 (the CPU engines' dtype): its manifest."""
+    return build_manifest(wire_tensors(named, torch.float32), version, bucket_bytes=1 << 16)
+
+
+@pytest.mark.parametrize(
+    "name", ["model.layers.0.self_attn.k_proj.weight", "model.layers.1.mlp.up_proj.weight"]
+)
+def test_a_copy_that_changes_the_engines_weights_is_refused_in_one_line(
+    tiny_model_dir, monkeypatch, name
+):
+    """The check after the copy reads the engine's own tensors (here slices of the fused
+    q|k|v and gate|up matrices): two sign flips of one row written there by a faulty copy
+    are refused, and the engine then hosts no version."""
+    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64))
+    named = {n: t + 0.01 for n, t in worker.weights().items()}
+    assert worker.load_weights(named, 2, _sent(named, 2)).version == 2  # a right copy passes
+    copy = engine_module.load_in_place
+
+    def faulty(spec, live, new):
+        copy(spec, live, new)
+        unpack(spec, live)[name].view(torch.int32).view(-1)[[3, 40]] ^= -(2**31)
+
+    monkeypatch.setattr(engine_module, "load_in_place", faulty)
+    named = {n: t - 0.02 for n, t in named.items()}
+    with pytest.raises(WeightsRefused) as refused:
+        worker.load_weights(named, 3, _sent(named, 3))
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith(
+        f"weights of version 3 refused on instance 0 after the copy: tensor {name!r}"
+    )
+    assert worker.stats().version == NO_VERSION
+
+
+def test_a_tied_engine_checks_a_sent_output_layer_against_its_embedding(tmp_path):
+    """A sender whose tied alias came apart (gathered shards are copies) sends lm_head.weight
+    too: the engine's output layer is its embedding, which must hold those bits."""
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    config = LlamaConfig(
+        **sizes, num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    worker = EngineWorker(0, str(tmp_path), EngineConfig(max_num_seqs=2, max_model_len=32))
+    named = worker.weights()
+    named["lm_head.weight"] = named["model.embed_tokens.weight"].clone()
+    assert worker.load_weights(named, 1, _sent(named, 1)).version == 1
+    named["lm_head.weight"].view(torch.int32)[0, 0] ^= 1
+    with pytest.raises(WeightsRefused, match="after the copy: tensor 'lm_head.weight'"):
+        worker.load_weights(named, 2, _sent(named, 2))

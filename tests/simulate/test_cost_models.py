@@ -57,6 +57,17 @@ def test_training_time_per_token_shrinks_with_trainer_accelerators():
     assert small.train_per_token_s == pytest.approx(8 * 32.5e9 / (32 * 989e12 * 0.35))
 
 
+def test_a_trainer_moved_to_other_devices_shares_its_per_token_work_among_them():
+    cost = qwen_instance(trainer=32)
+    assert (cost.instance_devices, cost.trainer_devices) == (4, 32)
+    half = cost.with_trainer_devices(16)
+    assert half.trainer_devices == 16 and half.train_fixed_s == cost.train_fixed_s
+    assert half.train_per_token_s == pytest.approx(qwen_instance(trainer=16).train_per_token_s)
+    assert half.train_s(1000) - half.train_fixed_s == pytest.approx(
+        2 * (cost.train_s(1000) - cost.train_fixed_s)
+    )
+
+
 def test_moe_decode_reads_all_experts_but_computes_active_params():
     cost = derive_cost(
         MOE_500B, H800, instance_accelerators=32, trainer_accelerators=2048, train_fixed_s=1.0

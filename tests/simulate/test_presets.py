@@ -141,5 +141,5 @@ def test_an_moe_preset_takes_the_imbalance_a_run_measured(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     with pytest.raises(ConfigError, match="has no moe_imbalance"):
         main([*args, "--expert-imbalance-from", str(run)])
-    with pytest.raises(ConfigError, match="expert_imbalance: max / mean is at least 1"):
+    with pytest.raises(ConfigError, match="cost.expert_imbalance: must be >= 1, got 0.5"):
         build_config("qwen3-30b-a3b-64", None, ["cost.expert_imbalance=0.5"])

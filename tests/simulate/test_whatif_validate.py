@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from dorarl.config import ConfigError
 from dorarl.errors import UserInputError
 from dorarl.simulate.cli import main
 from dorarl.simulate.presets import PRESETS
@@ -37,20 +38,26 @@ def hand_made_bench(step_s, tps):
     }  # fmt: skip
 
 
+# the hand-made bench's dora run: K=2 at the admission cap, RBS = (K + 1) x TBS
+DORA_K2 = ["--modes", "sync,dora", "controller.K=2", "controller.rbs=12"]
+
+
 def test_validation_records_step_time_and_throughput_per_run(tmp_path):
     bench = hand_made_bench({"sync": 1.0, "dora_k2": 1.0}, {"sync": 100.0, "dora_k2": 100.0})
     (tmp_path / "modes.json").write_text(json.dumps(bench))
-    assert main(["--validate", str(tmp_path / "modes.json"), "--out", str(tmp_path / "v1")]) == 0
+    args = ["--bench", str(tmp_path / "modes.json"), *DORA_K2]
+    assert main([*args, "--out", str(tmp_path / "v1")]) == 0
     doc = json.loads((tmp_path / "v1" / "sim.json").read_text())
-    predicted = doc["modes"]
-    assert set(predicted) == {"sync", "dora_k2"} and predicted["dora_k2"]["K"] == 2
+    assert set(doc["modes"]) == {"sync", "dora"} and doc["modes"]["dora"]["K"] == 2
+    predicted = {"sync": doc["modes"]["sync"], "dora_k2": doc["modes"]["dora"]}
+    assert set(doc["validation"]["runs"]) == set(predicted)
     # now a bench that measured exactly 10% slower / 30% slower than the prediction
     for scale, within in ((1.1, True), (1.3, False)):
         step = {n: predicted[n]["step_time_s"]["mean"] * scale for n in predicted}
         tps = {n: predicted[n]["consumed_tokens_per_s"] / scale for n in predicted}
         (tmp_path / "modes.json").write_text(json.dumps(hand_made_bench(step, tps)))
         out = tmp_path / f"v{scale}"
-        assert main(["--validate", str(tmp_path / "modes.json"), "--out", str(out)]) == 0
+        assert main([*args, "--out", str(out)]) == 0
         validation = json.loads((out / "sim.json").read_text())["validation"]
         assert validation["all_within"] is within
         row = validation["runs"]["sync"]["step_time_s.mean"]
@@ -76,7 +83,7 @@ def test_compare_flags_each_figure_against_the_tolerance():
 def test_a_bad_modes_json_is_a_user_error(tmp_path):
     (tmp_path / "modes.json").write_text(json.dumps({"modes": {}}))
     with pytest.raises(UserInputError, match="config"):
-        main(["--validate", str(tmp_path / "modes.json"), "--out", str(tmp_path)])
+        main(["--bench", str(tmp_path / "modes.json"), "--out", str(tmp_path)])
 
 
 def test_whatif_grid_and_heat_map(tmp_path):
@@ -100,11 +107,38 @@ def test_local_preset_validates_against_the_recorded_bench_run(tmp_path):
     assert {"sync", "one_step_off", "partial_rollout"} <= set(recorded["modes"])
     assert main(["--preset", "local", "--modes", "sync,dora", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "sim.json").read_text())
+    assert set(doc["modes"]) == {"sync", "dora"}  # the modes named, dora at the preset's K=1
     runs = doc["validation"]["runs"]
-    assert "sync" in runs and "one_step_off" not in runs  # --modes picks the bench's runs
-    assert any(name.startswith("dora_k") for name in runs)
+    assert set(runs) == {"sync", "dora_k1"} and doc["validation"]["not_measured"] == {}
     for row in runs.values():  # the recorded run and the local preset agree within 15%
         assert all(row[key]["within"] for key in COMPARED), row
+
+
+def test_an_override_takes_effect_on_the_local_preset_and_ends_its_validation(tmp_path, capsys):
+    args = ["--preset", "local", "--modes", "sync,dora", "controller.K=2", "--out", str(tmp_path)]
+    assert main(args) == 0
+    doc = json.loads((tmp_path / "sim.json").read_text())
+    assert set(doc["modes"]) == {"sync", "dora"} and doc["modes"]["dora"]["K"] == 2
+    assert "validation" not in doc
+    assert "not validated: the settings differ" in capsys.readouterr().out
+
+
+def test_validate_compares_the_runs_the_bench_measured_at_the_settings_given(tmp_path):
+    args = ["--validate", "--modes", "dora,one_step_off", "controller.K=3", "controller.rbs=32"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    validation = json.loads((tmp_path / "sim.json").read_text())["validation"]
+    assert set(validation["runs"]) == {"dora_k3", "one_step_off"}
+    k2 = ["--validate", "--modes", "dora,sync", "controller.K=2"]
+    assert main([*k2, "--out", str(tmp_path / "k2")]) == 0  # sync is measured, dora K=2 not
+    validation = json.loads((tmp_path / "k2" / "sim.json").read_text())["validation"]
+    assert set(validation["runs"]) == {"sync"}
+    assert "dora K=3 RBS 32" in validation["not_measured"]["dora"]
+    with pytest.raises(UserInputError, match="^--validate: the bench measured none"):
+        main(["--validate", "--modes", "dora", "controller.K=2", "--out", str(tmp_path / "x")])
+    with pytest.raises(ConfigError, match="^--validate: .* drop --preset paper-64"):
+        main(["--validate", "--preset", "paper-64", "--out", str(tmp_path / "y")])
+    with pytest.raises(ConfigError, match="^--validate: a what-if grid"):
+        main(["--validate", "--whatif", "--out", str(tmp_path / "z")])
 
 
 def test_trim_keeps_what_the_local_preset_reads(tmp_path):
@@ -113,3 +147,40 @@ def test_trim_keeps_what_the_local_preset_reads(tmp_path):
     trimmed = trim_bench(bench, source="test")
     assert "migrations" not in trimmed["modes"]["sync"]
     assert local_from_bench(trimmed) == local_from_bench(bench)
+
+
+def _small_paper_64():
+    cfg = PRESETS["paper-64"]()
+    controller = dataclasses.replace(cfg.controller, instances=2, tbs=8, rbs=16, steps=4)
+    lengths = dataclasses.replace(cfg.lengths, median=1000.0, group_corr=0.0)
+    return dataclasses.replace(cfg, controller=controller, lengths=lengths)
+
+
+def test_split_grid_moves_devices_between_rollout_and_the_trainer(tmp_path):
+    from dorarl.simulate.whatif import plot_split, run_split_whatif
+
+    small = _small_paper_64()  # 2 instances of 4 devices and a trainer of 32: 40 devices
+    grid = run_split_whatif(small, shares=(0.25, 0.75), ks=(2,))
+    assert grid["splits"] == ["8 / 32", "32 / 8"] and grid["runs"] == ["sync", "dora K=2"]
+    assert all(c["rollout_devices"] + c["trainer_devices"] == 40 for c in grid["cells"])
+    assert all(c["dropped"] == 0 for c in grid["cells"])
+    by = {(c["split"], c["run"]): c for c in grid["cells"]}
+    assert by[("8 / 32", "sync")]["speedup"] == 1.0  # the preset's own split
+    # a trainer on 8 devices instead of 32: its per-token work takes 4x as long
+    slow, fast = by[("32 / 8", "sync")]["train_s"], by[("8 / 32", "sync")]["train_s"]
+    assert slow - small.cost.train_fixed_s == pytest.approx(4 * (fast - small.cost.train_fixed_s))
+    assert by[("32 / 8", "sync")]["step_s"] != by[("8 / 32", "sync")]["step_s"]
+    assert plot_split(grid, tmp_path / "split.png").stat().st_size > 10_000
+
+
+def test_whatif_split_on_the_command_line(tmp_path, capsys):
+    args = ["--whatif", "split", "--preset", "paper-64", "controller.instances=2",
+            "controller.tbs=8", "controller.rbs=16", "controller.steps=3", "lengths.median=500",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    doc = json.loads((tmp_path / "sim.json").read_text())
+    assert doc["whatif"]["axis"] == "split" and (tmp_path / "whatif_split.png").is_file()
+    assert "fastest split (rollout / trainer devices): sync at" in capsys.readouterr().out
+    # --whatif without an axis is the tail grid, and takes no key=value after it for one
+    assert main(["--whatif", "controller.steps=3", "--print-config"]) == 0
+    assert "steps: 3" in capsys.readouterr().out

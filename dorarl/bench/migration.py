@@ -1,5 +1,5 @@
-"""`dorarl bench engine --device D --shape S --actor-migration`: a migration between two engine
-actors through the runtime's own path, by transport, against re-prefill on the destination.
+"""`dorarl bench migration --device D --shape S`: a migration between two engine actors
+through the runtime's own path, by transport, against re-prefill on the destination.
 
 Two `EngineWorker` actors on one device (on cuda: half a GPU each, so the KV crosses by CUDA
 IPC; on the CPU: gloo over loopback) hold a model of the shape with random weights (saved
@@ -15,10 +15,9 @@ actors' work, so give the load average). Written to `actor_migration.json`.
 
 from __future__ import annotations
 
-import os
+import argparse
 import statistics
 import tempfile
-import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -27,14 +26,28 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from dorarl.bench.cli_args import engine_bench_parser, write_json
+from dorarl.bench.clock import Stopwatch, load_window
+from dorarl.bench.engine_device import (
+    ENGINE_SET_KEYS,
+    add_device_args,
+    default_shape,
+    parse_engine_set,
+    resolve_device,
+)
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.errors import UserInputError
+from dorarl.report.console import table_console
 from dorarl.runtime.engine_worker import EngineWorker, NewRequest
 from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
 from dorarl.runtime.weight_group import GroupAddress, open_store, route
 from dorarl.sim.cost import kv_bytes_per_token
 
 CONTENDERS = ("object_store", "collective", "reprefill")
+ENGINE_KEYS = (*ENGINE_SET_KEYS, "linear_kernel")
+"""The engine keys `--engine-set` takes: its actors' memory may call for linear_kernel=torch
+on a CPU."""
 
 
 @dataclass(frozen=True)
@@ -93,28 +106,28 @@ def _next_token(dst: Any, rid: str) -> Any:
 
 def _one(kind: str, src: Any, dst: Any, route, rid: str) -> tuple[float, float, Any]:
     """(ms to the destination's next token, ms until the import returned, tokens-only snapshot)."""
-    start = time.perf_counter()
+    watch = Stopwatch()
     if kind == "object_store":
         _, snapshots = src.export.options(num_returns=2).remote([rid])
         ray.get(dst.import_.remote(snapshots))
     else:
         _, snapshots = src.export_kv.options(num_returns=2).remote([rid])
         ray.get(dst.import_parcel.remote(snapshots, src, *route))
-    imported = time.perf_counter()
+    imported = watch.wall_s()
     out = _next_token(dst, rid)
-    done = time.perf_counter()
+    done = watch.wall_s()
     got = ray.get(snapshots)
     snap = (got[0] if kind == "object_store" else got.snapshots[0]).tokens_only()
     assert len(snap.output_ids) == 1, "moved before its first token"  # KV of ctx tokens moved
     assert out.migrations == 1 and len(out.output_ids) == 2
-    return 1e3 * (done - start), 1e3 * (imported - start), snap
+    return 1e3 * done, 1e3 * imported, snap
 
 
 def _reprefill(dst: Any, snap: Any) -> float:
-    start = time.perf_counter()
+    watch = Stopwatch()
     ray.get(dst.resume.remote([snap.request_id], [snap]))
     _next_token(dst, snap.request_id)
-    return 1e3 * (time.perf_counter() - start)
+    return 1e3 * watch.wall_s()
 
 
 def _at_context(actors, route, ctx: int, vocab: int, spec: ActorMigrationSpec, rep: int):
@@ -187,7 +200,7 @@ def actor_migration_report(
     contexts: tuple[int, ...] | None = None,
     engine_set: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """The figures of `--actor-migration` (`quick`: one turn per context, not three;
+    """What actor_migration.json holds (`quick`: one turn per context, not three;
     `engine_set`: engine keys for both actors, as `--engine-set` gives them)."""
     settings = dict(engine_set)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -197,10 +210,9 @@ def actor_migration_report(
     )
     if contexts:
         spec = replace(spec, contexts=contexts)
-    report = {"load_average_start": [round(x, 2) for x in os.getloadavg()]}
-    report.update(run_actor_migration(shape, device, dtype, spec, console))
-    report["load_average"] = [round(x, 2) for x in os.getloadavg()]
-    return report
+    with load_window() as window:
+        report = run_actor_migration(shape, device, dtype, spec, console)
+    return report | window.fields()
 
 
 def print_actor_migration(report: dict[str, Any], console: Console) -> None:
@@ -219,3 +231,39 @@ def print_actor_migration(report: dict[str, Any], console: Console) -> None:
             f"{row['object_store'] / row['collective']:.2f}x",
         )  # fmt: skip
     console.print(table)
+
+
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        contexts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        contexts = ()
+    if not contexts or min(contexts) < 2:
+        raise UserInputError(f"--contexts: comma-separated token counts >= 2, got {text!r}")
+    return contexts
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = engine_bench_parser("dorarl bench migration", __doc__, "actor_migration.json")
+    add_device_args(parser, ENGINE_KEYS, "one turn per context, not three")
+    parser.add_argument(
+        "--contexts", help="comma-separated token counts instead of 1024,4096,16384"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = arguments().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    resolve_device(args.device)  # one line for a device that is not here
+    engine_set = parse_engine_set(args.engine_set, ENGINE_KEYS)
+    contexts = _contexts(args.contexts) if args.contexts else None
+    shape = default_shape(args.device, args.shape)
+    report = actor_migration_report(
+        shape, args.device, args.quick, args.threads, Console(stderr=True), contexts, engine_set
+    )
+    write_json(args.out, "actor_migration.json", report)
+    console = table_console()
+    print_actor_migration(report, console)
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0

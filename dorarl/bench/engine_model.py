@@ -1,4 +1,4 @@
-"""`dorarl bench engine --model DIR | --shape smollm2-135m`: the engine on a real model's shape.
+"""`dorarl bench engine-model --model DIR | --shape smollm2-135m`: the engine on a real model.
 
 Static batches of B greedy requests (B = 32 and 64, random prompts, exactly `new_tokens` new
 tokens each) decoded by our engine and by HF `generate` in the same run, with the floor: the
@@ -6,19 +6,19 @@ time of the decode step's own matrix multiplications (q|k|v, o, gate|up and down
 layer and the lm_head, on the model's weights at M = B rows, on the kernel the engine runs
 them on), timed right after each engine decode step so that both see the same outside load.
 The same products on F.linear (what HF runs) are timed after every 4th step beside it. Wall
-and this process's CPU clock both.
+and this process's CPU clock both. Writes DIR/engine.json (under `real_model`).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
+import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import transformers
 from rich.console import Console
 from rich.table import Table
 from transformers import (
@@ -27,12 +27,15 @@ from transformers import (
     PreTrainedModel,
 )
 
+from dorarl.bench.cli_args import engine_bench_parser, write_json
+from dorarl.bench.clock import Laps, load_window
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
-from dorarl.bench.shapes import random_llama
+from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.linear import Linear
 from dorarl.engine.model_spec import read_hf_config
 from dorarl.engine.weights import ModelWeights
+from dorarl.report.console import table_console
 
 REAL_BARS = {  # name: (what, target, at most?)
     "step_vs_matmuls_32": ("decode step engine / its matmuls at batch 32 (at most)", 1.3, True),
@@ -63,30 +66,16 @@ def load_model(model_dir: Path | None, shape: str | None, seed: int = 0) -> PreT
     return random_llama(shape, seed).eval()
 
 
-@dataclass
-class Clock:
-    wall: list[float]
-    cpu: list[float]
+def _median_ms(laps: Laps) -> dict[str, float]:
+    median = laps.median()
+    return {"ms": 1e3 * median.wall_s, "cpu_ms": 1e3 * median.cpu_s}
 
-    @classmethod
-    def new(cls) -> Clock:
-        return cls([], [])
 
-    def time(self, fn: Any) -> Any:
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = fn()
-        self.wall.append(time.perf_counter() - wall)
-        self.cpu.append(time.process_time() - cpu)
-        return out
-
-    def median_ms(self) -> dict[str, float]:
-        return {
-            "ms": 1e3 * statistics.median(self.wall),
-            "cpu_ms": 1e3 * statistics.median(self.cpu),
-        }
-
-    def total(self) -> dict[str, float]:
-        return {"wall_s": sum(self.wall), "cpu_s": sum(self.cpu)}
+def _total(*laps: Laps) -> dict[str, float]:
+    return {
+        "wall_s": sum(lap.total().wall_s for lap in laps),
+        "cpu_s": sum(lap.total().cpu_s for lap in laps),
+    }
 
 
 class StepMatmuls:
@@ -127,10 +116,7 @@ def _prompts(batch: int, spec: RealSpec, vocab: int) -> list[list[int]]:
     return torch.randint(3, vocab, (batch, spec.prompt_len), generator=gen).tolist()
 
 
-def run_engine_batch(
-    model: PreTrainedModel, prompts: list[list[int]], spec: RealSpec
-) -> dict[str, Any]:
-    batch = len(prompts)
+def _batch_engine(model: PreTrainedModel, batch: int, spec: RealSpec) -> Engine:
     max_len = spec.prompt_len + spec.new_tokens + 1
     config = EngineConfig(
         max_num_seqs=batch,
@@ -140,7 +126,14 @@ def run_engine_batch(
         block_size=spec.block_size,
         prefill_chunk_size=batch * spec.prompt_len,
     )
-    engine = Engine.from_hf_config(model.config, config, model.state_dict())
+    return Engine.from_hf_config(model.config, config, model.state_dict())
+
+
+def run_engine_batch(
+    model: PreTrainedModel, prompts: list[list[int]], spec: RealSpec
+) -> dict[str, Any]:
+    batch = len(prompts)
+    engine = _batch_engine(model, batch, spec)
     s = engine.spec
     matmuls, plain = (
         StepMatmuls(engine.model.weights, batch, s.hidden_size, s.intermediate_size, p)
@@ -150,7 +143,7 @@ def run_engine_batch(
     params = SamplingParams(temperature=0.0, target_len=spec.new_tokens)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, params)
-    steps, decode, floor, floor_plain = Clock.new(), Clock.new(), Clock.new(), Clock.new()
+    steps, decode, floor, floor_plain = Laps(), Laps(), Laps(), Laps()
     outputs: dict[str, list[int]] = {}
     while engine.has_unfinished():
         prefilling = engine.stats().tokens_generated < batch
@@ -158,9 +151,9 @@ def run_engine_batch(
         outputs.update({out.request_id: out.output_ids for out in done})
         if not prefilling:
             floor.time(matmuls)  # right after the step it is the floor of: same load
-            if len(decode.wall) % 4 == 1:
+            if len(decode) % 4 == 1:
                 floor_plain.time(plain)
-    total = {k: steps.total()[k] + decode.total()[k] for k in ("wall_s", "cpu_s")}
+    total = _total(steps, decode)
     tokens = batch * spec.new_tokens
     return {
         "engine": {
@@ -168,13 +161,13 @@ def run_engine_batch(
             "tokens": tokens,
             "tokens_per_s": tokens / total["wall_s"],
             "tokens_per_cpu_s": tokens / total["cpu_s"],
-            "decode_steps": len(decode.wall),
-            "prefill": steps.total(),
-            "step": decode.median_ms(),
+            "decode_steps": len(decode),
+            "prefill": _total(steps),
+            "step": _median_ms(decode),
             "kernel": engine.kernel,
         },
-        "floor": {"step": floor.median_ms(), "kernel": matmuls.kernel},
-        "floor_torch": {"step": floor_plain.median_ms(), "kernel": plain.kernel},
+        "floor": {"step": _median_ms(floor), "kernel": matmuls.kernel},
+        "floor_torch": {"step": _median_ms(floor_plain), "kernel": plain.kernel},
         "outputs": [outputs[f"r{i}"] for i in range(batch)],
     }
 
@@ -190,13 +183,13 @@ def run_hf_batch(
         eos_token_id=None,
         pad_token_id=0,
     )
-    clock = Clock.new()
+    laps = Laps()
     with torch.inference_mode():
-        out = clock.time(
+        out = laps.time(
             lambda: model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gen)
         )
     tokens = len(prompts) * spec.new_tokens
-    total = clock.total()
+    total = _total(laps)
     return {
         "hf_static": {
             **total,
@@ -303,3 +296,34 @@ def print_real(report: dict[str, Any], console: Console) -> None:
             )
     console.print(table)
     console.print(clock_bars_table("real-model bars", report["bars"]))
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = engine_bench_parser("dorarl bench engine-model", __doc__, "engine.json")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", type=Path, help="a local Hugging Face model folder")
+    source.add_argument(
+        "--shape", choices=sorted(SHAPES), help="random weights of a real model's shape"
+    )
+    parser.add_argument("--skip-hf", action="store_true", help="skip HF generate")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = arguments().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with load_window() as window:
+        model = load_model(args.model, args.shape)
+        real = run_real(model, RealSpec(), Console(stderr=True), skip_hf=args.skip_hf)
+    real["source"] = str(args.model) if args.model else args.shape
+    report = {
+        "threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "real_model": real,
+        **window.fields(),
+    }
+    write_json(args.out, "engine.json", report)
+    console = table_console()
+    print_real(real, console)
+    console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
+    return 0

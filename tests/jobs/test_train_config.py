@@ -1,0 +1,87 @@
+"""`TrainConfig` is settings only: it holds its fields and nothing else, reads no files (the
+checkpoint `resume=` names is read by `dorarl train`), builds no runtime objects, and every
+check of its keys' relations names the full dotted key, at the root and as a section."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from dorarl.bench.convergence import ConvergenceConfig
+from dorarl.config import ConfigError, load_config
+from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.resume import ResumePoint
+from dorarl.jobs.train import resume_point
+
+SOURCE = Path(__file__).resolve().parents[2] / "dorarl" / "jobs" / "config.py"
+
+
+def test_the_config_holds_its_settings_and_reads_no_checkpoint(tmp_path):
+    missing = tmp_path / "no-such-run"
+    config = load_config(TrainConfig, None, [f"resume={missing}"])  # nothing read yet
+    assert set(vars(config)) == {f.name for f in dataclasses.fields(TrainConfig)}
+    with pytest.raises(ConfigError, match=f"^resume: {missing} is neither a checkpoint"):
+        resume_point(config)
+    assert resume_point(load_config(TrainConfig)) is None
+
+
+def test_the_controller_starts_where_the_checkpoint_left_off(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    extra = {"version": 4, "first_group": 30, "first_prompt": 31, "resume_prompts": [7]}
+    (folder / "trainer_state.json").write_text(json.dumps({"version": 4, "extra_state": extra}))
+    config = load_config(TrainConfig, None, [f"resume={folder}", "steps=6"])
+    point = resume_point(config)
+    assert point == ResumePoint(folder, 4, 30, 31, [7])
+    resumed = config.controller_config(point)
+    assert (resumed.initial_version, resumed.first_group, resumed.resume_prompts) == (4, 30, [7])
+    assert config.controller_config(None).initial_version == 0
+
+
+def test_the_config_module_takes_only_settings_from_the_runtime():
+    """Placement and the weight transport are built in dorarl.runtime from the sections; the
+    config module imports nothing of it but the sections' own classes (`*_config`)."""
+    tree = ast.parse(SOURCE.read_text())
+    modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    runtime = {m for m in modules if m and m.startswith("dorarl.runtime")}
+    assert runtime and all(m.endswith("_config") for m in runtime), runtime
+
+
+CROSS_KEY_CASES = [
+    (["rbs=2", "tbs=4"], "rbs"),
+    (["group_size=9", "instances=1", "engine.max_num_seqs=8"], "group_size"),
+    (["rollout.filter_groups=true", "group_size=1"], "rollout.filter_groups"),
+    (["orchestrator.rebalance_period_s=.inf"], "orchestrator.rebalance_period_s"),
+    (["trainer.loss.tis_cap=2"], "trainer.loss.tis_cap"),
+    (["trainer.loss.overlong=soft"], "trainer.loss.overlong"),
+    (["trainer.loss.overlong=soft", "sampling.max_new_tokens=32"], "trainer.loss.overlong_buffer"),
+    (["forced_lengths.enabled=true", "forced_lengths.max_len=256"], "forced_lengths.max_len"),
+    (["engine.num_blocks=1"], "engine.num_blocks"),
+    (["engine.attention=cpp", "engine.dtype=bfloat16"], "engine.attention"),
+    (["engine.device=cuda:1"], "engine.device"),
+    (["weights.transport=collective", "engine.device=cuda"], "weights.transport"),
+    (["ray.engine_resources={CPU: 1}"], "ray.engine_resources"),
+    (["ray.trainer_resources={learner: 0}"], "ray.trainer_resources.learner"),
+    (["task.name=jsonl"], "task.path"),
+    (["runtime=sim", "resume=somewhere"], "resume"),
+]
+"""Checks of a key against others (not bounds): one case each, the key it must name."""
+
+
+@pytest.mark.parametrize(("overrides", "key"), CROSS_KEY_CASES)
+def test_relations_between_keys_name_the_full_key(overrides, key):
+    with pytest.raises(ConfigError, match=rf"^{key}: .* \(command line\)$"):
+        load_config(TrainConfig, None, overrides)
+
+
+@pytest.mark.parametrize(("overrides", "key"), CROSS_KEY_CASES)
+def test_as_a_section_they_name_the_key_under_it(overrides, key):
+    """`dorarl bench convergence` holds a TrainConfig as `train`: the same checks name
+    train.KEY (a component that names its own section is not named twice)."""
+    nested = [f"train.{item}" for item in overrides]
+    with pytest.raises(ConfigError, match=rf"^train\.{key}: "):
+        load_config(ConvergenceConfig, None, nested)
