@@ -108,6 +108,28 @@ class LossConfig:
 
 
 @dataclass(kw_only=True)
+class MoeConfig:
+    """Mixture-of-Experts models: the load-balancing loss and routing replay (R3)."""
+
+    aux_loss_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of the router's load-balancing loss (Switch style, per sequence: "
+            "experts x sum of token share x mean router probability; 0: off)",
+            "ge": 0,
+        },
+    )
+    route_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "R3: route each sampled token through the experts the engine chose for "
+            "it (needs engine.record_routes=true); the top-k weights still come from the "
+            "trainer's router, so it keeps its gradient"
+        },
+    )
+
+
+@dataclass(kw_only=True)
 class TrainerConfig:
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate", "gt": 0})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
@@ -184,6 +206,7 @@ class TrainerConfig:
         default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
     )
     loss: LossConfig = field(default_factory=LossConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
 
     def validate(self) -> None:
         check_fields(self)  # the loss's fields too, named loss.*

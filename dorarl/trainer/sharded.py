@@ -28,6 +28,7 @@ from dorarl.trainer.batch import MicroBatch, TrainSequence
 from dorarl.trainer.config import TrainerConfig
 from dorarl.trainer.distributed import RankGroup, rank_shares, reduce_over_ranks, shard
 from dorarl.trainer.forward import HeadSplit, micro_batch_logprobs
+from dorarl.trainer.moe import RouteStats
 from dorarl.trainer.packing import PackedBatch, collate_planned, micro_batches, plan_step
 from dorarl.trainer.totals import StepTotals
 from dorarl.trainer.trainer import Trainer, _jsonable_extra, trainable_sequences
@@ -148,9 +149,15 @@ class ShardedTrainer(Trainer):
                 batch = collate_planned(mine[index], packing, self.pad_id, self.device)
                 self._micro_step(batch, totals)
             else:
-                self._micro_step(self._filler(), StepTotals())
+                self._micro_step(self._filler(), StepTotals(), counted=False)
         summary = self._reduce(totals).summary()
-        return {**summary, "micro_batches": float(sum(len(p) for p in plans))}
+        summary["micro_batches"] = float(sum(len(p) for p in plans))
+        return summary | self._routing_metrics(self._reduce_routes)
+
+    def _reduce_routes(self, stats: RouteStats) -> RouteStats:
+        summed = reduce_over_ranks(stats.as_floats(), self.group)
+        layers, experts = stats.counts.shape
+        return RouteStats.from_floats(summed, layers, experts)
 
     def _filler(self) -> MicroBatch | PackedBatch:
         """A pass that runs every FSDP unit's collectives and adds exactly zero gradient

@@ -30,6 +30,7 @@ from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_
 from dorarl.trainer.loss import k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
+from dorarl.trainer.moe import MoeRouting, RouteStats, is_moe
 from dorarl.trainer.packing import PackedBatch, micro_batches
 from dorarl.trainer.sizing import auto_micro_batch_tokens
 from dorarl.trainer.totals import StepTotals
@@ -105,6 +106,7 @@ class Trainer:
             checkpointing=config.activation_checkpointing,
         )
         self.pad_id = int(model.config.pad_token_id or 0)
+        self.routing = self._routing()
         self._shard_model()
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -172,6 +174,15 @@ class Trainer:
     def _shard_model(self) -> None:
         """Where a sharded trainer wraps its model, before the optimizer sees parameters."""
 
+    def _routing(self) -> MoeRouting | None:
+        """The router hooks of an MoE policy (trainer.moe); None for a dense one."""
+        moe = self.config.moe
+        if is_moe(self.model):
+            return MoeRouting(self.model, moe)
+        if moe.aux_loss_coef > 0 or moe.route_replay:
+            log.warning("trainer.moe: %s has no experts; ignored", type(self.model).__name__)
+        return None
+
     def _load_reference(self) -> PreTrainedModel:
         if self.reference_path is None:
             raise UserInputError("loss.kl_coef > 0 needs a reference model (reference_path)")
@@ -218,7 +229,15 @@ class Trainer:
         )
         for batch in batches:
             self._micro_step(batch, totals)
-        return {**totals.summary(), "micro_batches": float(len(batches))}
+        summary = {**totals.summary(), "micro_batches": float(len(batches))}
+        return summary | self._routing_metrics(lambda stats: stats)
+
+    def _routing_metrics(self, reduce) -> dict[str, float | dict[str, float]]:
+        """The step's expert load and route agreement (MoE), after `reduce` over ranks."""
+        if self.routing is None:
+            return {}
+        stats: RouteStats = reduce(self.routing.take_stats())
+        return stats.metrics(self.config.moe.aux_loss_coef > 0)
 
     def _policy_logprobs(
         self, batch: MicroBatch | PackedBatch
@@ -232,9 +251,22 @@ class Trainer:
             entropy_grad=self.config.loss.entropy_coef != 0.0,
         )
 
-    def _micro_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
+    def _micro_step(
+        self, batch: MicroBatch | PackedBatch, totals: StepTotals, counted: bool = True
+    ) -> None:
+        if self.routing is None:
+            self._loss_step(batch, totals)
+            return
+        self.routing.open(batch, counted, self.version)  # the router hooks act on this batch
+        try:
+            self._loss_step(batch, totals)
+        finally:
+            self.routing.close()
+
+    def _loss_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
         cfg = self.config.loss
         logp, entropy = self._policy_logprobs(batch)
+        aux = self.routing.forward_done() if self.routing is not None else None
         ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
         loss, terms = objective(
             logp,
@@ -245,7 +277,10 @@ class Trainer:
             ref_logp=ref_logp,
             entropy=entropy,
         )
-        loss.backward()
+        if aux is not None:  # the load-balancing loss: its gradient, not in the loss metric
+            (loss + self.config.moe.aux_loss_coef * aux).backward()
+        else:
+            loss.backward()
         kl_ref = k3_kl(logp.detach(), ref_logp) if ref_logp is not None else None
         totals.add(batch, loss.detach(), terms, logp.detach(), entropy.detach(), kl_ref)
 
