@@ -133,10 +133,10 @@ class LoraConfig:
         },
     )
     target_modules: list[str] = field(
-        default_factory=lambda: ["all-linear"],
+        default_factory=list,
         metadata={
-            "help": "module names to adapt (e.g. [q_proj,v_proj]); all-linear: every linear "
-            "layer of the decoder (not the output layer)"
+            "help": "module names to adapt, e.g. [q_proj,v_proj] ([]: every linear layer of "
+            "the decoder, peft's all-linear; the output layer and embeddings stay full)"
         },
     )
     lr: float | None = field(
@@ -154,8 +154,6 @@ class LoraConfig:
 
     def validate(self) -> None:
         check_fields(self)
-        if not self.target_modules:
-            raise ConfigError("target_modules: name at least one module (or all-linear)")
         bad = [name for name in self.target_modules if name in LORA_UNSUPPORTED]
         if bad:
             raise ConfigError(

@@ -37,7 +37,7 @@ def peft_config(config: LoraConfig):
         r=config.rank,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
-        target_modules="all-linear" if targets == ["all-linear"] else list(targets),
+        target_modules=list(targets) if targets not in ([], ["all-linear"]) else "all-linear",
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -91,7 +91,8 @@ def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
     """A LoRA model's state dict (peft's injected names) as the base's HF state dict with
     every adapter merged: `X.base_layer.weight` + `X.lora_B.default.weight` @
     `X.lora_A.default.weight` * scaling becomes `X.weight`. Other tensors keep their
-    objects (tied names stay one tensor). The merge is computed in float32."""
+    objects (tied names stay one tensor); merged ones are new tensors. The merge is computed
+    in float32."""
     merged: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if ".lora_" in name:
@@ -105,8 +106,8 @@ def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
             merged[f"{prefix}.{leaf}"] = tensor
             continue
         b = state[f"{prefix}.lora_B.{ADAPTER}.weight"]
-        delta = (b.float() @ a.float()) * scaling
-        merged[f"{prefix}.weight"] = (tensor.float() + delta).to(tensor.dtype)
+        full = torch.addmm(tensor.float(), b.float(), a.float(), alpha=scaling)
+        merged[f"{prefix}.weight"] = full.to(tensor.dtype)
     return merged
 
 

@@ -325,10 +325,12 @@ class Trainer:
     def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The current weights by HF state-dict name, as CPU copies (not views of live
         params); `on_device`: the live tensors themselves, for a caller that copies them."""
-        state = self._for_engines({k: t.detach() for k, t in self.model.state_dict().items()})
+        live = {name: t.detach() for name, t in self.model.state_dict().items()}
+        state = self._for_engines(live)
         if on_device:
             return state
-        return {name: t.to("cpu", copy=True) for name, t in state.items()}
+        views = {id(t) for t in live.values()}  # merged LoRA weights are new tensors already
+        return {name: t.to("cpu", copy=id(t) in views) for name, t in state.items()}
 
     def _for_engines(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weights a version is for the engines: with LoRA, the base with every adapter

@@ -138,7 +138,6 @@ def test_resume_refuses_a_mismatched_lora_setting(base_dir, tmp_path):
         ("trainer.lora.dropout=1", "trainer.lora.dropout: must be in [0, 1)"),
         ("trainer.lora.alpha=0", "trainer.lora.alpha: must be > 0"),
         ("trainer.lora.lr=0", "trainer.lora.lr: must be > 0"),
-        ("trainer.lora.target_modules=[]", "trainer.lora.target_modules: name at least one"),
         ("trainer.lora.target_modules=[lm_head]", "trainer.lora.target_modules: lm_head"),
         ("trainer.lora.rnak=4", "unknown config key trainer.lora.rnak"),
     ],
@@ -146,6 +145,16 @@ def test_resume_refuses_a_mismatched_lora_setting(base_dir, tmp_path):
 def test_config_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
         load_config(TrainConfig, overrides=[override])
+
+
+def test_target_modules_choose_the_adapted_layers(base_dir):
+    every = Trainer.from_pretrained(base_dir, _config()).model.state_dict()
+    assert {k.split(".")[-4] for k in every if ".lora_A." in k} == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+    }  # fmt: skip
+    some = Trainer.from_pretrained(base_dir, _config(target_modules=["q_proj", "v_proj"]))
+    adapted = {k.split(".")[-4] for k in some.model.state_dict() if ".lora_A." in k}
+    assert adapted == {"q_proj", "v_proj"}
 
 
 def test_a_target_the_model_lacks_names_the_key(base_dir):
