@@ -82,6 +82,20 @@ def test_a_step_trains_the_adapters_only(base_dir):
     assert trainer.version == 2
 
 
+def test_activation_checkpointing_gives_the_same_adapter_gradients(base_dir):
+    grads = []
+    for checkpointing in (False, True):
+        config = _config()
+        config.activation_checkpointing = checkpointing
+        trainer = Trainer.from_pretrained(base_dir, config)
+        trainer.accumulate_gradients(_make_groups(seed=1))
+        named = trainer.model.named_parameters()
+        grads.append({n: p.grad.clone() for n, p in named if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 def test_the_engines_get_peft_merge_and_unload(base_dir):
     trainer = Trainer.from_pretrained(base_dir, _config())
     _steps(trainer, 0, 2)
