@@ -186,10 +186,17 @@ class ShardedTrainer(Trainer):
     # ---- weights and checkpoints -----------------------------------------------------------
 
     def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """Full weights on rank 0 (CPU copies by HF name, as one process gives them; with
-        `on_device`, on the device); {} on the other ranks, which only take part in the
-        gathers. A tied weight is gathered once and its names share that one tensor, as
-        they share a parameter in one process (senders drop such aliases by storage)."""
+        """Full weights on rank 0 (CPU copies by HF name, as one process gives them, LoRA
+        adapters merged; with `on_device`, on the device); {} on the other ranks, which only
+        take part in the gathers. A tied weight is gathered once and its names share that
+        one tensor, as they share a parameter in one process (senders drop such aliases by
+        storage)."""
+        gathered = self._gathered(on_device)
+        return self._for_engines(gathered) if gathered else gathered
+
+    def _gathered(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The model's full (unmerged) state dict on rank 0, one tensor per parameter;
+        {} on the other ranks."""
         gathered: dict[str, torch.Tensor] = {}
         by_param: dict[int, torch.Tensor | None] = {}
         keep = self.group.is_coordinator
@@ -214,9 +221,9 @@ class ShardedTrainer(Trainer):
         tmp = ckpt.temporary_of(folder)
         names = self._param_names()
         shards.save_shards(tmp / shards.SHARDS_DIR, self.model, self.optimizer, names)
-        full = self.named_tensors()
+        full = self._gathered()
         if self.group.is_coordinator:
-            self.model.save_pretrained(str(tmp), state_dict=full)
+            self._save_weights(tmp, full)
             _, opt_meta = ckpt.optimizer_state_by_name(self.optimizer, names)
             self._write_state(tmp, opt_meta, extra, world_size=self.group.world_size)
             ckpt.swap_in(folder)
