@@ -6,8 +6,10 @@ detached tensor the engine keeps for an imported request); `versions` and `logpr
 have one entry per output token, and so does `observed` (True for a token an environment
 appended between turns: never sampled, logprob 0). The request's random stream is
 (seed, len(output_ids)), so it travels with the request and is independent of batch
-neighbours. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
-holds its KV but no slot until `Engine.continue_request` appends the next observation.
+neighbours. With routes recorded (an MoE model, engine.record_routes), `routes` holds each
+output token's expert ids (dorarl/data/routes.py), as `logprobs` holds its logprob. A
+multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it holds its KV but
+no slot until `Engine.continue_request` appends the next observation.
 `kv_version` is the weights version its KV was computed under (None: none yet, or a weight
 load came while it held KV, so its KV mixes versions): the prefix cache shares blocks of
 that version only, and keys its first `num_cached` prompt blocks.
@@ -59,6 +61,7 @@ class Sequence:
     keys: PromptKeys | None = None  # its prompt's block keys, made once per version
     stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
     stop_string: str | None = None  # the stop string that ended the last turn
+    routes: bytearray = field(default_factory=bytearray)  # per output token, when recorded
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -269,7 +269,7 @@ class SimCluster:
         its eviction is not modelled)."""
         cached = group_id in inst.cached_prompts
         computed = self.cost.prefill_tokens(self.prompt_len, contexts, cached)
-        inst.stall(self.now, self.cost.prefill_per_token_s * computed)
+        inst.stall(self.now, self.cost.prefill_s(computed))
         if self.cost.prefix_cache:
             inst.cached_prompts.add(group_id)
         self.recorder.prefill(inst.instance_id, computed, sum(contexts) - computed, 0)
