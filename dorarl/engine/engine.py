@@ -107,15 +107,7 @@ class Engine:
         self.model = self._build_model(named_weights, where)
         if self.backends.attention == "triton":
             self._check_triton(queries_per_kv)
-        self.kv_plan = self._plan_pool()  # on cuda: what its memory share holds
-        self.kv_blocks = config.kv_blocks if self.kv_plan is None else self.kv_plan.blocks
-        shape = KVShape(
-            self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
-        )
-        # With graphs, one more block than the block manager hands out: padding rows' scratch.
-        pool_blocks = self.kv_blocks + int(self.backends.cuda_graphs)
-        self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
-        self.blocks = BlockManager(self.kv_blocks, config.host_blocks, config.block_size)
+        self._make_kv_pool()
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.prefill_chunk_size,
             config.offload_threshold, config.prefix_cache == "on", version,
@@ -133,6 +125,19 @@ class Engine:
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self.last_step = StepWork()  # what the latest `step` computed
+
+    def _make_kv_pool(self) -> None:
+        """The KV pool (on cuda: what its memory share holds) and its block manager."""
+        config = self.config
+        self.kv_plan = self._plan_pool()
+        self.kv_blocks = config.kv_blocks if self.kv_plan is None else self.kv_plan.blocks
+        shape = KVShape(
+            self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
+        )
+        # With graphs, one more block than the block manager hands out: padding rows' scratch.
+        pool_blocks = self.kv_blocks + int(self.backends.cuda_graphs)
+        self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
+        self.blocks = BlockManager(self.kv_blocks, config.host_blocks, config.block_size)
 
     def _records_routes(self, where: str) -> bool:
         if self.config.record_routes and self.spec.moe is None:

@@ -113,7 +113,12 @@ class Trainer:
         self.pad_id = int(model.config.pad_token_id or 0)
         self.routing = self._routing()
         self._shard_model()
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = self._make_optimizer()
+
+    def _make_optimizer(self) -> torch.optim.AdamW:
+        """AdamW over what trains: every weight, or only the adapters under LoRA."""
+        config = self.config
+        return torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.peak_lr(),
             betas=(config.adam_beta1, config.adam_beta2),
