@@ -35,6 +35,7 @@ from dorarl.controller import MODES, ControllerConfig
 from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
 from dorarl.report.lanes import plot_lanes
+from dorarl.run_layout import RunFolder
 from dorarl.simulate.config import SimulateConfig
 from dorarl.simulate.presets import PRESETS, check_bars, reference_consistency
 from dorarl.simulate.runs import mode_controller, run_named
@@ -189,9 +190,9 @@ def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list
         return []
     slots = cfg.controller.slots
     return [
-        str(plot_lanes(out / name / "trace.json", out / f"timeline_{name}.png", slots, name))
+        str(plot_lanes(RunFolder(out / name).trace, out / f"timeline_{name}.png", slots, name))
         for name in results
-        if (out / name / "trace.json").exists()
+        if RunFolder(out / name).trace.exists()
     ]
 
 
