@@ -16,7 +16,8 @@ from typing import Any
 from rich.table import Table
 
 from dorarl.errors import UserInputError
-from dorarl.jobs.evaluation import headline_scores, sampled_scores
+from dorarl.jobs.evaluation import headline_scores
+from dorarl.record.evaluations import sampled_scores
 from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve

@@ -6,9 +6,9 @@ checkpoint before the controller hears of it; after it, the evaluation, scalars 
 progress of the step), and its end (the final checkpoint, the reward curve, this segment's
 summary, then the whole run's summary and trace rebuilt from its segments and its
 evaluations: dorarl.record.segments). Evaluation runs in its own actor on the versions it
-is asked for, each result appended to evaluations.jsonl as it finishes, so it never stalls
-rollout or training; with `defer_eval` it runs after
-training, so it takes no CPU from a timed run either. `pace` turns on device emulation
+is asked for, so it never stalls rollout or training (each result is appended to
+evaluations.jsonl as it finishes); with `defer_eval` it runs after training, so it takes
+no CPU from a timed run either. `pace` turns on device emulation
 (dorarl.record.pacing) for the engines and the trainer.
 """
 

@@ -22,8 +22,13 @@ from typing import Any
 from dorarl.config import ConfigError, to_dict
 from dorarl.record.evaluations import read_evaluations
 from dorarl.record.segments import roll_back_segments
-from dorarl.run_layout import STATE_FILE, RunFolder, checkpoint_entries, run_of_checkpoint
-from dorarl.run_layout import checkpoint_version_strict as checkpoint_version
+from dorarl.run_layout import (
+    STATE_FILE,
+    RunFolder,
+    checkpoint_entries,
+    checkpoint_version_strict,
+    run_of_checkpoint,
+)
 
 
 def resume_command(out_dir: Path) -> str:
@@ -154,7 +159,7 @@ def _move_newer_checkpoints(run: RunFolder, aside: RunFolder, version: int) -> i
     newer = [
         path
         for path in checkpoint_entries(run.checkpoints)
-        if (found := checkpoint_version(path)) is not None and found > version
+        if (found := checkpoint_version_strict(path)) is not None and found > version
     ]
     for path in newer:
         dest = aside.checkpoints / path.name
