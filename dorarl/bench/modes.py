@@ -43,6 +43,7 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.record.recorder import Recorder
 from dorarl.report.figures import mode_figures, paced_reliably
 from dorarl.report.timeline import plot_throughput, plot_timeline
+from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, start_workers
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings
@@ -341,7 +342,7 @@ def _assemble(
 
 def _consumed_lengths(run_dir: Path) -> list[int]:
     """Response lengths of the trajectories a mode's trainer consumed (its run files)."""
-    path = run_dir / "trajectories.jsonl"
+    path = RunFolder(run_dir).trajectories
     if not path.exists():
         return []
     with path.open() as lines:
@@ -350,7 +351,7 @@ def _consumed_lengths(run_dir: Path) -> list[int]:
 
 def _plots(cfg: ModesConfig, out: Path, runs: dict[str, list[dict]], figures: dict) -> None:
     for name in runs:
-        trace = out / name / "trace.json"
+        trace = RunFolder(out / name).trace
         if trace.exists():
             title = f"{name}: lane height = busy slots / {cfg.slots}, colour = hosted version"
             plot_timeline(trace, out / f"timeline_{name}.png", cfg.slots, title)

@@ -3,11 +3,12 @@
 A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
 again), its runtime (`RayRuntime`), what happens at each new version (a periodic
 checkpoint before the controller hears of it; after it, the evaluation, scalars and
-progress of the step), and its end (the final checkpoint, evaluations merged into
-metrics.jsonl, this segment's summary, then the whole run's summary and trace rebuilt from
-its segments: dorarl.record.segments). Evaluation runs in its own actor on the versions it
-is asked for, so it never stalls rollout or training; with `defer_eval` it runs after
-training, so it takes no CPU from a timed run either. `pace` turns on device emulation
+progress of the step), and its end (the final checkpoint, the reward curve, this segment's
+summary, then the whole run's summary and trace rebuilt from its segments and its
+evaluations: dorarl.record.segments). Evaluation runs in its own actor on the versions it
+is asked for, so it never stalls rollout or training (each result is appended to
+evaluations.jsonl as it finishes); with `defer_eval` it runs after training, so it takes
+no CPU from a timed run either. `pace` turns on device emulation
 (dorarl.record.pacing) for the engines and the trainer.
 """
 
@@ -34,7 +35,7 @@ from dorarl.jobs.engine_plan import (
     model_spec,
 )
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
-from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
+from dorarl.jobs.evaluation import eval_versions, finish_outputs
 from dorarl.jobs.learning_signal import LearningSignal
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
@@ -43,8 +44,9 @@ from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record import Recorder
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.segments import end_segment, eval_ends, open_segment, write_run_records
+from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
+from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.placement import PlacedActors, check_fits, plan_placement
@@ -95,7 +97,7 @@ def run_ray(
 def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     """Write the worker's full error to the run folder; one line on what failed and how to
     go on from the newest checkpoint."""
-    details = out_dir / "failure.txt"
+    details = RunFolder(out_dir).failure
     details.write_text(f"{exc}\n\n{exc.detail}\n")
     try:
         newest = find_checkpoint(out_dir)
@@ -190,7 +192,8 @@ def _run(
     """Run this segment; returns the whole run's summary."""
     runtime = _runtime(config, point, out_dir, segment, task, actors)
     start = runtime.controller.config.initial_version
-    evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
+    record = RunFolder(out_dir).evaluations
+    evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval, record)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     runtime.on_publish = lambda version: _periodic_checkpoint(config, runtime, out_dir, version)
     if stop is not None:
@@ -203,13 +206,12 @@ def _run(
     _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
     title = f"{config.mode} (K={runtime.controller.config.effective_K})"
     for row in finish_outputs(out_dir, results, title):
-        if "eval_accuracy" in row:
-            scalars.log({"step": row["step"], **eval_fields(row)})
+        scalars.log(row)
     scalars.close()
     if runtime.stopped and stop is not None:
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
         summary["resume_command"] = resume_command(out_dir)
-    return _final_summary(out_dir, segment, summary, results, runtime)
+    return _final_summary(out_dir, segment, summary, runtime)
 
 
 def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
@@ -268,7 +270,7 @@ def _runtime(
         max_restarts=config.ray.max_engine_restarts,
         respawn_trainer=actors.respawn_trainer,
         max_trainer_restarts=config.ray.max_trainer_restarts,
-        checkpoints=out_dir / "checkpoints",
+        checkpoints=RunFolder(out_dir).checkpoints,
         max_model_len=config.engine.max_model_len,
         transport=config.weights.spec(
             config.engine.device, config.trainer.device, config.engine.dtype
@@ -326,7 +328,7 @@ def _checkpoint(
     (through the runtime, which replays it on a new trainer if this one dies first)."""
     version = runtime.published
     assert position["version"] == version, f"data position of v{position['version']} for v{version}"
-    folder = out_dir / "checkpoints" / f"version_{version:05d}"
+    folder = RunFolder(out_dir).checkpoint(version)
     ref = runtime.save_checkpoint(folder, position, keep)
     if wait:
         ray.get(ref)
@@ -336,16 +338,11 @@ def _final_summary(
     out_dir: Path,
     segment: Path,
     summary: dict[str, Any],
-    evals: dict[int, dict[str, Any]],
     runtime: RayRuntime,
 ) -> dict[str, Any]:
-    """Write the segment's summary, with its evaluations; returns the whole run's."""
-    ordered = [evals[v] for v in sorted(evals)]
+    """Write the segment's summary; returns the whole run's (with the run's evaluations)."""
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
-    summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
-    summary.update(eval_ends({r["version"]: r["accuracy"] for r in ordered}))
-    summary.update(sampled_eval_summary(ordered))
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
     ended = "stopped" if runtime.stopped else "finished"

@@ -2,10 +2,11 @@
 for the whole run), start the runtime, write the run folder.
 
 Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key
-(and imports no torch, Ray or transformers, so it answers at once). The run folder holds
-config.json, metrics.jsonl, trajectories.jsonl, summary.json, trace.json, reward_curve.png,
-tensorboard/, checkpoints/ and segments/ (each process's own summary and trace; summary.json
-and trace.json are the whole run's). Ctrl-C stops a run cleanly; `resume=RUN_DIR` continues it.
+(and imports no torch, Ray or transformers, so it answers at once). The run folder
+(dorarl.run_layout) holds config.json, metrics.jsonl, trajectories.jsonl, evaluations.jsonl,
+summary.json, trace.json, reward_curve.png, tensorboard/, checkpoints/ and segments/ (each
+process's own summary and trace; summary.json and trace.json are the whole run's). Ctrl-C
+stops a run cleanly; `resume=RUN_DIR` continues it.
 """
 
 from __future__ import annotations

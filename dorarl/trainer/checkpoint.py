@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,8 +23,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dorarl.errors import UserInputError
+from dorarl.run_layout import STATE_FILE, unfinished_writes, version_folders
 
-STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 TOKENIZER_FILES = (
@@ -215,31 +214,10 @@ def read_state(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-VERSION_FOLDER = re.compile(r"version_(\d+)")
-DISPLACED = re.compile(r"version_(\d+)\.old")
-
-
-def checkpoint_version(path: Path) -> int | None:
-    """N for a checkpoint folder `version_N` (or its displaced copy `version_N.old`)."""
-    match = VERSION_FOLDER.fullmatch(path.name) or DISPLACED.fullmatch(path.name)
-    return int(match.group(1)) if match else None
-
-
-def version_folders(parent: Path) -> list[Path]:
-    """Complete checkpoints under `parent` (version_N with a state file), oldest first. A
-    .tmp is never one; a .old is, when a rewrite died before its version_N was back."""
-    found: dict[int, Path] = {}
-    for path in sorted(Path(parent).glob("version_*")):  # version_N sorts before its .old
-        version = checkpoint_version(path)
-        if version is not None and version not in found and (path / STATE_FILE).is_file():
-            found[version] = path
-    return [found[v] for v in sorted(found)]
-
-
 def prune(parent: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoints under `parent` (keep <= 0: none), and
     the `.tmp` folders of writes that died (the only writer calls this after its own)."""
-    for leftover in Path(parent).glob("version_*.tmp"):
+    for leftover in unfinished_writes(parent):
         shutil.rmtree(leftover)
     if keep <= 0:
         return []

@@ -208,7 +208,8 @@ def test_eval_samples_sample_at_the_runs_settings():
 
 
 def test_sampled_scores_reach_the_metrics_rows_and_the_summary():
-    from dorarl.jobs.evaluation import _attach_eval, eval_fields, sampled_eval_summary
+    from dorarl.jobs.evaluation import _attach_eval, eval_fields
+    from dorarl.record.evaluations import sampled_eval_summary
 
     evals = {0: {"version": 0, "accuracy": 0.25, "mean@4": 0.3, "pass@2": 0.4, "pass@4": 0.5}}
     row = {"step": 0, "version": 0, "new_version": 1}
