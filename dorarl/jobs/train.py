@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dorarl.config import ConfigError, describe, load_config, to_yaml
+from dorarl.config import ConfigError, describe, to_yaml
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint, check_work_left, read_resume_point
-from dorarl.jobs.run_folder import choose_out, config_source, open_run_folder, resume_command
+from dorarl.jobs.run_folder import choose_out, load_run_config, open_run_folder, resume_command
 from dorarl.runtime.placement import plan_placement
 
 log = logging.getLogger(__name__)
@@ -30,16 +30,15 @@ def main(argv: list[str]) -> int:
         print(_help())
         return 0
     args = _parse_args(argv)
-    config_path, out, overrides = args.config, args.out, args.overrides
-    config = load_config(TrainConfig, config_source(config_path, overrides), overrides)
+    config = load_run_config(args.config, args.overrides)
     point = resume_point(config)
     if args.print_config:
-        print(to_yaml(config), end="")
+        print(printed_config(config, point), end="")
         return 0
     if args.print_placement is not None:
         print("\n".join(_placement_lines(config, point, args.print_placement)))
         return 0
-    out_dir = choose_out(out, config.resume, config.mode)
+    out_dir = choose_out(args.out, config.resume, config.mode)
     _setup_logging()
     if config.runtime == "sim":
         from dorarl.jobs.sim_run import run_sim
@@ -59,6 +58,18 @@ def resume_point(config: TrainConfig) -> ResumePoint | None:
     point = read_resume_point(config.resume)
     check_work_left(point, config.steps)
     return point
+
+
+def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
+    """The settings as YAML, once what a run reads is checked (the model folder, its
+    tokenizer, the data files, the env class; a problem: one line, exit 2)."""
+    if config.runtime != "ray":
+        return to_yaml(config)
+    from dorarl.jobs.engine_plan import model_folder
+    from dorarl.jobs.workload import check_inputs
+
+    check_inputs(config, model_folder(config, point))
+    return to_yaml(config)
 
 
 def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path) -> int:
@@ -162,7 +173,8 @@ def _help() -> str:
         "       dorarl train --print-config [--config FILE] [key=value ...]",
         "       dorarl train --print-placement GPUS [--config FILE] [key=value ...]",
         "",
-        "--print-config prints the resolved settings as YAML (a file --config reads back);",
+        "--print-config checks what a run reads (model folder, tokenizer, data files, env",
+        "class) and prints the resolved settings as YAML (a file --config reads back);",
         "--print-placement prints the GPU shares the actors would ask for on a node with",
         "GPUS GPUs, and each engine's KV budget in its share (of ray.gpu_memory_gb, else",
         "of this machine's GPU). Neither starts anything.",

@@ -13,19 +13,38 @@ from pathlib import Path
 
 from dorarl.data import Sample
 from dorarl.engine.model_spec import read_hf_config, spec_from_hf
+from dorarl.errors import UserInputError
 from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
+from dorarl.tasks.model_files import load_tokenizer
 
 
 def check_model_folder(model_folder: str) -> None:
     """Raise UserInputError unless the engine supports the folder's model (the trainer,
     transformers' own class for it, loads anything the engine does)."""
+    if not Path(model_folder).is_dir():
+        raise UserInputError(f"model: no folder {model_folder}")
     where = str(Path(model_folder) / "config.json")
     spec_from_hf(read_hf_config(model_folder), where)
+
+
+def check_inputs(config: TrainConfig, model_folder: str) -> None:
+    """What a run reads, checked without reading the data or starting anything: the model
+    folder (a model the engine runs, its tokenizer), the data files, the env class."""
+    check_model_folder(model_folder)
+    load_tokenizer(model_folder)
+    section = config.task
+    if section.env is not None:
+        load_env_class(section.env)
+    if section.name != "jsonl":
+        return
+    for key, path in (("task.path", section.path), ("task.eval_path", section.eval_path)):
+        if path is not None and not Path(path).is_file():
+            raise UserInputError(f"{key}: no such data file {path}")
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
@@ -44,12 +63,10 @@ def _named_task(config: TrainConfig, model_folder: str) -> Task:
     check_model_folder(model_folder)
     section = config.task
     if section.name == "multiturn_sum":
-        from transformers import AutoTokenizer
-
         return make_task(
             "multiturn_sum",
             seed=config.seed,
-            tokenizer=AutoTokenizer.from_pretrained(model_folder),
+            tokenizer=load_tokenizer(model_folder)[0],
             latency_s=section.env_latency_s,
             timeout_s=section.env_timeout_s,
             max_turns=section.max_turns,
@@ -81,10 +98,7 @@ def _named_task(config: TrainConfig, model_folder: str) -> Task:
             max_model_len=config.engine.max_model_len,
             **({"max_new_tokens": cap} if cap else {}),
         )
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
+    return make_task(section.name, seed=config.seed, tokenizer=load_tokenizer(model_folder)[0])
 
 
 def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:

@@ -181,7 +181,8 @@ class TrainerConfig:
         default="cpu", metadata={"help": "torch device: cpu, or cuda (the GPU Ray assigns)"}
     )
     reference_path: str | None = field(
-        default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
+        default=None,
+        metadata={"help": "frozen reference for the KL (default: the initial model)", "path": True},
     )
     loss: LossConfig = field(default_factory=LossConfig)
 
