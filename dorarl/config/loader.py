@@ -322,6 +322,7 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
                 continue
         raise _type_error(key, ftype, value, source)
     if origin is Literal:
+        value = _choice_read_as_bool(ftype, value)
         problem = choice_problem(ftype, value)
         if problem:
             raise ConfigError(f"{key}: {problem} ({source})")
@@ -341,6 +342,24 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
             for k, v in value.items()
         }
     return _coerce_scalar(ftype, value, key, source)
+
+
+YAML_BOOL_WORDS = {
+    False: ("off", "no", "false", "n"),
+    True: ("on", "yes", "true", "y"),
+}
+"""The words YAML 1.1 reads as a bool (`checkpoint_every: off` reads as False)."""
+
+
+def _choice_read_as_bool(ftype: Any, value: Any) -> Any:
+    """The choice of a `Literal` that YAML read as a bool (`off` -> False), if exactly one of
+    its choices is such a word; else the value as read."""
+    if not isinstance(value, bool):
+        return value
+    words = [
+        c for c in get_args(ftype) if isinstance(c, str) and c.lower() in YAML_BOOL_WORDS[value]
+    ]
+    return words[0] if len(words) == 1 else value
 
 
 def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
@@ -373,5 +392,17 @@ def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
 
 
 def _type_error(key: str, ftype: Any, value: Any, source: str) -> ConfigError:
-    name = "a mapping" if get_origin(ftype) is dict else getattr(ftype, "__name__", str(ftype))
-    return ConfigError(f"{key}: expected {name}, got {value!r} ({source})")
+    return ConfigError(f"{key}: expected {_type_name(ftype)}, got {value!r} ({source})")
+
+
+def _type_name(ftype: Any) -> str:
+    """`int`, `a mapping`, `int or 'off'` (a union names its options, None left out)."""
+    origin = get_origin(ftype)
+    if origin is dict:
+        return "a mapping"
+    if origin is Literal:
+        return " or ".join(repr(choice) for choice in get_args(ftype))
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in get_args(ftype) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in options)
+    return getattr(ftype, "__name__", str(ftype))

@@ -193,11 +193,21 @@ class TrainConfig:
         default=None,
         metadata={"help": "HF model folder (None: the shipped base model)", "path": True},
     )
-    checkpoint_every: int = field(
-        default=20, metadata={"help": "checkpoint every N versions (0: at the end only)", "ge": 0}
+    checkpoint_every: int | Literal["off"] = field(
+        default=20,
+        metadata={
+            "help": "checkpoint every N versions and at the end (0: at the end only; off: "
+            "none, and a stopped or failed run cannot be resumed)",
+            "ge": 0,
+        },
     )
     checkpoint_keep: int = field(
-        default=3, metadata={"help": "newest checkpoints kept in the run folder (0: all)", "ge": 0}
+        default=3,
+        metadata={
+            "help": "newest checkpoints kept in the run folder (0: all); only the newest keeps "
+            "its optimizer state (twice the weights in float32), the one a resume reads",
+            "ge": 0,
+        },
     )
     resume: str | None = field(
         default=None,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -190,15 +190,16 @@ def _run(
     start = runtime.controller.config.initial_version
     evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
-    runtime.on_publish = lambda version: _periodic_checkpoint(config, runtime, out_dir, version)
+    checkpoints = Checkpoints.of(config, out_dir)
+    runtime.on_publish = lambda version: checkpoints.periodic(runtime, version)
     if stop is not None:
         runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
         runtime.on_step = _step_hook(runtime, evals, scalars, progress)
         summary = run_segment(runtime, out_dir, segment)
-        results = _gather(runtime, evals, progress)
+        results = _gather(runtime, evals, progress, checkpoints.off)
     final = runtime.controller.resume_state()  # no step in flight once the run finished
-    _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
+    checkpoints.final(runtime, final)
     title = f"{config.mode} (K={runtime.controller.config.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         if "eval_accuracy" in row:
@@ -206,7 +207,8 @@ def _run(
     scalars.close()
     if runtime.stopped and stop is not None:
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
-        summary["resume_command"] = resume_command(out_dir)
+        if checkpoints.resumable():
+            summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, segment, summary, results, runtime)
 
 
@@ -293,41 +295,90 @@ def _step_hook(
 
 
 def _gather(
-    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress
+    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress, no_checkpoint: bool
 ) -> dict[int, dict[str, Any]]:
     """The evaluations: all of them, or a stopped run's finished ones (none waited for)."""
     if runtime.stopped:
-        progress.note(f"stopped: writing the checkpoint of version {runtime.published}")
+        writing = (
+            "" if no_checkpoint else f": writing the checkpoint of version {runtime.published}"
+        )
+        progress.note(f"stopped{writing}")
         return evals.finished()
-    progress.note("final evaluation and checkpoint")
+    progress.note("final evaluation" + ("" if no_checkpoint else " and checkpoint"))
     return evals.all()
 
 
 # ---- checkpoints -------------------------------------------------------------------------
-def _periodic_checkpoint(
-    config: TrainConfig, runtime: RayRuntime, out_dir: Path, version: int
-) -> None:
-    """Every `checkpoint_every` versions, before the controller hears of `version` (its data
-    position is the checkpoint's). The last version is saved at the end, and so is the one
-    a stop ends at: once, not rewritten (a rewrite gains nothing, and a trainer restored
-    from a checkpoint pruned since copies its tokenizer files from there: none)."""
-    every = config.checkpoint_every
-    if runtime.should_stop() or not every or version % every or version >= config.steps:
-        return
-    _checkpoint(runtime, out_dir, runtime.controller.resume_state(), config.checkpoint_keep)
+@dataclass
+class Checkpoints:
+    """The run's checkpoint writes: every `checkpoint_every` versions and at the end (or
+    none: `off`), each reported in one line once written (path, size on disk, seconds)."""
 
+    every: int | str  # checkpoint_every
+    keep: int
+    steps: int
+    out_dir: Path
+    pending: list[Any] = field(default_factory=list)  # writes not yet reported
 
-def _checkpoint(
-    runtime: RayRuntime, out_dir: Path, position: dict[str, Any], keep: int, wait: bool = False
-) -> None:
-    """Queue a checkpoint of the published version, with the data position to resume at
-    (through the runtime, which replays it on a new trainer if this one dies first)."""
-    version = runtime.published
-    assert position["version"] == version, f"data position of v{position['version']} for v{version}"
-    folder = out_dir / "checkpoints" / f"version_{version:05d}"
-    ref = runtime.save_checkpoint(folder, position, keep)
-    if wait:
-        ray.get(ref)
+    @classmethod
+    def of(cls, config: TrainConfig, out_dir: Path) -> Checkpoints:
+        return cls(config.checkpoint_every, config.checkpoint_keep, config.steps, out_dir)
+
+    @property
+    def off(self) -> bool:
+        return self.every == "off"
+
+    def periodic_due(self, version: int, stopping: bool) -> bool:
+        """Whether `version` gets a periodic checkpoint. The last version is saved at the
+        end, and so is the one a stop ends at: once, not rewritten (a rewrite gains nothing,
+        and a trainer restored from a checkpoint pruned since copies its tokenizer files
+        from there: none)."""
+        every = self.every
+        if self.off or stopping or not every or version >= self.steps:
+            return False
+        return version % every == 0
+
+    def periodic(self, runtime: RayRuntime, version: int) -> None:
+        """Before the controller hears of `version` (its data position is the checkpoint's)."""
+        self.report(wait=False)
+        if self.periodic_due(version, runtime.should_stop()):
+            self.pending.append(self._write(runtime, runtime.controller.resume_state()))
+
+    def final(self, runtime: RayRuntime, position: dict[str, Any]) -> None:
+        """The end's checkpoint (none when off), waited for, and every write reported; the
+        run has ended, so a failure of this one is the run's."""
+        self.report(wait=True)
+        if not self.off:
+            print(ray.get(self._write(runtime, position)).line())
+
+    def _write(self, runtime: RayRuntime, position: dict[str, Any]) -> ray.ObjectRef:
+        """Queue a checkpoint of the published version, with the data position to resume
+        at (through the runtime, which replays it on a new trainer if this one dies first)."""
+        version = runtime.published
+        assert position["version"] == version, f"data position of v{position['version']}"
+        folder = self.out_dir / "checkpoints" / f"version_{version:05d}"
+        return runtime.save_checkpoint(folder, position, self.keep)
+
+    def report(self, wait: bool) -> None:
+        """One line for each periodic write finished (with `wait`: for each, once finished).
+        One the trainer died in was made again by trainer recovery as the run went on."""
+        if not self.pending:
+            return
+        timeout = None if wait else 0
+        done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=timeout)
+        for ref in done:
+            try:
+                print(ray.get(ref).line())
+            except ray.exceptions.RayError:
+                log.warning("a checkpoint write died with its trainer; trainer recovery redid it")
+
+    def resumable(self) -> bool:
+        """Whether the run folder holds a checkpoint to resume from."""
+        try:
+            find_checkpoint(self.out_dir)
+        except ConfigError:
+            return False
+        return True
 
 
 def _final_summary(

@@ -87,8 +87,11 @@ def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path)
     _print_summary(summary, out_dir)
     if stop.requested():
         version = summary.get("stopped_at_version")
-        print(f"stopped by {stop.name} at version {version}; continue the run with:")
-        print(f"  {resume_command(out_dir)}")
+        if "resume_command" in summary:
+            print(f"stopped by {stop.name} at version {version}; continue the run with:")
+            print(f"  {summary['resume_command']}")
+        else:  # checkpoint_every=off: nothing to continue from
+            print(f"stopped by {stop.name} at version {version}; {_how_to_resume(out_dir)}")
         return stop.exit_code
     return 0 if summary.get("dropped_total", 0) == 0 else 1
 
@@ -112,7 +115,7 @@ def _how_to_resume(out_dir: Path) -> str:
     try:
         newest = find_checkpoint(out_dir)
     except ConfigError:
-        return f"no checkpoint in {out_dir} yet to resume from"
+        return f"no checkpoint in {out_dir} to resume from"
     return f"resume from {newest.name} with: {resume_command(out_dir)}"
 
 

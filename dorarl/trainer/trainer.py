@@ -148,7 +148,10 @@ class Trainer:
             **kwargs,
         )
         trainer.optimizer_steps = state["optimizer_steps"]
-        trainer._restore_optimizer(folder, state["optimizer"])
+        if state["optimizer"] is not None:
+            trainer._restore_optimizer(folder, state["optimizer"])
+        else:  # an older checkpoint: the newer one beside it took the optimizer state
+            log.warning("%s holds no optimizer state: AdamW starts afresh", folder)
         trainer._apply_hyperparameters()
         ckpt.restore_rng(ckpt.load_tensors(folder / ckpt.RNG_FILE), state["rng"])
         log.info("resumed %s at version %d", folder, trainer.version)
