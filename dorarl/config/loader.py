@@ -115,9 +115,25 @@ def to_dict(config: Any) -> dict[str, Any]:
     return tree
 
 
-def to_yaml(config: Any) -> str:
-    """The settings of `config` as YAML that `load_config` reads back to the same config."""
-    return yaml.safe_dump(to_dict(config), sort_keys=False)
+def to_yaml(config: Any, notes: dict[str, str] | None = None) -> str:
+    """The settings of `config` as YAML that `load_config` reads back to the same config;
+    `notes` (dotted key -> text) become comments at the end of their keys' lines."""
+    text = yaml.safe_dump(to_dict(config), sort_keys=False)
+    return _annotate(text, notes) if notes else text
+
+
+def _annotate(text: str, notes: dict[str, str]) -> str:
+    """Append `  # note` to the line of each noted key of a block-style YAML dump."""
+    lines, path = [], []  # path: (indent, name) of the keys above the current line
+    for line in text.splitlines():
+        name, sep, _ = line.strip().partition(":")
+        indent = len(line) - len(line.lstrip())
+        if sep and not line.lstrip().startswith(("-", "#")):
+            path = [(i, n) for i, n in path if i < indent] + [(indent, name)]
+            note = notes.get(".".join(n for _, n in path))
+            line = f"{line}  # {note}" if note else line
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -170,7 +170,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_trainer() -> TrainerConfig:
-    return TrainerConfig(lr=2e-4, loss=LossConfig())
+    return TrainerConfig(lr=None, loss=LossConfig())  # the learning rate follows the model
 
 
 @dataclass(kw_only=True)

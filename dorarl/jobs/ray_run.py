@@ -36,6 +36,7 @@ from dorarl.jobs.engine_plan import (
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
 from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
 from dorarl.jobs.learning_signal import LearningSignal
+from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
@@ -73,6 +74,9 @@ def run_ray(
     task = build_task(config, folder)  # bad data stops the run before any file is written
     spec, where = model_spec(folder)
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
+    config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
+    for line in chosen:
+        print(line)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)

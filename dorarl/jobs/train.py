@@ -62,14 +62,21 @@ def resume_point(config: TrainConfig) -> ResumePoint | None:
 
 def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
     """The settings as YAML, once what a run reads is checked (the model folder, its
-    tokenizer, the data files, the env class; a problem: one line, exit 2)."""
+    tokenizer, the data files, the env class; a problem: one line, exit 2); a setting left
+    to the model says what it comes to for this one."""
     if config.runtime != "ray":
         return to_yaml(config)
     from dorarl.jobs.engine_plan import model_folder
+    from dorarl.jobs.model_defaults import default_lr, rate
     from dorarl.jobs.workload import check_inputs
 
-    check_inputs(config, model_folder(config, point))
-    return to_yaml(config)
+    folder = model_folder(config, point)
+    check_inputs(config, folder)
+    notes = {}
+    if config.trainer.lr is None:
+        chosen = default_lr(folder, point)
+        notes["trainer.lr"] = f"by the model: {rate(chosen.value)} here ({chosen.why})"
+    return to_yaml(config, notes)
 
 
 def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path) -> int:

@@ -78,6 +78,8 @@ class Trainer:
         reference_path: str | Path | None = None,
     ):
         config.validate()
+        if config.lr is None:  # `dorarl train` chooses it by the model (jobs/model_defaults.py)
+            raise ValueError("TrainerConfig.lr: None is for dorarl train to choose; give a rate")
         self.config = config
         self.device = torch.device(device)
         if self.device.type == "cpu":

@@ -316,3 +316,15 @@ def test_a_model_folder_without_tokenizer_files_says_which_are_missing(
         assert err[0].startswith(f"dorarl: error: {folder}: cannot load a tokenizer: no ")
         assert "tokenizer.json" in err[0] and "sentencepiece" not in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_print_config_says_what_the_rate_comes_to_for_the_model(capsys, tiny_model_dir, tmp_path):
+    assert cli_main(["train", "--print-config", f"model={tiny_model_dir}"]) == 0
+    printed = capsys.readouterr().out
+    (line,) = [line for line in printed.splitlines() if line.strip().startswith("lr:")]
+    assert line.startswith("  lr: null  # by the model: 1e-5 here (the default for a model")
+    path = tmp_path / "printed.yaml"
+    path.write_text(printed)  # the comment aside, it reads back as the same config
+    assert load_config(TrainConfig, path) == load_config(
+        TrainConfig, None, [f"model={tiny_model_dir}"]
+    )
