@@ -4,6 +4,7 @@ byte-level BPE tokenizer trained here (what a user's model folder looks like).""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -135,4 +136,15 @@ def save_family_model(folder: Path, family: str, corpus: list[str], seed: int = 
     with torch.no_grad():  # some responses end early, others run into the cap
         model.get_output_embeddings().weight[eos] *= 6
     model.save_pretrained(folder)
+    return folder
+
+
+def save_with_head_dim(source: Path, folder: Path, head_dim: int) -> Path:
+    """A copy of the model folder `source` whose config.json says `head_dim` (its weights
+    keep their own): a config that does not match its weights, or one Triton cannot run."""
+    folder.mkdir()
+    for item in source.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "head_dim": head_dim}))
     return folder

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from tiny_model import save_with_head_dim
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import dorarl.engine.engine as engine_module
@@ -168,15 +169,7 @@ def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_
 
 def _odd_heads(tmp_path, tiny_model_dir):
     """A model folder whose config.json does not match its weights (head_dim 24 of 16)."""
-    import json
-
-    model = tmp_path / "odd_heads"
-    model.mkdir()
-    for item in tiny_model_dir.iterdir():
-        (model / item.name).write_bytes(item.read_bytes())
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
-    return model
+    return save_with_head_dim(tiny_model_dir, tmp_path / "odd_heads", 24)
 
 
 def test_an_engine_reports_its_setup_and_raises_a_refused_setting_at_its_first_call(
