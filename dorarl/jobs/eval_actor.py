@@ -6,6 +6,7 @@ It never stalls rollout or training: versions are handed to it as they are publi
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ray
@@ -17,6 +18,8 @@ from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.threads import ThreadPlan
 from dorarl.tasks import Task
+
+log = logging.getLogger(__name__)
 
 
 def start_evaluator(
@@ -41,6 +44,7 @@ class Evaluations:
     def __init__(self, evaluator: Any, wanted: set[int], start: int, defer: bool) -> None:
         self.evaluator, self.wanted, self.defer = evaluator, wanted, defer
         self.running: dict[int, ray.ObjectRef] = {}
+        self.told: set[int] = set()  # versions whose results were looked at
         self.deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights
         if not defer:
             self.running[start] = evaluator.evaluate.remote(None, start)
@@ -61,7 +65,7 @@ class Evaluations:
         refs = list(self.running.values())
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         done = set(ready)
-        return {v: ray.get(ref) for v, ref in self.running.items() if ref in done}
+        return self._told({v: ray.get(ref) for v, ref in self.running.items() if ref in done})
 
     def all(self) -> dict[int, dict[str, Any]]:
         """Every wanted evaluation, waiting for them (the deferred ones run now)."""
@@ -69,4 +73,20 @@ class Evaluations:
             self.running = {
                 v: self.evaluator.evaluate.remote(w, v) for v, w in self.deferred.items()
             }
-        return {v: ray.get(ref) for v, ref in self.running.items()}
+        return self._told({v: ray.get(ref) for v, ref in self.running.items()})
+
+    def _told(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """`results`, once one line has told each new one's failed episodes (the evaluator
+        is a Ray actor, whose own log lines do not reach the terminal)."""
+        for version, result in sorted(results.items()):
+            if result.get("env_errors") and version not in self.told:
+                log.warning(
+                    "evaluation of v%d: %d of %d episodes ended by their environment (reward "
+                    "0), the first with: %s",
+                    version,
+                    result["env_errors"],
+                    result["n"],
+                    result.get("env_error", "?"),
+                )
+            self.told.add(version)
+        return results

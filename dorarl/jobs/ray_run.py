@@ -35,7 +35,7 @@ from dorarl.jobs.engine_plan import (
 )
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
 from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
-from dorarl.jobs.learning_signal import LearningSignal
+from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
@@ -221,7 +221,7 @@ def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, 
     (an abort's is not: its books may be mid-update, and it leaves at once)."""
     try:
         return runtime.run()
-    except WorkerFailed:
+    except (WorkerFailed, EnvFailed):
         _record_failure(runtime, out_dir, segment)
         raise
 
@@ -230,6 +230,7 @@ def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
     try:
         summary = runtime.recorder.close(runtime.now())
         summary["reward_errors"] = runtime.reward_errors
+        summary["env_errors"] = runtime.env_errors
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
     except Exception:  # the worker's failure is what must reach the user, not this one
@@ -294,6 +295,7 @@ def _step_hook(
         scalars.log(row)
         signal.observe(row)
         progress.update(row, evals.finished())
+        check_episodes(row["step"], groups)
 
     return on_step
 
@@ -396,6 +398,7 @@ def _final_summary(
     ordered = [evals[v] for v in sorted(evals)]
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
+    summary["env_errors"] = runtime.env_errors
     summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
     summary.update(eval_ends({r["version"]: r["accuracy"] for r in ordered}))
     summary.update(sampled_eval_summary(ordered))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dorarl.data import Sample
 from dorarl.engine.model_spec import read_hf_config, spec_from_hf
@@ -116,16 +117,49 @@ def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:
     )
 
 
-def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, str]]:
-    """A sample's prompt, reference answer and response (up to its stop token) as text."""
+def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, Any]]:
+    """A sample's prompt, reference answer and response (up to its stop token) as text; an
+    episode's prompt as the model saw it (system prompt, chat template and first observation
+    included) and each of its turns: the model's reply, then the observation after it."""
     prompts = {p.prompt_id: p for p in task.train_prompts()}
 
-    def texts(sample: Sample) -> dict[str, str]:
+    def texts(sample: Sample) -> dict[str, Any]:
         prompt = prompts[sample.prompt_id]
+        if sample.turns:
+            seen = _decoded(task, sample.prompt_ids)
+            return {
+                "prompt": seen,
+                "answer": prompt.answer,
+                "turn_texts": episode_turns(task, sample),
+            }
         response = task.response_text(sample.response_ids)
         return {"prompt": prompt.text, "answer": prompt.answer, "response": response}
 
     return texts
+
+
+def episode_turns(task: Task, sample: Sample) -> list[dict[str, str]]:
+    """An episode's turns as text, cut where its tokens change hands (`sample.observed`
+    marks the environment's): {"reply": what the model sampled, stop token included,
+    "observation": what it was shown next ("" after the last turn)}."""
+    runs: list[tuple[bool, list[int]]] = []
+    for token, observed in zip(sample.response_ids, sample.observed, strict=True):
+        if runs and runs[-1][0] == observed:
+            runs[-1][1].append(token)
+        else:
+            runs.append((observed, [token]))
+    turns: list[dict[str, str]] = []
+    for observed, ids in runs:
+        if observed and turns:
+            turns[-1]["observation"] = _decoded(task, ids)
+        else:
+            turns.append({"reply": _decoded(task, ids), "observation": ""})
+    return turns
+
+
+def _decoded(task: Task, ids: list[int]) -> str:
+    """Token ids as the model reads them: special tokens (the template's) kept."""
+    return task.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def eval_sampling(config: TrainConfig) -> EvalSampling:
