@@ -77,6 +77,17 @@ class TaskSection:
             "become episodes and the env gives the reward (None: the task's own)"
         },
     )
+    agent: str | None = field(
+        default=None,
+        metadata={
+            "help": "multi-turn: 'module:function', an async agent(client, prompt) -> reward that "
+            "calls the model through an OpenAI client (docs/environments.md)"
+        },
+    )
+    agent_host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "task.agent: the address the OpenAI endpoint binds (a free port)"},
+    )
     max_turns: int = field(
         default=0,
         metadata={

@@ -92,6 +92,8 @@ def run_ray(
         raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
         ray.shutdown()
+        if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
+            task.close()
 
 
 def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
