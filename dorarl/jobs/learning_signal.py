@@ -82,14 +82,15 @@ class EnvFailed(UserInputError):
     """Every episode of a step ended by its environment's failure; one line, exit 2."""
 
 
-def check_episodes(step: int, groups: list[Group]) -> None:
-    """Raise EnvFailed when the environment failed every episode the step trained on."""
+def check_episodes(step: int, groups: list[Group], key: str = "task.env") -> None:
+    """Raise EnvFailed when the environment (`key`: task.env, or task.agent) failed every
+    episode the step trained on."""
     episodes = [s for g in groups for s in g.samples if s.turns]
     errors = [s.reward_error for s in episodes if s.reward_error is not None]
     if not episodes or len(errors) < len(episodes):
         return
     raise EnvFailed(
-        f"task.env: the environment failed every episode of step {step} ({len(errors)} of "
+        f"{key}: the environment failed every episode of step {step} ({len(errors)} of "
         f"{len(episodes)}), the first with: {errors[0]}; the run stopped (trajectories.jsonl "
         f"has each episode's error)"
     )

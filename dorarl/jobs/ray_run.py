@@ -201,7 +201,8 @@ def _run(
     if stop is not None:
         runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-        runtime.on_step = _step_hook(runtime, evals, scalars, progress)
+        episodes_key = "task.agent" if config.task.agent is not None else "task.env"
+        runtime.on_step = _step_hook(runtime, evals, scalars, progress, episodes_key)
         summary = run_segment(runtime, out_dir, segment)
         results = _gather(runtime, evals, progress, checkpoints.off)
     final = runtime.controller.resume_state()  # no step in flight once the run finished
@@ -284,10 +285,15 @@ def _runtime(
 
 
 def _step_hook(
-    runtime: RayRuntime, evals: Evaluations, scalars: ScalarLogger, progress: TrainProgress
+    runtime: RayRuntime,
+    evals: Evaluations,
+    scalars: ScalarLogger,
+    progress: TrainProgress,
+    episodes_key: str,
 ):  # noqa: ANN202 (the runtime's StepHook)
     """After each step: evaluate its version if wanted, log its scalars, show progress,
-    warn when it cannot learn."""
+    warn when it cannot learn, stop when its environment (`episodes_key`) failed every
+    episode of it."""
     signal = LearningSignal(texts_at=runtime.recorder.texts_path)
 
     def on_step(row: dict[str, Any], groups: list) -> None:
@@ -297,7 +303,7 @@ def _step_hook(
         scalars.log(row)
         signal.observe(row)
         progress.update(row, evals.finished())
-        check_episodes(row["step"], groups)
+        check_episodes(row["step"], groups, episodes_key)
 
     return on_step
 

@@ -36,12 +36,14 @@ def check_model_folder(model_folder: str) -> None:
 
 def check_inputs(config: TrainConfig, model_folder: str) -> None:
     """What a run reads, checked without reading the data or starting anything: the model
-    folder (a model the engine runs, its tokenizer), the data files, the env class."""
+    folder (a model the engine runs, its tokenizer), the data files, the env class or agent."""
     check_model_folder(model_folder)
     load_tokenizer(model_folder)
     section = config.task
     if section.env is not None:
         load_env_class(section.env)
+    if section.agent is not None:
+        load_agent(section.agent)
     if section.name != "jsonl":
         return
     for key, path in (("task.path", section.path), ("task.eval_path", section.eval_path)):

@@ -289,6 +289,7 @@ def _without_tokenizer(tmp_path, model_dir):
     ("args", "needle"),
     [
         (["task.env=nomodule_xyz:X"], "task.env: cannot import module 'nomodule_xyz'"),
+        (["task.agent=nomodule_xyz:f"], "task.agent: cannot import module 'nomodule_xyz'"),
         (["task.env=dorarl.tasks.multiturn_sum:Nope"],
          "task.env: module 'dorarl.tasks.multiturn_sum' has no 'Nope' (its environments: "
          "MultiTurnSumEnv)"),
