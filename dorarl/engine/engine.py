@@ -24,6 +24,7 @@ import torch
 from transformers import PretrainedConfig
 
 from dorarl.config import ConfigError
+from dorarl.data.routes import route_bytes, unrecorded
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
@@ -50,6 +51,7 @@ from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.weights import (
     check_named,
+    from_checkpoint,
     load_folder,
     load_in_place,
     pack,
@@ -90,8 +92,9 @@ class Engine:
         self.device = torch.device(config.device)
         queries_per_kv = self.spec.num_heads // self.spec.num_kv_heads
         self.backends = fit_to_model(
-            resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where
-        )
+            resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where,
+            experts=self.spec.moe is not None,
+        )  # fmt: skip
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version
         self.fallbacks: list[FastPathFallback] = []
@@ -112,7 +115,10 @@ class Engine:
             self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
         )
         fused = self._cpu_kernels()
-        self.runner = ModelRunner(self.model, self.kv, fused.decode if fused else None)
+        self.record_routes = self._records_routes(where)
+        self.runner = ModelRunner(
+            self.model, self.kv, fused.decode if fused else None, self.record_routes
+        )
         self.graphs = self._graphs() if self.backends.cuda_graphs else None
         if self.backends.fast:  # the GPU fast paths; the CPU default keeps ModelRunner alone
             self.runner = DeviceRunner(self.model, self.runner, self.backends, self.graphs)
@@ -121,6 +127,13 @@ class Engine:
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self.last_step = StepWork()  # what the latest `step` computed
+
+    def _records_routes(self, where: str) -> bool:
+        if self.config.record_routes and self.spec.moe is None:
+            logger.warning(
+                "engine.record_routes: %s has no expert layers; nothing to record", where
+            )
+        return self.config.record_routes and self.spec.moe is not None
 
     # --- fast paths and memory, at start ------------------------------------------------
     def _check_triton(self, queries_per_kv: int) -> None:
@@ -222,9 +235,8 @@ class Engine:
         """Load a local Hugging Face folder (config.json + *.safetensors)."""
         hf_config = read_hf_config(folder)
         where = str(Path(folder) / "config.json")
-        return cls(
-            hf_config, config, load_folder(folder), version, where, FolderDecoder(str(folder))
-        )
+        named = from_checkpoint(spec_from_hf(hf_config, where), load_folder(folder))
+        return cls(hf_config, config, named, version, where, FolderDecoder(str(folder)))
 
     @classmethod
     def from_hf_config(
@@ -353,8 +365,11 @@ class Engine:
         for seq, n in batch.items:
             seq.num_computed += n
         finished = []
-        for seq, token, logprob in sampled:
+        routes = self.runner.last_routes if self.record_routes else None
+        for row, (seq, token, logprob) in enumerate(sampled):
             seq.append(token, logprob, self.version, self.config.max_model_len)
+            if routes is not None:
+                seq.routes += routes[row].numpy().tobytes()
             if seq.finished and seq.params.multi_turn:
                 self.scheduler.park(seq)  # a turn ended: the caller continues or ends it
                 finished.append(_output(seq))
@@ -382,8 +397,14 @@ class Engine:
         if room < (seq.params.target_len or 1):
             return False
         seq.observe(obs, self.version)
+        if self.record_routes:
+            seq.routes += self._no_routes(len(obs))
         self.scheduler.unpark(seq)
         return True
+
+    def _no_routes(self, tokens: int) -> bytes:
+        assert self.spec.moe is not None
+        return unrecorded(tokens, self.spec.moe.route_width, self.spec.moe.num_experts)
 
     def end_request(self, request_id: str) -> RequestOutput:
         """End a request waiting for its environment (the episode is done): its output,
@@ -473,12 +494,30 @@ class Engine:
             reprefill_tokens=snap.reprefill_tokens,
             observed=list(snap.observed) or [False] * len(output_ids),
             turn_start=snap.turn_start, waits_env=snap.waits_env,
+            routes=bytearray(self._snapshot_routes(snap)),
         )  # fmt: skip
         if seq.waits_env:
             seq.finish_reason, seq.stop_string = snap.turn_reason, snap.turn_stop_string
         opened = seq.num_prompt + seq.turn_start
         seq.stop_text = self._stop_text(snap.params, seq.token_ids[:opened], seq.token_ids[opened:])
         return seq
+
+    def _snapshot_routes(self, snap: RequestSnapshot) -> bytes:
+        """The snapshot's routes, one per output token, or none where this engine records
+        none; tokens sampled by an engine that did not record get 'no route'."""
+        if not self.record_routes:
+            return b""
+        assert self.spec.moe is not None
+        tokens, m = len(snap.output_ids), self.spec.moe
+        if not snap.routes:
+            return self._no_routes(tokens)
+        if len(snap.routes) != route_bytes(tokens, m.route_width, m.num_experts):
+            raise UserInputError(
+                f"request {snap.request_id!r}: snapshot routes hold {len(snap.routes)} bytes, "
+                f"{tokens} output tokens of this model take "
+                f"{route_bytes(tokens, m.route_width, m.num_experts)}"
+            )
+        return snap.routes
 
     def _check_snapshot_kv(self, snap: RequestSnapshot) -> None:
         if snap.kv is None:
@@ -602,6 +641,7 @@ def _output(seq: Sequence) -> RequestOutput:
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
         stop_string=seq.stop_string,
+        routes=bytes(seq.routes),
     )
 
 
@@ -626,4 +666,5 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         waits_env=seq.waits_env,
         turn_reason=seq.finish_reason if seq.waits_env else None,
         turn_stop_string=seq.stop_string if seq.waits_env else None,
+        routes=bytes(seq.routes),
     )

@@ -34,6 +34,7 @@ class RequestOutput:
     turn_start: int = 0  # output index where the last turn's sampled tokens begin
     waits_env: bool = False  # multi-turn: a turn ended; continue_request or end_request next
     stop_string: str | None = None  # the stop string that ended the (last) turn
+    routes: bytes = b""  # MoE, engine.record_routes: each output token's experts (data/routes.py)
 
     @property
     def turn_ids(self) -> list[int]:
@@ -64,6 +65,7 @@ class RequestSnapshot:
     waits_env: bool = False  # a multi-turn request between turns (KV kept, no slot)
     turn_reason: str | None = None  # how its last turn ended, while it waits
     turn_stop_string: str | None = None  # and the stop string that ended it, if one did
+    routes: bytes = b""  # the output tokens' recorded experts (data/routes.py), if any
 
     @property
     def num_tokens(self) -> int:

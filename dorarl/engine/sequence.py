@@ -6,8 +6,10 @@ detached tensor the engine keeps for an imported request); `versions` and `logpr
 have one entry per output token, and so does `observed` (True for a token an environment
 appended between turns: never sampled, logprob 0). The request's random stream is
 (seed, len(output_ids)), so it travels with the request and is independent of batch
-neighbours. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
-holds its KV but no slot until `Engine.continue_request` appends the next observation.
+neighbours. With routes recorded (an MoE model, engine.record_routes), `routes` holds each
+output token's expert ids (dorarl/data/routes.py), as `logprobs` holds its logprob. A
+multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it holds its KV but
+no slot until `Engine.continue_request` appends the next observation.
 A request with stop strings carries its turn's `StopText`; a turn ends on a stop token,
 then a stop string, then the length cap, so a turn that completes a stop string at its cap
 ends "stop_string".
@@ -52,6 +54,7 @@ class Sequence:
     waits_env: bool = False
     stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
     stop_string: str | None = None  # the stop string that ended the last turn
+    routes: bytearray = field(default_factory=bytearray)  # per output token, when recorded
 
     def __post_init__(self) -> None:
         if not self.token_ids:

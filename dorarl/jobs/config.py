@@ -268,6 +268,11 @@ class TrainConfig:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
         self._check_overlong()
+        if self.trainer.moe.route_replay and not self.engine.record_routes:
+            raise ConfigError(
+                "trainer.moe.route_replay: needs engine.record_routes=true (the engines record "
+                "the routes it replays)"
+            )
         if self.forced_lengths.enabled and self.forced_lengths.max_len >= self.engine.max_model_len:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "

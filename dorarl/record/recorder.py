@@ -224,6 +224,7 @@ class Recorder:
             name = f"train step {line['step']} (v{step.version} -> v{e.new_version})"
             start = e.now if step.train_start is None else step.train_start
             self.trace.slice(TRAINER_PID, 0, name, start, e.now, groups=step.groups)
+            self._expert_counters(line, e.now)
         self._totals.update(
             step_time_s=line["step_time_s"],
             rollout_only_s=line["rollout_only_s"],
@@ -231,6 +232,15 @@ class Recorder:
         )
         self._staleness.update(self._step.staleness)
         self._step = self._new_step(e.now, list(self.usage.area))
+
+    def _expert_counters(self, line: dict[str, Any], now: float) -> None:
+        """An MoE step's expert load (the trainer's metrics) as counters on the trainer."""
+        assert self.trace is not None
+        if "moe_tokens_per_expert" in line:
+            per_expert = {f"expert {e}": n for e, n in line["moe_tokens_per_expert"].items()}
+            self.trace.counters(TRAINER_PID, "tokens per expert", now, per_expert)
+        if "moe_imbalance" in line:
+            self.trace.counter(TRAINER_PID, "expert imbalance", now, line["moe_imbalance"])
 
     def _new_step(self, start: float, area0: list[float]) -> _Step:
         return _Step(start, area0, overhead=dict.fromkeys(self.overhead_kinds, 0.0))

@@ -176,7 +176,7 @@ class SimCluster:
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
         inst = self._serving(c.instance_id, c.version, len(requests), c)
         inst.advance(self.now)
-        inst.stall(self.now, self.cost.prefill_per_token_s * self.prompt_len)
+        inst.stall(self.now, self.cost.prefill_s(self.prompt_len))
         for spec in requests:
             target = spec.target_len
             assert target is not None, "the simulator always forces response lengths"
@@ -253,7 +253,7 @@ class SimCluster:
             tokens = int(round(req.context))
             if req.segments[-1][0] != c.version:
                 req.segments.append((c.version, int(round(req.gen))))
-            inst.stall(self.now, self.cost.prefill_per_token_s * tokens)
+            inst.stall(self.now, self.cost.prefill_s(tokens))
             self.recorder.reprefill(tokens)
             inst.join(req)
         self._touch(inst)

@@ -1,7 +1,11 @@
 """Cost model of one rollout instance, the links and the trainer: a dataclass of parameters.
 
 Decode is memory-bound: a step reads the weights once (`decode_fixed_s`) plus the KV of
-every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. The
+every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. For an MoE model the token
+compute (a decode row, a prefill token, a trained token) has a routed-expert share
+`expert_share`, which runs `expert_imbalance` times longer: with experts spread over
+accelerators, the one holding the busiest expert sets the pace (max / mean tokens per expert,
+measured by a run's trainer). The
 field defaults (`local()` here) are a generic 7B-class model in bf16 on one 80 GB accelerator per
 instance, trainer on 4 at ~35% MFU, used by tests (`instance_devices` and `trainer_devices`
 say how many; only `dorarl simulate --whatif split` reads them, to move devices between the
@@ -80,18 +84,42 @@ class CostModel:
     trainer_devices: int = field(
         default=4, metadata={"help": "devices of the trainer (the what-if's split)", "ge": 1}
     )
+    expert_share: float = field(
+        default=0.0,
+        metadata={
+            "help": "MoE: share of a token's compute in its routed experts (0: dense)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    expert_imbalance: float = field(
+        default=1.0,
+        metadata={
+            "help": "MoE: tokens of the busiest expert over the mean (a run's moe_imbalance; "
+            "1: perfectly balanced): the expert share of compute takes this much longer",
+            "ge": 1,
+        },
+    )
 
     def validate(self) -> None:
         check_fields(self)
         if self.decode_fixed_s + self.decode_per_seq_s <= 0:
             raise ConfigError("decode_fixed_s: a decode step must take time")
 
+    @property
+    def compute_factor(self) -> float:
+        """How much longer token compute takes than with perfectly balanced experts."""
+        return 1.0 + self.expert_share * (self.expert_imbalance - 1.0)
+
     def decode_step_s(self, batch: int, resident_tokens: float) -> float:
         return (
             self.decode_fixed_s
-            + self.decode_per_seq_s * batch
+            + self.decode_per_seq_s * self.compute_factor * batch
             + self.decode_per_kv_token_s * resident_tokens
         )
+
+    def prefill_s(self, tokens: float) -> float:
+        return self.prefill_per_token_s * self.compute_factor * tokens
 
     def weight_load_s(self, from_trainer: bool) -> float:
         bandwidth = self.trainer_link_bytes_per_s if from_trainer else self.peer_link_bytes_per_s
@@ -104,7 +132,7 @@ class CostModel:
         return tokens * self.kv_bytes_per_token / self.host_link_bytes_per_s
 
     def train_s(self, tokens: int) -> float:
-        return self.train_fixed_s + self.train_per_token_s * tokens
+        return self.train_fixed_s + self.train_per_token_s * self.compute_factor * tokens
 
     def with_trainer_devices(self, devices: int) -> CostModel:
         """The trainer on `devices` devices: the per-token work (forward and backward,
