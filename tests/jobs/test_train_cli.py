@@ -318,7 +318,7 @@ def test_a_model_folder_without_tokenizer_files_says_which_are_missing(
 def test_print_config_says_what_the_rate_comes_to_for_the_model(capsys, tiny_model_dir, tmp_path):
     assert cli_main(["train", "--print-config", f"model={tiny_model_dir}"]) == 0
     printed = capsys.readouterr().out
-    (line,) = [line for line in printed.splitlines() if line.strip().startswith("lr:")]
+    (line,) = [line for line in printed.splitlines() if line.startswith("  lr:")]  # trainer.lr
     assert line.startswith("  lr: null  # by the model: 1e-5 here (the default for a model")
     path = tmp_path / "printed.yaml"
     path.write_text(printed)  # the comment aside, it reads back as the same config
