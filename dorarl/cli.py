@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.bench.engine_device",
         "the engine at a shape on a device (--device cuda|cpu) vs HF, a floor",
     ),
+    "bench prefix-cache": (
+        "dorarl.bench.prefix_cache",
+        "the engine's prefix cache on vs off: G samples of a prompt, a shared system prompt",
+    ),
     "bench migration": (
         "dorarl.bench.migration",
         "a request moved between two engine actors, by transport, vs re-prefill",

@@ -64,7 +64,7 @@ class DeviceRunner:
         self, items: list[tuple[Sequence, int]], routes: list[torch.Tensor] | None
     ) -> torch.Tensor:
         """Logits of the rows that sample, in row order (MoE models never capture graphs)."""
-        num_decode = sum(1 for seq, n in items if n == 1 and seq.num_uncomputed == 1)
+        num_decode = sum(1 for seq, _ in items if seq.decodes)
         if self.graphs is not None and num_decode == len(items):
             rows = [SeqRows(seq.block_table, seq.num_computed, 1) for seq, _ in items]
             return self.graphs.run([seq.token_ids[seq.num_computed] for seq, _ in items], rows)

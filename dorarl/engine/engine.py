@@ -3,7 +3,10 @@
 A step reads as schedule, move KV, run, postprocess. Between steps the engine accepts new
 requests, continues multi-turn requests with an environment's observation (on the KV they
 kept: the history is not prefilled again), exports and imports requests with their KV (same version only), resumes requests
-from tokens (any version), offloads KV to host memory, and swaps weights. Invariants: every
+from tokens (any version), offloads KV to host memory, and swaps weights. With
+`engine.prefix_cache=on` requests of the hosted version read the KV blocks of prompt tokens
+another request computed (block_manager.py, prefix_cache.py); a weight load frees every
+cached block of the old weights first. Invariants: every
 sampled token is tagged with the version of the weights that sampled it; a bad request or
 a bad weight update raises `UserInputError` and leaves every other request and the current
 weights untouched. At start the engine checks its fast paths on its device (preflight.py;
@@ -45,7 +48,7 @@ from dorarl.engine.outputs import (
     StepWork,
 )
 from dorarl.engine.preflight import check_triton_attention
-from dorarl.engine.scheduler import Batch, Scheduler
+from dorarl.engine.scheduler import Batch, Restore, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
 from dorarl.engine.token_ids import checked_token_ids
@@ -72,6 +75,8 @@ _COUNTERS = (
     "preemptions",
     "migrations_in",
     "migrations_out",
+    "prefill_tokens",
+    "prefill_saved_tokens",
 )
 
 
@@ -112,8 +117,9 @@ class Engine:
         self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
         self.blocks = BlockManager(self.kv_blocks, config.host_blocks, config.block_size)
         self.scheduler = Scheduler(
-            self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
-        )
+            self.blocks, config.max_num_seqs, config.prefill_chunk_size,
+            config.offload_threshold, config.prefix_cache == "on", version,
+        )  # fmt: skip
         fused = self._cpu_kernels()
         self.record_routes = self._records_routes(where)
         self.runner = ModelRunner(
@@ -325,6 +331,10 @@ class Engine:
         """Output tokens the request has so far."""
         return self._get(request_id).num_output
 
+    def block_table(self, request_id: str) -> list[int]:
+        """The device blocks the request reads now, in order (a copy; empty off the device)."""
+        return list(self._get(request_id).block_table)
+
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
@@ -338,32 +348,47 @@ class Engine:
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
         finished = self._postprocess(batch, sampled)
+        prefill = sum(n for _, n in batch.prefill)
+        self._counters["prefill_tokens"] += prefill
+        self._counters["prefill_saved_tokens"] += batch.saved_tokens
         self.last_step = StepWork(
             rows=len(batch.decode) + len(batch.prefill),
             decode_tokens=len(batch.decode),
-            prefill_tokens=sum(n for _, n in batch.prefill),
+            prefill_tokens=prefill,
             resident_tokens=sum(seq.num_computed for seq in self.scheduler.running),
+            saved_tokens=batch.saved_tokens,
         )
         return finished
 
     def _move_kv(self, batch: Batch) -> None:
-        # Offloads first: a restore may reuse device blocks an offload just vacated.
+        # Offloads first: a restore or a copy may reuse device blocks an offload just vacated.
         for off in batch.offloads:
             self.kv.offload(off.device_blocks, off.host_blocks)
         for res in batch.restores:
-            if res.source is KVPlace.HOST:
-                self.kv.restore(res.host_blocks, res.device_blocks)
-            else:
-                self.kv.load(self._detached.pop(res.seq.request_id), res.device_blocks)
+            self._restore(res)
+        if batch.copies:
+            self.kv.copy_blocks([c.src for c in batch.copies], [c.dst for c in batch.copies])
+            self.scheduler.copied(batch)
         self._counters["offloads"] += len(batch.offloads)
         self._counters["restores"] += sum(r.source is KVPlace.HOST for r in batch.restores)
         self._counters["preemptions"] += len(batch.preempted)
 
+    def _restore(self, res: Restore) -> None:
+        """A sequence's KV back into the pool, but for its first `skip` blocks, which it
+        reads from the prefix cache instead."""
+        kv = self._detached.pop(res.seq.request_id, None)
+        if not res.device_blocks:
+            return
+        if res.source is KVPlace.HOST:
+            self.kv.restore(res.host_blocks[res.skip :], res.device_blocks)
+        else:
+            assert kv is not None, f"request {res.seq.request_id!r}: no imported KV to restore"
+            self.kv.load(kv[:, :, :, res.skip * self.config.block_size :], res.device_blocks)
+
     def _postprocess(
         self, batch: Batch, sampled: list[tuple[Sequence, int, float]]
     ) -> list[RequestOutput]:
-        for seq, n in batch.items:
-            seq.num_computed += n
+        self.scheduler.computed(batch)
         finished = []
         routes = self.runner.last_routes if self.record_routes else None
         for row, (seq, token, logprob) in enumerate(sampled):
@@ -454,6 +479,7 @@ class Engine:
         if snap.kv is not None and snap.num_computed > 0:
             seq.num_computed = snap.num_computed
             seq.kv_place = KVPlace.DETACHED
+            seq.kv_version = None if snap.kv_mixed else snap.version
             self._detached[seq.request_id] = snap.kv
         self._enqueue(seq)
         self._counters["migrations_in"] += 1
@@ -575,6 +601,7 @@ class Engine:
             kv_blocks_used=self.blocks.device.num_used,
             kv_blocks_free=self.blocks.device.num_free,
             kv_blocks_total=self.blocks.device.num_total,
+            kv_blocks_cached=self.blocks.device.num_cached,
             host_blocks_used=self.blocks.host.num_used,
             host_blocks_total=self.blocks.host.num_total,
             max_num_seqs=self.config.max_num_seqs,
@@ -585,6 +612,8 @@ class Engine:
             preemptions=c["preemptions"],
             migrations_in=c["migrations_in"],
             migrations_out=c["migrations_out"],
+            prefill_tokens=c["prefill_tokens"],
+            prefill_saved_tokens=c["prefill_saved_tokens"],
         )
 
     # --- weights ------------------------------------------------------------------------
@@ -592,10 +621,13 @@ class Engine:
         """Swap in another version's weights between steps (all tensors checked first: a
         refused load leaves the old weights whole).
 
-        Requests still in the engine continue on their existing KV under the new weights
-        and their new tokens carry the new version; callers that need one version per
-        trajectory migrate or abort them first."""
+        Every cached prefix block of the old weights is freed first. Requests still in the
+        engine continue on their existing KV under the new weights and their new tokens
+        carry the new version (their KV is shared with no request of the new version);
+        callers that need one version per trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
+        # KV of the old weights is never read by a request that starts from now on.
+        self.scheduler.new_version(version)
         # tensor by tensor into the live storage: no transient second weight set, and the
         # captured graphs, which read these addresses, stay valid
         load_in_place(self.spec, self.model.weights, named_tensors)
@@ -665,6 +697,7 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
         turn_reason=seq.finish_reason if seq.waits_env else None,
+        kv_mixed=kv is not None and seq.kv_version != version,
         turn_stop_string=seq.stop_string if seq.waits_env else None,
         routes=bytes(seq.routes),
     )

@@ -127,7 +127,7 @@ class ModelRunner:
         per_kv = self.model.spec.num_heads // s.num_kv_heads
         args = (s.num_kv_heads, per_kv, s.block_size, self.device)
         rows = [SeqRows(seq.block_table, seq.num_computed, n) for seq, n in items]
-        num_decode = sum(1 for seq, n in items if n == 1 and seq.num_uncomputed == 1)
+        num_decode = sum(1 for seq, _ in items if seq.decodes)
         decode = None
         if num_decode:
             fused = self.decode_kernel is not None

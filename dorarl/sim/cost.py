@@ -1,7 +1,10 @@
 """Cost model of one rollout instance, the links and the trainer: a dataclass of parameters.
 
 Decode is memory-bound: a step reads the weights once (`decode_fixed_s`) plus the KV of
-every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. For an MoE model the token
+every resident token (`decode_per_kv_token_s`), plus a small per-sequence cost. Prefill is
+per token; with `prefix_cache` (the engine's `engine.prefix_cache=on`) requests of one
+prompt placed together prefill it once, and each other request only what follows it (at
+least its last prompt token, for its logits). For an MoE model the token
 compute (a decode row, a prefill token, a trained token) has a routed-expert share
 `expert_share`, which runs `expert_imbalance` times longer: with experts spread over
 accelerators, the one holding the busiest expert sets the pace (max / mean tokens per expert,
@@ -37,6 +40,10 @@ class CostModel:
     )
     prefill_per_token_s: float = field(
         default=4e-5, metadata={"help": "prefill compute per token", "ge": 0}
+    )
+    prefix_cache: bool = field(
+        default=True,
+        metadata={"help": "engines share a prompt's KV: a group prefills its prompt once"},
     )
     kv_bytes_per_token: float = field(
         default=float(kv_bytes_per_token(28, 4, 128)),
@@ -117,6 +124,16 @@ class CostModel:
             + self.decode_per_seq_s * self.compute_factor * batch
             + self.decode_per_kv_token_s * resident_tokens
         )
+
+    def prefill_tokens(self, prompt_len: int, contexts: list[int], cached: bool = False) -> int:
+        """Tokens computed to place requests of one prompt (each with `contexts[i]` tokens)
+        on one instance together: all of them without the prefix cache; with it the first
+        computes its own (unless the instance holds the prompt already: `cached`), each
+        other one what follows the prompt, at least one token."""
+        if not self.prefix_cache or not contexts:
+            return sum(contexts)
+        rest = sum(max(1, c - prompt_len) for c in contexts)
+        return rest if cached else contexts[0] + rest - max(1, contexts[0] - prompt_len)
 
     def prefill_s(self, tokens: float) -> float:
         return self.prefill_per_token_s * self.compute_factor * tokens

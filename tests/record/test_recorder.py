@@ -117,6 +117,24 @@ def test_partial_rollout_writes_per_token_versions_and_counts_reprefill(tmp_path
     assert lines[1]["reprefill_tokens"] == 12 and lines[1]["staleness"] == {"1": 1}
 
 
+def test_prefill_work_per_step_and_the_cached_blocks_each_instance_last_reported(tmp_path):
+    rec = Recorder(tmp_path, mode="sync", k=0, num_instances=2, slots_per_instance=4)
+    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1))])
+    rec.prefill(0, 512 + 1, 511, 40)
+    rec.prefill(1, 100, 0, 7)
+    rec.prefill(0, 0, 0, 33)  # instance 0 evicted some: the latest count stands
+    rec.observe(SampleDone(0, 0, 0, 2, 1.0), [])
+    rec.observe(SampleDone(0, 1, 0, 2, 1.5), [Train((0,), 0)])
+    rec.consumed([group(0, 0, [2, 2])], 0)
+    rec.observe(TrainDone(1, 2.0), [Finish("done")])
+    summary = rec.close(2.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (line["prefill_tokens"], line["prefill_saved_tokens"]) == (613, 511)
+    assert line["prefix_hit_rate"] == pytest.approx(511 / 1124)
+    assert line["cached_blocks"] == 33 + 7
+    assert (summary["prefill_tokens"], summary["prefill_saved_tokens"]) == (613, 511)
+
+
 def test_consuming_an_incomplete_or_unknown_group_is_reported_as_dropped(tmp_path):
     rec = Recorder(tmp_path, mode="sync", k=0, num_instances=1, slots_per_instance=4)
     rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1))])
