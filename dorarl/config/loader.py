@@ -369,8 +369,8 @@ YAML_BOOL_WORDS = {
 
 def _choice_read_as_bool(ftype: Any, value: Any) -> Any:
     """The choice of a `Literal` that YAML read as a bool (`off` -> False), if exactly one of
-    its choices is such a word; else the value as read."""
-    if not isinstance(value, bool):
+    its choices is such a word and the bool itself is none; else the value as read."""
+    if not isinstance(value, bool) or any(c is value for c in get_args(ftype)):
         return value
     words = [
         c for c in get_args(ftype) if isinstance(c, str) and c.lower() in YAML_BOOL_WORDS[value]
