@@ -96,7 +96,8 @@ class WorkloadSection:
 @dataclass(kw_only=True)
 class ModesConfig:
     model: str | None = field(
-        default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
+        default=None,
+        metadata={"help": "HF model folder (None: the shipped base model)", "path": True},
     )
     instances: int = field(
         default=4, metadata={"help": "rollout instances (emulated devices)", "ge": 1}

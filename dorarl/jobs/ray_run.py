@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,8 @@ from dorarl.jobs.engine_plan import (
 )
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
 from dorarl.jobs.evaluation import eval_versions, finish_outputs
-from dorarl.jobs.learning_signal import LearningSignal
+from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
+from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
@@ -75,6 +76,9 @@ def run_ray(
     task = build_task(config, folder)  # bad data stops the run before any file is written
     spec, where = model_spec(folder)
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
+    config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
+    for line in chosen:
+        print(line)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)
@@ -195,22 +199,25 @@ def _run(
     record = RunFolder(out_dir).evaluations
     evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval, record)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
-    runtime.on_publish = lambda version: _periodic_checkpoint(config, runtime, out_dir, version)
+    checkpoints = Checkpoints.of(config, out_dir)
+    runtime.on_publish = lambda version: checkpoints.periodic(runtime, version)
     if stop is not None:
         runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-        runtime.on_step = _step_hook(runtime, evals, scalars, progress)
+        episodes_key = "task.agent" if config.task.agent is not None else "task.env"
+        runtime.on_step = _step_hook(runtime, evals, scalars, progress, episodes_key)
         summary = run_segment(runtime, out_dir, segment)
-        results = _gather(runtime, evals, progress)
+        results = _gather(runtime, evals, progress, checkpoints.off)
     final = runtime.controller.resume_state()  # no step in flight once the run finished
-    _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
+    checkpoints.final(runtime, final)
     title = f"{config.mode} (K={runtime.controller.config.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         scalars.log(row)
     scalars.close()
     if runtime.stopped and stop is not None:
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
-        summary["resume_command"] = resume_command(out_dir)
+        if checkpoints.resumable():
+            summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, segment, summary, runtime)
 
 
@@ -219,7 +226,7 @@ def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, 
     (an abort's is not: its books may be mid-update, and it leaves at once)."""
     try:
         return runtime.run()
-    except WorkerFailed:
+    except (WorkerFailed, EnvFailed):
         _record_failure(runtime, out_dir, segment)
         raise
 
@@ -228,6 +235,7 @@ def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
     try:
         summary = runtime.recorder.close(runtime.now())
         summary["reward_errors"] = runtime.reward_errors
+        summary["env_errors"] = runtime.env_errors
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
     except Exception:  # the worker's failure is what must reach the user, not this one
@@ -279,10 +287,15 @@ def _runtime(
 
 
 def _step_hook(
-    runtime: RayRuntime, evals: Evaluations, scalars: ScalarLogger, progress: TrainProgress
+    runtime: RayRuntime,
+    evals: Evaluations,
+    scalars: ScalarLogger,
+    progress: TrainProgress,
+    episodes_key: str,
 ):  # noqa: ANN202 (the runtime's StepHook)
     """After each step: evaluate its version if wanted, log its scalars, show progress,
-    warn when it cannot learn."""
+    warn when it cannot learn, stop when its environment (`episodes_key`) failed every
+    episode of it."""
     signal = LearningSignal(texts_at=runtime.recorder.texts_path)
 
     def on_step(row: dict[str, Any], groups: list) -> None:
@@ -292,46 +305,96 @@ def _step_hook(
         scalars.log(row)
         signal.observe(row)
         progress.update(row, evals.finished())
+        check_episodes(row["step"], groups, episodes_key)
 
     return on_step
 
 
 def _gather(
-    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress
+    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress, no_checkpoint: bool
 ) -> dict[int, dict[str, Any]]:
     """The evaluations: all of them, or a stopped run's finished ones (none waited for)."""
     if runtime.stopped:
-        progress.note(f"stopped: writing the checkpoint of version {runtime.published}")
+        writing = (
+            "" if no_checkpoint else f": writing the checkpoint of version {runtime.published}"
+        )
+        progress.note(f"stopped{writing}")
         return evals.finished()
-    progress.note("final evaluation and checkpoint")
+    progress.note("final evaluation" + ("" if no_checkpoint else " and checkpoint"))
     return evals.all()
 
 
 # ---- checkpoints -------------------------------------------------------------------------
-def _periodic_checkpoint(
-    config: TrainConfig, runtime: RayRuntime, out_dir: Path, version: int
-) -> None:
-    """Every `checkpoint_every` versions, before the controller hears of `version` (its data
-    position is the checkpoint's). The last version is saved at the end, and so is the one
-    a stop ends at: once, not rewritten (a rewrite gains nothing, and a trainer restored
-    from a checkpoint pruned since copies its tokenizer files from there: none)."""
-    every = config.checkpoint_every
-    if runtime.should_stop() or not every or version % every or version >= config.steps:
-        return
-    _checkpoint(runtime, out_dir, runtime.controller.resume_state(), config.checkpoint_keep)
+@dataclass
+class Checkpoints:
+    """The run's checkpoint writes: every `checkpoint_every` versions and at the end (or
+    none: `off`), each reported in one line once written (path, size on disk, seconds)."""
 
+    every: int | str  # checkpoint_every
+    keep: int
+    steps: int
+    out_dir: Path
+    pending: list[Any] = field(default_factory=list)  # writes not yet reported
 
-def _checkpoint(
-    runtime: RayRuntime, out_dir: Path, position: dict[str, Any], keep: int, wait: bool = False
-) -> None:
-    """Queue a checkpoint of the published version, with the data position to resume at
-    (through the runtime, which replays it on a new trainer if this one dies first)."""
-    version = runtime.published
-    assert position["version"] == version, f"data position of v{position['version']} for v{version}"
-    folder = RunFolder(out_dir).checkpoint(version)
-    ref = runtime.save_checkpoint(folder, position, keep)
-    if wait:
-        ray.get(ref)
+    @classmethod
+    def of(cls, config: TrainConfig, out_dir: Path) -> Checkpoints:
+        return cls(config.checkpoint_every, config.checkpoint_keep, config.steps, out_dir)
+
+    @property
+    def off(self) -> bool:
+        return self.every == "off"
+
+    def periodic_due(self, version: int, stopping: bool) -> bool:
+        """Whether `version` gets a periodic checkpoint. The last version is saved at the
+        end, and so is the one a stop ends at: once, not rewritten (a rewrite gains nothing,
+        and a trainer restored from a checkpoint pruned since copies its tokenizer files
+        from there: none)."""
+        every = self.every
+        if self.off or stopping or not every or version >= self.steps:
+            return False
+        return version % every == 0
+
+    def periodic(self, runtime: RayRuntime, version: int) -> None:
+        """Before the controller hears of `version` (its data position is the checkpoint's)."""
+        self.report(wait=False)
+        if self.periodic_due(version, runtime.should_stop()):
+            self.pending.append(self._write(runtime, runtime.controller.resume_state()))
+
+    def final(self, runtime: RayRuntime, position: dict[str, Any]) -> None:
+        """The end's checkpoint (none when off), waited for, and every write reported; the
+        run has ended, so a failure of this one is the run's."""
+        self.report(wait=True)
+        if not self.off:
+            print(ray.get(self._write(runtime, position)).line())
+
+    def _write(self, runtime: RayRuntime, position: dict[str, Any]) -> ray.ObjectRef:
+        """Queue a checkpoint of the published version, with the data position to resume
+        at (through the runtime, which replays it on a new trainer if this one dies first)."""
+        version = runtime.published
+        assert position["version"] == version, f"data position of v{position['version']}"
+        folder = RunFolder(self.out_dir).checkpoint(version)
+        return runtime.save_checkpoint(folder, position, self.keep)
+
+    def report(self, wait: bool) -> None:
+        """One line for each periodic write finished (with `wait`: for each, once finished).
+        One the trainer died in was made again by trainer recovery as the run went on."""
+        if not self.pending:
+            return
+        timeout = None if wait else 0
+        done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=timeout)
+        for ref in done:
+            try:
+                print(ray.get(ref).line())
+            except ray.exceptions.RayError:
+                log.warning("a checkpoint write died with its trainer; trainer recovery redid it")
+
+    def resumable(self) -> bool:
+        """Whether the run folder holds a checkpoint to resume from."""
+        try:
+            find_checkpoint(self.out_dir)
+        except ConfigError:
+            return False
+        return True
 
 
 def _final_summary(
@@ -343,6 +406,7 @@ def _final_summary(
     """Write the segment's summary; returns the whole run's (with the run's evaluations)."""
     summary = dict(summary)
     summary["reward_errors"] = runtime.reward_errors
+    summary["env_errors"] = runtime.env_errors
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
     ended = "stopped" if runtime.stopped else "finished"

@@ -1,12 +1,13 @@
 """The run folder: which one a run writes to, and one consistent history when a run resumes.
 
-`--out` must be a new or empty folder, or the run that `resume=` continues. `resume=` naming
-a run folder (or a checkpoint inside one) takes that run's config.json as its config and that
-folder as its output, so `dorarl train resume=RUN_DIR` alone finishes the run. Resumed into
-its own folder from version V, everything logged after V (metrics, trajectory and
-evaluation rows, TensorBoard, newer checkpoints, the records of segments that started at V
-or later) is moved to `rolled_back/`, so the files read as one history. The folder's layout
-is dorarl.run_layout's.
+`--out` must be a new or empty folder, or the run that `resume=` continues. config.json
+holds the run's settings with its paths absolute, so a resume reads them wherever it starts.
+`resume=` naming a run folder (or a checkpoint inside one) takes that run's config.json as
+its config and that folder as its output, so `dorarl train resume=RUN_DIR` alone finishes
+the run. Resumed into its own folder from version V, everything logged after V (metrics,
+trajectory and evaluation rows, TensorBoard, newer checkpoints, the records of segments that
+started at V or later) is moved to `rolled_back/`, so the files read as one history. The
+folder's layout is dorarl.run_layout's.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dorarl.config import ConfigError, to_dict
+from dorarl.config import ConfigError, load_config, to_dict
+from dorarl.jobs.config import TrainConfig
 from dorarl.record.evaluations import read_evaluations
 from dorarl.record.segments import roll_back_segments
 from dorarl.run_layout import (
@@ -72,6 +74,16 @@ def config_source(config_path: str | None, overrides: list[str]) -> str | None:
             "give changes as key=value instead of a config file"
         )
     return str(config_file)
+
+
+def load_run_config(config_path: str | None, overrides: list[str]) -> TrainConfig:
+    """The config of `dorarl train`: `--config` (or the resumed run's config.json) with the
+    overrides. Relative paths in `--config` resolve against its folder; a run's config.json
+    records the paths its run used, absolute, or relative as that run read them: against
+    the working directory."""
+    source = config_source(config_path, overrides)
+    recorded = run_of(resume_value(overrides)) is not None
+    return load_config(TrainConfig, source, overrides, paths_from=Path.cwd() if recorded else None)
 
 
 def choose_out(out: str | None, resume: str | None, mode: str) -> Path:

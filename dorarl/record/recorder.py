@@ -339,6 +339,7 @@ class Recorder:
                 "migrations": sample.migrations,
                 "offloads": sample.offloads,
             }
+            | ({"error": sample.reward_error} if sample.reward_error is not None else {})
             | (_turns(sample) if sample.turns else {})
             | (self.texts(sample) if self.texts is not None else {})
         )

@@ -168,7 +168,7 @@ LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
 # rolled-back work included.
 SUMMED = ("dispatched", "completed", "consumed", "filtered")
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
-          "replay_mismatches", "reward_errors")  # fmt: skip
+          "replay_mismatches", "reward_errors", "env_errors")  # fmt: skip
 
 
 def _engine_setups(segments: Sequence[Segment]) -> dict[str, Any]:

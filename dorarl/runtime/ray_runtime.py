@@ -170,6 +170,11 @@ class RayRuntime:
         return self.plan.reward_errors
 
     @property
+    def env_errors(self) -> int:
+        """Episodes (of a multi-turn task) that their environment's failure ended."""
+        return self.plan.env_errors
+
+    @property
     def should_stop(self) -> Callable[[], bool]:
         """Polled: once true nothing new is dispatched, the training step in flight (if
         any) finishes and the run ends there (`stopped`)."""

@@ -43,6 +43,7 @@ def _segment(out, start, steps, *, stale=0, close=True, fallbacks=()):
     if close:
         summary = rec.close(2.0 * steps + 0.5)
         summary["eval"] = {str(start): 0.1 * start, str(start + steps): 0.1 * (start + steps)}
+        summary["env_errors"] = steps  # as the runtime adds it: one failed episode a step
         end_segment(folder, summary, "stopped" if start == 0 else "finished", EPOCH + 10 * start)
     return folder  # killed: what it leaves are the metrics rows it flushed, step by step
 
@@ -66,6 +67,7 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
     assert summary["mean_step_time_s"] == 2.0 and summary["rollout_only_share"] == 0.5
     assert summary["staleness"] == {"0": 2, "1": 3}
     assert summary["eval"] == {"0": 0.0, "2": 0.2, "5": 0.5}
+    assert summary["env_errors"] == 5  # the segments' failed episodes, summed
     assert (summary["eval_accuracy_first"], summary["eval_accuracy_last"]) == (0.0, 0.5)
     assert (summary["eval_version_first"], summary["eval_version_last"]) == (0, 5)
     ends = [

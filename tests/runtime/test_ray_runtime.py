@@ -22,6 +22,8 @@ from dorarl.runtime.ray_runtime import RayRuntime, _describe
 
 pytestmark = pytest.mark.slow
 
+DIRECT_LR = "trainer.lr=2e-4"
+"""A runtime driven directly is given its rate (run_ray chooses one by the model)."""
 COMMON = [
     "instances=3",
     "tbs=4",
@@ -186,7 +188,7 @@ def _dora_k1_runtime(
     are replaced."""
     folder = str(model_dir)
     overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8", *extra]
-    config = load_config(TrainConfig, overrides=overrides)
+    config = load_config(TrainConfig, overrides=[*overrides, DIRECT_LR])
     task = build_task(config, folder)
     engine = EngineSpec(folder, config.engine)
     workers, trainer = start_workers(
