@@ -39,8 +39,10 @@ def _generate(worker: EngineWorker, rid: str) -> list[int]:
 
 def test_engine_reset_restores_base_weights_and_drops_requests(tiny_model_dir):
     dev = DeviceModel(decode_step_s=1e-4)
-    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64),
-                          pace=dev)  # fmt: skip
+    # the cache off: both rows prefill the same prompt in the first step (with it, the
+    # second waits for the first's prompt blocks)
+    config = EngineConfig(max_num_seqs=2, max_model_len=64, prefix_cache="off")
+    worker = EngineWorker(0, str(tiny_model_dir), config, pace=dev)
     fresh = _generate(worker, "a")
     noisy = {k: v + 0.5 * torch.randn_like(v) for k, v in worker.weights().items()}
     worker.load_weights(noisy, version=3)
@@ -157,8 +159,10 @@ def test_an_actor_on_cuda_without_a_plan_asks_ray_for_one_gpu():
 
 def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_model_dir):
     dev = DeviceModel(decode_step_s=1e-3, prefill_token_s=1e-4, kv_token_s=1e-5)
-    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64),
-                          pace=dev)  # fmt: skip
+    # the cache off: both rows prefill the same prompt in the first step (with it, the
+    # second waits for the first's prompt blocks)
+    config = EngineConfig(max_num_seqs=2, max_model_len=64, prefix_cache="off")
+    worker = EngineWorker(0, str(tiny_model_dir), config, pace=dev)
     params = SamplingParams(max_new_tokens=3, temperature=0.0, stop_token_ids=[])
     worker.add([NewRequest(r, PROMPT, params) for r in ("a", "b")])
     charged = []
