@@ -32,6 +32,7 @@ from dorarl.run_layout import STATE_FILE, unfinished_writes, version_folders
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
+SHARDS_DIR = "shards"  # a sharded trainer's parameters and optimizer (dorarl.trainer.shards)
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -227,8 +228,6 @@ def has_optimizer_state(folder: Path) -> bool:
 def drop_optimizer_state(folder: Path) -> None:
     """Delete a checkpoint's optimizer state, the state file first (atomically, so a crash
     midway leaves a checkpoint that says it has none, never one that lies)."""
-    from dorarl.trainer import shards
-
     state = read_state(folder)
     if state.get("optimizer") is not None:
         state["optimizer"] = None
@@ -236,7 +235,7 @@ def drop_optimizer_state(folder: Path) -> None:
         tmp.write_text(json.dumps(state))
         os.replace(tmp, Path(folder) / STATE_FILE)
     (Path(folder) / OPTIMIZER_FILE).unlink(missing_ok=True)
-    shutil.rmtree(Path(folder) / shards.SHARDS_DIR, ignore_errors=True)
+    shutil.rmtree(Path(folder) / SHARDS_DIR, ignore_errors=True)
 
 
 def drop_older_optimizer_state(parent: Path) -> list[Path]:

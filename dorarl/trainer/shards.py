@@ -18,7 +18,7 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 
 from dorarl.trainer import checkpoint as ckpt
 
-SHARDS_DIR = "shards"
+SHARDS_DIR = ckpt.SHARDS_DIR
 
 
 def save_shards(
