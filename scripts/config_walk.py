@@ -6,8 +6,10 @@ parameter tracked, the walk enters every dorarl function or class a tracked valu
 passed to, depth first in source order, each function once. A tracked value is the config,
 an expression that reads one (`config.ray.address`), or a name or `self` attribute assigned
 from one (`point = config.resume_point()`): values derived from the config that are
-passed on. A tracked receiver counts as an argument (`config.transport()` passes the
-config to `TrainConfig.transport`). Calls are resolved through imports, parameter and
+passed on. The result of a dorarl call is derived when it is a dataclass built from
+tracked values (a plan, a spec: the config's data carried on), not when it is an object
+with behaviour (a task, a runtime). A tracked receiver counts as an argument
+(`config.transport()` passes the config to `TrainConfig.transport`). Calls are resolved through imports, parameter and
 return annotations, and constructor assignments (`x = Cls(...)`, `self.x = Cls(...)`);
 what cannot be resolved statically (a callable in a variable, a Ray remote) is not
 followed.
@@ -385,13 +387,16 @@ class Walk:
         cls: ClassInfo | None,
     ) -> bool:
         """Whether `expr` gives a piece of a tracked value: reads one, other than through a
-        call of dorarl code that is no method of a tracked value (that call's result is
-        what its function made, followed on its own if it is passed on)."""
+        call of dorarl code that makes something with behaviour (a task, a runtime: what
+        that code made, not the config's data) and is no method of a tracked value. A
+        dataclass built from tracked values carries them on."""
         if isinstance(expr, ast.Call):
             target = self.resolve(module, expr.func, local, cls)
             receiver = expr.func.value if isinstance(expr.func, ast.Attribute) else None
-            if target is not None and not (
-                receiver is not None and _reads(receiver, tracked, self_attrs)
+            if (
+                target is not None
+                and not (receiver is not None and _reads(receiver, tracked, self_attrs))
+                and not self._is_data(self.expr_class(module, expr, local, cls))
             ):
                 return False
         if isinstance(expr, ast.Name) and expr.id in tracked:
@@ -406,6 +411,13 @@ class Walk:
         return any(
             self._derived(module, child, tracked, self_attrs, local, cls)
             for child in ast.iter_child_nodes(expr)
+        )
+
+    def _is_data(self, qualified: str | None) -> bool:
+        """Whether the class `qualified` is a dataclass (a record of values)."""
+        found = self.cls_of(qualified)
+        return found is not None and any(
+            "dataclass" in ast.unparse(d) for d in found.node.decorator_list
         )
 
     def _call(
