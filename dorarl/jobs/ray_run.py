@@ -1,7 +1,7 @@
 """`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
 
 A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
-again), its runtime (`RayRuntime`), what happens at each new version (a periodic
+again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what happens at each new version (a periodic
 checkpoint before the controller hears of it; after it, the evaluation, scalars and
 progress of the step), and its end (the final checkpoint, evaluations merged into
 metrics.jsonl, this segment's summary, then the whole run's summary and trace rebuilt from
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,15 +42,15 @@ from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
-from dorarl.record import Recorder
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import end_segment, eval_ends, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.placement import PlacedActors, check_fits, plan_placement
-from dorarl.runtime.ray_runtime import RayRuntime
+from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
 from dorarl.runtime.threads import share_threads
+from dorarl.runtime.trainer_client import StepHook
 from dorarl.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,16 @@ class RayActors:
         """A new trainer from `checkpoint`, or from where this run started (None)."""
         return spawn_trainer(self.trainer_spec.restored(checkpoint), self.pace, self.placed)
 
+    def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
+        """Replacing dead actors with these, within the config's budgets."""
+        return Restarts(
+            engines=config.ray.max_engine_restarts,
+            respawn_engine=self.respawn_engine,
+            trainer=config.ray.max_trainer_restarts,
+            respawn_trainer=self.respawn_trainer,
+            checkpoints=checkpoints,
+        )
+
 
 # ---- the run -----------------------------------------------------------------------------
 def _run(
@@ -186,26 +197,30 @@ def _run(
     stop: StopRequest | None,
 ) -> dict[str, Any]:
     """Run this segment; returns the whole run's summary."""
-    runtime = _runtime(config, point, out_dir, segment, task, actors)
-    start = runtime.controller.config.initial_version
+    plan = _plan(config, point, out_dir, segment, task, actors)
+    start = plan.controller.initial_version
     evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
-    runtime.on_publish = lambda version: _periodic_checkpoint(config, runtime, out_dir, version)
-    if stop is not None:
-        runtime.should_stop = stop.requested
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-        runtime.on_step = _step_hook(runtime, evals, scalars, progress)
+        # the hooks run once the runtime runs: `runtime` is bound by then
+        runtime = RayRuntime(
+            plan,
+            on_step=_step_hook(lambda: runtime, evals, scalars, progress),
+            on_publish=lambda version: _periodic_checkpoint(config, runtime, out_dir, version),
+            should_stop=stop.requested if stop is not None else None,
+        )
         summary = run_segment(runtime, out_dir, segment)
         results = _gather(runtime, evals, progress)
-    final = runtime.controller.resume_state()  # no step in flight once the run finished
+    final = runtime.driver.controller.resume_state()  # no step in flight once the run finished
     _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
-    title = f"{config.mode} (K={runtime.controller.config.effective_K})"
+    title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         if "eval_accuracy" in row:
             scalars.log({"step": row["step"], **eval_fields(row)})
     scalars.close()
-    if runtime.stopped and stop is not None:
-        summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
+    if runtime.driver.stopped and stop is not None:
+        version = runtime.trainer_client.published
+        summary = dict(summary, stopped_by=stop.name, stopped_at_version=version)
         summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, segment, summary, results, runtime)
 
@@ -223,7 +238,7 @@ def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, 
 def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
     try:
         summary = runtime.recorder.close(runtime.now())
-        summary["reward_errors"] = runtime.reward_errors
+        summary["reward_errors"] = runtime.rollout.reward_errors
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
     except Exception:  # the worker's failure is what must reach the user, not this one
@@ -235,57 +250,50 @@ def _clock_started(runtime: RayRuntime) -> float:
     return time.time() - runtime.now()
 
 
-def _runtime(
+def _plan(
     config: TrainConfig,
     point: ResumePoint | None,
     out_dir: Path,
     segment: Path,
     task: Task,
     actors: RayActors,
-) -> RayRuntime:
-    controller = config.controller_config(point)
-    recorder = Recorder(
-        out_dir,
-        mode=config.mode,
-        k=controller.effective_K,
-        num_instances=config.instances,
-        slots_per_instance=config.engine.max_num_seqs,
-        first_version=controller.initial_version,
-        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
-        texts=trajectory_texts(task) if config.record.text else None,
-        records_dir=segment,
-    )
-    return RayRuntime(
-        controller,
+) -> RayRunPlan:
+    """This segment's run on `actors`, recorded in `out_dir` (its summary and trace in
+    `segment`)."""
+    return RayRunPlan(
+        config.controller_config(point),
         task,
         rollout_settings(config, task),
         actors.workers,
         actors.trainer,
-        recorder,
-        respawn=actors.respawn_engine,
-        max_restarts=config.ray.max_engine_restarts,
-        respawn_trainer=actors.respawn_trainer,
-        max_trainer_restarts=config.ray.max_trainer_restarts,
-        checkpoints=out_dir / "checkpoints",
-        max_model_len=config.engine.max_model_len,
+        restarts=actors.restarts(config, out_dir / "checkpoints"),
         transport=config.weights.spec(
             config.engine.device, config.trainer.device, config.engine.dtype
         ),
+        max_model_len=config.engine.max_model_len,
+        out_dir=out_dir,
+        records_dir=segment,
+        texts=trajectory_texts(task) if config.record.text else None,
     )
 
 
 def _step_hook(
-    runtime: RayRuntime, evals: Evaluations, scalars: ScalarLogger, progress: TrainProgress
-):  # noqa: ANN202 (the runtime's StepHook)
+    runtime_of: Callable[[], RayRuntime],
+    evals: Evaluations,
+    scalars: ScalarLogger,
+    progress: TrainProgress,
+) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
-    warn when it cannot learn."""
-    signal = LearningSignal(texts_at=runtime.recorder.texts_path)
+    warn when it cannot learn (`runtime_of()`: the runtime the hook is given to)."""
+    signal = LearningSignal()
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
+        runtime = runtime_of()
         if version in evals.wanted:  # a copy of the weights only for a version evaluated
-            evals.offer(version, runtime.weights_of(version))
+            evals.offer(version, runtime.weights.trainer_copy(version))
         scalars.log(row)
+        signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)
         progress.update(row, evals.finished())
 
@@ -296,8 +304,9 @@ def _gather(
     runtime: RayRuntime, evals: Evaluations, progress: TrainProgress
 ) -> dict[int, dict[str, Any]]:
     """The evaluations: all of them, or a stopped run's finished ones (none waited for)."""
-    if runtime.stopped:
-        progress.note(f"stopped: writing the checkpoint of version {runtime.published}")
+    if runtime.driver.stopped:
+        version = runtime.trainer_client.published
+        progress.note(f"stopped: writing the checkpoint of version {version}")
         return evals.finished()
     progress.note("final evaluation and checkpoint")
     return evals.all()
@@ -312,9 +321,10 @@ def _periodic_checkpoint(
     a stop ends at: once, not rewritten (a rewrite gains nothing, and a trainer restored
     from a checkpoint pruned since copies its tokenizer files from there: none)."""
     every = config.checkpoint_every
-    if runtime.should_stop() or not every or version % every or version >= config.steps:
+    if runtime.driver.should_stop() or not every or version % every or version >= config.steps:
         return
-    _checkpoint(runtime, out_dir, runtime.controller.resume_state(), config.checkpoint_keep)
+    position = runtime.driver.controller.resume_state()
+    _checkpoint(runtime, out_dir, position, config.checkpoint_keep)
 
 
 def _checkpoint(
@@ -322,10 +332,10 @@ def _checkpoint(
 ) -> None:
     """Queue a checkpoint of the published version, with the data position to resume at
     (through the runtime, which replays it on a new trainer if this one dies first)."""
-    version = runtime.published
+    version = runtime.trainer_client.published
     assert position["version"] == version, f"data position of v{position['version']} for v{version}"
     folder = out_dir / "checkpoints" / f"version_{version:05d}"
-    ref = runtime.save_checkpoint(folder, position, keep)
+    ref = runtime.trainer_client.save_checkpoint(folder, position, keep)
     if wait:
         ray.get(ref)
 
@@ -340,12 +350,12 @@ def _final_summary(
     """Write the segment's summary, with its evaluations; returns the whole run's."""
     ordered = [evals[v] for v in sorted(evals)]
     summary = dict(summary)
-    summary["reward_errors"] = runtime.reward_errors
+    summary["reward_errors"] = runtime.rollout.reward_errors
     summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
     summary.update(eval_ends({r["version"]: r["accuracy"] for r in ordered}))
     summary.update(sampled_eval_summary(ordered))
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
-    ended = "stopped" if runtime.stopped else "finished"
+    ended = "stopped" if runtime.driver.stopped else "finished"
     end_segment(segment, summary, ended, _clock_started(runtime))
     return write_run_records(out_dir)
