@@ -3,7 +3,8 @@ a layer or comes back to a file it had left.
 
 From `dorarl.jobs.ray_run.run_ray` (or `--start module:function`), with its `config`
 parameter tracked, the walk enters every dorarl function or class a tracked value is
-passed to, depth first in source order, each function once. A tracked value is the config,
+passed to, depth first in the order Python evaluates the calls (a call's arguments before
+it), each function once. A tracked value is the config,
 an expression that reads one (`config.ray.address`), or a name or `self` attribute assigned
 from one (`point = config.resume_point()`): values derived from the config that are
 passed on. The result of a dorarl call is derived when it is a dataclass built from
@@ -103,6 +104,7 @@ class Walk:
         self.seen: set[str] = set()
         self.trail: list[tuple[str, str]] = []  # (module, qualname) in the order entered
         self._typing: set[str] = set()  # classes whose attribute types are being read
+        self.returns: Tracked = {}  # walked function -> what of the tracked it returns
 
     # ---- names to definitions ----------------------------------------------------------
     def lookup(self, module: str, name: str) -> str | None:
@@ -318,8 +320,8 @@ class Walk:
         return Target(owner.module, f"{owner.name}.{node.name}", node, owner_name, bound=bound)
 
     # ---- the walk ------------------------------------------------------------------------
-    def enter(self, target: Target, tracked_params: set[str]) -> None:
-        key = f"{target.module}.{target.qualname}"
+    def enter(self, target: Target, params: Tracked) -> None:
+        key = _key(target)
         if key in self.seen:
             return
         self.seen.add(key)
@@ -327,61 +329,118 @@ class Walk:
         if target.node is None:
             return
         info = self.index[target.module]
-        cls = self.cls_of(target.cls) if target.node.name != "__init__" or target.cls else None
-        if cls is None and target.cls:
-            cls = self.cls_of(target.cls)
-        self._body(info, target.node, tracked_params, cls)
+        self._body(key, info, target.node, params, self.cls_of(target.cls))
 
     def _body(
-        self, info: ModuleInfo, fn: ast.FunctionDef, tracked: set[str], cls: ClassInfo | None
+        self,
+        key: str,
+        info: ModuleInfo,
+        fn: ast.FunctionDef,
+        params: Tracked,
+        cls: ClassInfo | None,
     ) -> None:
+        """Walk `fn` as it runs: each call entered in turn, each assignment tracking what
+        it gives (so a value is tracked from where it is made on), what it returns kept."""
         local = self._param_types(info.name, fn)
-        tracked = set(tracked)
+        tracked: Tracked = dict(params)
         self_attrs: set[str] = set()  # self.x assigned from a tracked value
-        # flow-insensitive: a name is tracked if any assignment to it reads a tracked value
-        nodes = sorted(
-            (n for n in ast.walk(fn) if hasattr(n, "lineno") and n is not fn),
-            key=lambda n: (n.lineno, n.col_offset),
-        )
-        changed = True
-        while changed:
-            changed = False
-            for node in nodes:
-                targets, value, annotation = _assignment(node)
-                if value is None:
-                    continue
-                found = self.annotation_class(info.name, annotation) or self.expr_class(
-                    info.name, value, local, cls
-                )
-                reads = self._derived(info.name, value, tracked, self_attrs, local, cls)
-                for target in targets:
-                    for name in _names(target):
-                        if found and name not in local:
-                            local[name] = found
-                        if reads and name not in tracked:
-                            tracked.add(name)
-                            changed = True
-                    if (
-                        reads
-                        and isinstance(target, ast.Attribute)
-                        and isinstance(target.value, ast.Name)
-                        and target.value.id == "self"
-                        and target.attr not in self_attrs
-                    ):
-                        self_attrs.add(target.attr)
-                        changed = True
+        nodes = [n for n in _in_order(fn) if hasattr(n, "lineno") and n is not fn]
         raised = {  # an error message that names a setting is no use of it
             id(n.exc) for n in nodes if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)
         }
         for node in nodes:
             if isinstance(node, ast.Call) and id(node) not in raised:
                 self._call(info, node, tracked, self_attrs, local, cls)
+            if isinstance(node, ast.Return) and node.value is not None:
+                carried = self._carried(info.name, node.value, tracked, self_attrs, local, cls)
+                if not isinstance(carried, _Nothing):
+                    _merge(self.returns, key, carried)
+            targets, value, annotation = _assignment(node)
+            if value is None:
+                continue
+            found = self.annotation_class(info.name, annotation) or self.expr_class(
+                info.name, value, local, cls
+            )
+            carried = self._carried(info.name, value, tracked, self_attrs, local, cls)
+            for target in targets:
+                for name in _names(target):
+                    if found and name not in local:
+                        local[name] = found
+                    if not isinstance(carried, _Nothing):
+                        _merge(tracked, name, carried)
+                if (
+                    not isinstance(carried, _Nothing)
+                    and isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
+                    self_attrs.add(target.attr)
+
+    def _carried(
+        self,
+        module: str,
+        expr: ast.AST,
+        tracked: Tracked,
+        self_attrs: set[str],
+        local: dict[str, str],
+        cls: ClassInfo | None,
+    ) -> Fields:
+        """What of the tracked values `expr` gives: all of it (None), the tracked fields of a
+        record built from some (their names), or NOTHING. A walked function's call gives
+        what the function returned."""
+        if isinstance(expr, ast.Name) and expr.id in tracked:
+            return tracked[expr.id]
+        if isinstance(expr, ast.Call):
+            target = self.resolve(module, expr.func, local, cls)
+            if target is not None and target.node is not None and _key(target) in self.seen:
+                return self.returns.get(_key(target), NOTHING)
+            fields = self._record_fields(module, expr, tracked, self_attrs, local, cls)
+            if not isinstance(fields, _Nothing):
+                return fields
+        derived = self._derived(module, expr, tracked, self_attrs, local, cls)
+        return None if derived else NOTHING
+
+    def _record_fields(
+        self,
+        module: str,
+        call: ast.Call,
+        tracked: Tracked,
+        self_attrs: set[str],
+        local: dict[str, str],
+        cls: ClassInfo | None,
+    ) -> Fields:
+        """The fields a dataclass constructor call fills from tracked values."""
+        target = self.resolve(module, call.func, local, cls)
+        made = self.cls_of(target.cls) if target and target.node is None else None
+        if made is None or not self._is_data(target.cls if target else None):
+            return NOTHING
+        names = self._fields(made)
+        filled = {k.arg: k.value for k in call.keywords if k.arg}
+        filled.update(zip(names, call.args, strict=False))
+        hits = frozenset(n for n, v in filled.items() if _reads(v, tracked, self_attrs))
+        return hits if hits else NOTHING
+
+    def _fields(self, cls: ClassInfo) -> list[str]:
+        """A dataclass's fields in order (its dorarl bases' first)."""
+        names: list[str] = []
+        for base in cls.bases:
+            parent = self.cls_of(self.lookup(cls.module, base.split("[")[0]))
+            if parent is not None:
+                names.extend(self._fields(parent))
+        for item in cls.node.body:
+            if (
+                isinstance(item, ast.AnnAssign)
+                and isinstance(item.target, ast.Name)
+                and "ClassVar" not in ast.unparse(item.annotation)
+            ):
+                names.append(item.target.id)
+        return names
 
     def _derived(
         self,
         module: str,
         expr: ast.AST,
-        tracked: set[str],
+        tracked: Tracked,
         self_attrs: set[str],
         local: dict[str, str],
         cls: ClassInfo | None,
@@ -399,15 +458,8 @@ class Walk:
                 and not self._is_data(self.expr_class(module, expr, local, cls))
             ):
                 return False
-        if isinstance(expr, ast.Name) and expr.id in tracked:
-            return True
-        if (
-            isinstance(expr, ast.Attribute)
-            and isinstance(expr.value, ast.Name)
-            and expr.value.id == "self"
-            and expr.attr in self_attrs
-        ):
-            return True
+        if isinstance(expr, (ast.Name, ast.Attribute)):
+            return _reads(expr, tracked, self_attrs)
         return any(
             self._derived(module, child, tracked, self_attrs, local, cls)
             for child in ast.iter_child_nodes(expr)
@@ -424,7 +476,7 @@ class Walk:
         self,
         info: ModuleInfo,
         call: ast.Call,
-        tracked: set[str],
+        tracked: Tracked,
         self_attrs: set[str],
         local: dict[str, str],
         cls: ClassInfo | None,
@@ -434,30 +486,76 @@ class Walk:
             return
         receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
         receiver_tracked = receiver is not None and _reads(receiver, tracked, self_attrs)
-        positional = [_reads(a, tracked, self_attrs) for a in call.args]
-        keywords = {k.arg: _reads(k.value, tracked, self_attrs) for k in call.keywords}
-        if not (receiver_tracked or any(positional) or any(keywords.values())):
+        positional = [_passed(a, tracked, self_attrs) for a in call.args]
+        keywords = {k.arg: _passed(k.value, tracked, self_attrs) for k in call.keywords}
+        passed = [p for p in [*positional, *keywords.values()] if p is not NOTHING]
+        if not (receiver_tracked or passed):
             return
-        params: set[str] = set()
+        params: Tracked = {}
         node = target.node
         if node is not None:
             names = [a.arg for a in [*node.args.posonlyargs, *node.args.args]]
-            first = names[:1]
-            if target.bound and first and first[0] in ("self", "cls"):
-                if receiver_tracked and first[0] == "self" and node.name != "__init__":
-                    params.add("self")
+            if target.bound and names[:1] in (["self"], ["cls"]):
+                if receiver_tracked and names[0] == "self" and node.name != "__init__":
+                    params["self"] = None
                 names = names[1:]
-            for name, hit in zip(names, positional, strict=False):
-                if hit:
-                    params.add(name)
-            if node.args.vararg and any(positional[len(names) :]):
-                params.add(node.args.vararg.arg)
-            for key, hit in keywords.items():
-                if hit and key is not None:
-                    params.add(key)
-                elif hit and node.args.kwarg:
-                    params.add(node.args.kwarg.arg)
+            for name, given in zip(names, positional, strict=False):
+                if given is not NOTHING:
+                    _merge(params, name, given)
+            if node.args.vararg and any(p is not NOTHING for p in positional[len(names) :]):
+                params[node.args.vararg.arg] = None
+            for key, given in keywords.items():
+                if given is NOTHING:
+                    continue
+                if key is not None:
+                    _merge(params, key, given)
+                elif node.args.kwarg:
+                    params[node.args.kwarg.arg] = None
         self.enter(target, params)
+
+
+class _Nothing:
+    """No tracked value."""
+
+
+NOTHING = _Nothing()
+Fields = frozenset[str] | None | _Nothing
+"""What a value carries: all of a tracked value (None), some fields of one, or NOTHING."""
+Tracked = dict[str, frozenset[str] | None]
+"""The tracked names of a function: all tracked (None), or the tracked fields of a record."""
+
+
+def _key(target: Target) -> str:
+    return f"{target.module}.{target.qualname}"
+
+
+def _merge(tracked: Tracked, name: str, fields: Fields) -> bool:
+    """Add `fields` of `name` to `tracked`; whether that changed it."""
+    assert not isinstance(fields, _Nothing)
+    if name not in tracked:
+        tracked[name] = fields
+        return True
+    old = tracked[name]
+    new = None if old is None or fields is None else old | fields
+    tracked[name] = new
+    return new != old
+
+
+def _passed(expr: ast.expr, tracked: Tracked, self_attrs: set[str]) -> Fields:
+    """What an argument passes on: a tracked name as it is tracked, else all or NOTHING."""
+    if isinstance(expr, ast.Name) and expr.id in tracked:
+        return tracked[expr.id]
+    return None if _reads(expr, tracked, self_attrs) else NOTHING
+
+
+def _in_order(node: ast.AST) -> list[ast.AST]:
+    """`node`'s nodes in the order Python evaluates them: statements in turn, a call after
+    its function and arguments (a nested function or lambda where it is written)."""
+    found: list[ast.AST] = []
+    for child in ast.iter_child_nodes(node):
+        found.extend(_in_order(child))
+    found.append(node)
+    return found
 
 
 def _assignment(node: ast.AST) -> tuple[list[ast.expr], ast.expr | None, ast.expr | None]:
@@ -484,19 +582,20 @@ def _names(target: ast.expr) -> list[str]:
     return []
 
 
-def _reads(expr: ast.AST, tracked: set[str], self_attrs: set[str]) -> bool:
-    """Whether `expr` reads a tracked name or a tracked `self` attribute."""
-    for node in ast.walk(expr):
-        if isinstance(node, ast.Name) and node.id in tracked:
+def _reads(expr: ast.AST, tracked: Tracked, self_attrs: set[str]) -> bool:
+    """Whether `expr` reads a tracked value: a tracked name, a tracked field of a record,
+    or a tracked `self` attribute."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        name = expr.value.id
+        if name == "self" and expr.attr in self_attrs:
             return True
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-            and node.attr in self_attrs
-        ):
-            return True
-    return False
+        if name in tracked:
+            fields = tracked[name]
+            return fields is None or expr.attr in fields
+        return False
+    if isinstance(expr, ast.Name):
+        return expr.id in tracked
+    return any(_reads(child, tracked, self_attrs) for child in ast.iter_child_nodes(expr))
 
 
 def figures(trail: list[tuple[str, str]], index: dict[str, ModuleInfo]) -> dict[str, int]:
@@ -528,7 +627,7 @@ def main(argv: list[str]) -> int:
     target = walk._named(f"{module}.{name}")
     if target is None:
         parser.error(f"--start: no function {args.start}")
-    walk.enter(target, {args.param})
+    walk.enter(target, {args.param: None})
     if args.trail:
         for mod, qualname in walk.trail:
             print(f"  [{layer_of(mod)}] {mod}:{qualname}")
