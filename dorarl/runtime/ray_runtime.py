@@ -78,6 +78,10 @@ class Restarts:
     respawn_trainer: Callable[[str | None], Any] | None = None
     checkpoints: Path | None = None
 
+    @property
+    def replaces_trainer(self) -> bool:
+        return self.respawn_trainer is not None and self.trainer > 0
+
 
 @dataclass(frozen=True)
 class RayRunPlan:
@@ -125,27 +129,16 @@ class RayRuntime:
         on_publish: PublishHook | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> None:
-        config, restarts = plan.controller, plan.restarts
+        config = plan.controller
         self.t0 = time.monotonic()
         self.started = False
         self.calls = CallTable()
         self.timers: list[float] = []  # due times of the controller's timers, a heap
         self.pace = PaceTally()
-        self.recorder = Recorder(
-            plan.out_dir,
-            mode=config.mode,
-            k=config.effective_K,
-            num_instances=config.instances,
-            slots_per_instance=config.slots,
-            first_version=config.initial_version,
-            overhead_kinds=self.OVERHEAD_KINDS,
-            texts=plan.texts,
-            records_dir=plan.records_dir,
-        )
+        self.recorder = _recorder(plan, self.OVERHEAD_KINDS)
         self.rollout = RolloutPlan(plan.task, plan.rollout)
         self.weights: WeightTransport = make_transport(plan.transport, config.effective_K + 1)
-        replaces_trainer = bool(restarts.respawn_trainer and restarts.trainer)
-        log = TrainerLog(config.initial_version) if replaces_trainer else None
+        log = TrainerLog(config.initial_version) if plan.restarts.replaces_trainer else None
 
         def executor(driver: Driver) -> Executor:
             """The engines and the trainer, made with the driver they answer to."""
@@ -169,17 +162,26 @@ class RayRuntime:
             seed=plan.rollout.seed,
             should_stop=should_stop,
         )
-        self.recovery = None
-        if restarts.respawn_engine and restarts.engines:
-            respawn, budget = restarts.respawn_engine, restarts.engines
-            self.recovery = InstanceRecovery(self.engines, self.driver, respawn, budget)
-        self.trainer_recovery = None
-        if log is not None and restarts.respawn_trainer:
-            self.trainer_recovery = TrainerRecovery(
-                self.trainer_client, log, self.calls, self.recorder,
-                restarts.respawn_trainer, restarts.checkpoints, restarts.trainer,
-            )  # fmt: skip
+        self.recovery = self._engine_recovery(plan.restarts)
+        self.trainer_recovery = self._trainer_recovery(plan.restarts, log)
         self._answers = self._answer_table()
+
+    def _engine_recovery(self, restarts: Restarts) -> InstanceRecovery | None:
+        if restarts.respawn_engine is None or not restarts.engines:
+            return None
+        return InstanceRecovery(
+            self.engines, self.driver, restarts.respawn_engine, restarts.engines
+        )
+
+    def _trainer_recovery(
+        self, restarts: Restarts, log: TrainerLog | None
+    ) -> TrainerRecovery | None:
+        if restarts.respawn_trainer is None or log is None:
+            return None
+        return TrainerRecovery(
+            self.trainer_client, log, self.calls, self.recorder,
+            restarts.respawn_trainer, restarts.checkpoints, restarts.trainer,
+        )  # fmt: skip
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -283,6 +285,22 @@ class RayRuntime:
         if self.trainer_recovery is not None:  # replays come from a replacement trainer only
             answers[ReplayCall] = self.trainer_recovery.on_replayed
         return answers
+
+
+def _recorder(plan: RayRunPlan, overheads: tuple[str, ...]) -> Recorder:
+    """The run's recorder, as the controller's config describes the run."""
+    config = plan.controller
+    return Recorder(
+        plan.out_dir,
+        mode=config.mode,
+        k=config.effective_K,
+        num_instances=config.instances,
+        slots_per_instance=config.slots,
+        first_version=config.initial_version,
+        overhead_kinds=overheads,
+        texts=plan.texts,
+        records_dir=plan.records_dir,
+    )
 
 
 def _started(workers: list[Any]) -> list[EngineSetup]:
