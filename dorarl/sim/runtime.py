@@ -50,6 +50,8 @@ class RunResult:
 
 
 class SimRuntime:
+    cluster: SimCluster  # made by the driver's `executor` (it answers to the driver)
+
     def __init__(
         self,
         config: ControllerConfig,
