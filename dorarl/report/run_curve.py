@@ -2,7 +2,7 @@
 
 Both plots of a run (its reward_curve.png, `dorarl report compare`'s PNG) draw this curve,
 on one x axis: a step's reward at the version it made, an evaluation at the version it is
-of (the start, v0, at 0). Times are on the run's clock: a resumed run's segments end to end
+of (the start, v0 or the version a run resumed from, at 0). Times are on the run's clock: a resumed run's segments end to end
 (dorarl.record.segments), where each metrics row's own `time_s` starts again at its
 segment's start.
 """
@@ -38,7 +38,8 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
 def curve_of(rows: list[dict[str, Any]], times: list[float]) -> dict[str, Any]:
     """Per step (metrics rows, `times` on the run's clock): the version it made, its reward;
     per evaluated version: its scores and the time it was made."""
-    made_at = {0: 0.0} | {r["new_version"]: t for r, t in zip(rows, times, strict=True)}
+    start = rows[0]["version"] if rows else 0  # a run resumed into a new folder starts later
+    made_at = {start: 0.0} | {r["new_version"]: t for r, t in zip(rows, times, strict=True)}
     evals = sorted({r["eval_version"]: _scores(r) for r in rows if "eval_version" in r}.items())
     return {
         "steps": [r["new_version"] for r in rows],

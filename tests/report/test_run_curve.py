@@ -10,9 +10,9 @@ from dorarl.report.run_curve import read_curve
 
 def test_read_curve_maps_each_evaluated_version_to_the_time_it_was_made(tmp_path):
     rows = [
-        {"step": 0, "new_version": 1, "time_s": 2.0, "reward_mean": 0.1, "eval_accuracy": 0.2, "eval_version": 0},
-        {"step": 1, "new_version": 2, "time_s": 3.5, "reward_mean": 0.3, "eval_accuracy": 0.4, "eval_version": 2},
-        {"step": 2, "new_version": 3, "time_s": 5.0, "reward_mean": 0.5},
+        {"step": 0, "version": 0, "new_version": 1, "time_s": 2.0, "reward_mean": 0.1, "eval_accuracy": 0.2, "eval_version": 0},
+        {"step": 1, "version": 1, "new_version": 2, "time_s": 3.5, "reward_mean": 0.3, "eval_accuracy": 0.4, "eval_version": 2},
+        {"step": 2, "version": 2, "new_version": 3, "time_s": 5.0, "reward_mean": 0.5},
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     curve = read_curve(tmp_path)
@@ -20,6 +20,18 @@ def test_read_curve_maps_each_evaluated_version_to_the_time_it_was_made(tmp_path
     assert curve["eval"] == [
         {"version": 0, "time_s": 0.0, "accuracy": 0.2},
         {"version": 2, "time_s": 3.5, "accuracy": 0.4},
+    ]
+
+
+def test_a_run_resumed_into_a_new_folder_evaluates_its_start_at_time_zero(tmp_path):
+    rows = [
+        {"step": 1, "version": 1, "new_version": 2, "time_s": 1.5, "reward_mean": 0.1, "eval_accuracy": 0.2, "eval_version": 1},
+        {"step": 2, "version": 2, "new_version": 3, "time_s": 3.0, "reward_mean": 0.3, "eval_accuracy": 0.4, "eval_version": 3},
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read_curve(tmp_path)["eval"] == [
+        {"version": 1, "time_s": 0.0, "accuracy": 0.2},
+        {"version": 3, "time_s": 3.0, "accuracy": 0.4},
     ]
 
 

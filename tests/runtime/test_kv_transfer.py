@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.runtime import kv_transfer
-from dorarl.runtime.weight_group import KV_TAG
+from dorarl.runtime.weight_group import KV_TAG, BucketShape
 
 CONFIG = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=128, vocab_size=128)  # fmt: skip
@@ -76,7 +76,8 @@ def test_weight_and_kv_transfers_of_one_pair_keep_apart(pair):
     ticket = held.hold(kv)
     weights = [torch.randn(1000), torch.randn(7)]
     kv_thread = _send_in_thread(kv_transfer.send_held, sender, held, ticket, 1)
-    weight_thread = _send_in_thread(sender.send, iter(weights), 2, 5, 1)
+    shapes = [BucketShape.of(w) for w in weights]
+    weight_thread = _send_in_thread(sender.send, iter(weights), shapes, 5, 1)
     got_weights = [torch.empty_like(w) for w in weights]
     got_kv = [torch.empty_like(kv[0])]
     assert receiver.receive(got_weights, 5, 0)  # the weights first, though sent beside KV
