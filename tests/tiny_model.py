@@ -1,9 +1,10 @@
 """Tiny random models saved as HF folders for tests: Llamas with the built-in character
-tokenizer or a ChatML character tokenizer, and Qwen2 / Qwen3 / Llama 3 folders with a
-byte-level BPE tokenizer trained here (what a user's model folder looks like)."""
+tokenizer or a ChatML character tokenizer, and Qwen2 / Qwen3 / Qwen3-MoE / Llama 3 folders
+with a byte-level BPE tokenizer trained here (what a user's model folder looks like)."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 from dorarl.tasks.chartok import CHARACTERS, build_char_tokenizer
@@ -105,6 +107,9 @@ def build_bpe_chat_tokenizer(corpus: list[str], vocab_size: int = 400) -> PreTra
 FAMILY_CONFIGS = {
     "qwen2": lambda **kw: Qwen2Config(tie_word_embeddings=True, **kw),  # Qwen2.5 0.5B-3B tie
     "qwen3": lambda **kw: Qwen3Config(head_dim=16, **kw),
+    "qwen3_moe": lambda **kw: Qwen3MoeConfig(
+        head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, **kw
+    ),
     "llama3": lambda **kw: LlamaConfig(
         rope_parameters={
             "rope_type": "llama3",
@@ -120,8 +125,9 @@ FAMILY_CONFIGS = {
 
 
 def save_family_model(folder: Path, family: str, corpus: list[str], seed: int = 0) -> Path:
-    """A random model of `family` (qwen2, qwen3, llama3) saved with `save_pretrained`, with a
-    BPE chat tokenizer trained on `corpus`: the shape of a user's Hugging Face folder."""
+    """A random model of `family` (qwen2, qwen3, qwen3_moe, llama3) saved with
+    `save_pretrained`, with a BPE chat tokenizer trained on `corpus`: the shape of a user's
+    Hugging Face folder."""
     tokenizer = build_bpe_chat_tokenizer(corpus)
     tokenizer.save_pretrained(str(folder))
     eos = tokenizer.convert_tokens_to_ids(IM_END)
@@ -135,4 +141,15 @@ def save_family_model(folder: Path, family: str, corpus: list[str], seed: int = 
     with torch.no_grad():  # some responses end early, others run into the cap
         model.get_output_embeddings().weight[eos] *= 6
     model.save_pretrained(folder)
+    return folder
+
+
+def save_with_head_dim(source: Path, folder: Path, head_dim: int) -> Path:
+    """A copy of the model folder `source` whose config.json says `head_dim` (its weights
+    keep their own): a config that does not match its weights, or one Triton cannot run."""
+    folder.mkdir()
+    for item in source.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "head_dim": head_dim}))
     return folder

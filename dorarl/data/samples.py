@@ -45,6 +45,9 @@ class Sample:
     # loss masks out, logprob 0); `turns`, one per turn. Both empty for a single-turn sample.
     observed: list[bool] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
+    # MoE with engine.record_routes: per response token, the expert ids each sparse layer
+    # chose when the engine sampled it (dorarl.data.routes); empty when not recorded.
+    routes: bytes = b""
 
     @property
     def behavior_version(self) -> int:

@@ -54,10 +54,16 @@ def fit_to_model(
     head_dim: int,
     queries_per_kv: int,
     where: str = "the model",
+    experts: bool = False,
 ) -> Backends:
-    """`backends` for a model of this head shape (read from `where`): an explicit choice it
-    cannot run is refused (`refuse_unfit`), `auto` falls back to torch in one log line."""
-    refuse_unfit(config, head_dim, queries_per_kv, where)
+    """`backends` for a model of this head shape (read from `where`) and, with `experts`, of
+    expert layers (their routing is data-dependent: decode runs eagerly, no graphs): an
+    explicit choice it cannot run is refused (`refuse_unfit`), `auto` falls back in one log
+    line."""
+    refuse_unfit(config, head_dim, queries_per_kv, where, experts)
+    if experts and backends.cuda_graphs:
+        logger.info("engine.cuda_graphs=auto: %s has expert layers: eager decode", where)
+        backends = dataclasses.replace(backends, cuda_graphs=False)
     if backends.attention == "cpp" and not cpu_kernels.supports(
         head_dim, queries_per_kv, backends.dtype
     ):
@@ -73,11 +79,19 @@ def fit_to_model(
     return backends
 
 
-def refuse_unfit(config: EngineConfig, head_dim: int, queries_per_kv: int, where: str) -> None:
+def refuse_unfit(
+    config: EngineConfig, head_dim: int, queries_per_kv: int, where: str, experts: bool = False
+) -> None:
     """One line naming the key when an explicit choice cannot run this model's heads: the
     fused CPU kernel covers head_dim 16-256 in powers of two and up to 32 query heads per kv
-    head, the Triton kernels head dims that are powers of two >= 16. Pure: the driver calls
-    it with the model's config before any engine starts."""
+    head, the Triton kernels head dims that are powers of two >= 16; decode graphs are not
+    captured for expert layers. Pure: the driver calls it with the model's config before any
+    engine starts."""
+    if experts and config.cuda_graphs == "on":
+        raise ConfigError(
+            f"engine.cuda_graphs: on is not supported for {where}: its expert layers route "
+            "each step's tokens anew (engine.cuda_graphs=auto decodes eagerly)"
+        )
     if config.attention == "cpp" and not cpu_kernels.supports(
         head_dim, queries_per_kv, torch.float32
     ):

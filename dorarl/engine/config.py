@@ -24,6 +24,7 @@ Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
+PrefixCacheMode = Literal["on", "off", True, False]
 TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
 # Keys per Triton decode partition; fixed so a row's result never depends on its batch.
 DECODE_PARTITION_TOKENS = 512
@@ -122,7 +123,23 @@ class EngineConfig:
             "F.linear) | onednn | torch (F.linear)"
         },
     )
+    prefix_cache: PrefixCacheMode = field(
+        default="on",
+        metadata={
+            "help": "on | off: requests of the hosted version read the KV blocks of prompt "
+            "tokens another request computed (a group's samples prefill their prompt once; "
+            "block_manager.py)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "draws seeds for requests that bring none"})
+    record_routes: bool = field(
+        default=False,
+        metadata={
+            "help": "MoE models: record each sampled token's expert ids per sparse layer "
+            "(top_k bytes a layer, with the sample), which the trainer checks against its own "
+            "routing and replays with trainer.moe.route_replay"
+        },
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -150,6 +167,8 @@ class EngineConfig:
         """The fast-path choices that cannot work on this device, refused up front."""
         if isinstance(self.cuda_graphs, bool):
             self.cuda_graphs = "on" if self.cuda_graphs else "off"
+        if isinstance(self.prefix_cache, bool):
+            self.prefix_cache = "on" if self.prefix_cache else "off"
         on_cuda = self.device.startswith("cuda")
         if self.attention == "triton" and importlib.util.find_spec("triton") is None:
             raise ConfigError("engine.attention: triton is not installed (pip install -e '.[gpu]')")

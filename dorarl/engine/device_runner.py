@@ -45,7 +45,9 @@ class DeviceRunner:
         on_device = None
         if samplers and self.backends.sampler == "device":
             on_device = sampling_batch(rows, self.model.spec.vocab_size, self.device)
-        logits = self._forward(items)
+        routes = self.base.new_routes()
+        logits = self._forward(items, routes)
+        self.base.keep_routes(routes)
         if not samplers:
             return []
         if on_device is not None:
@@ -54,18 +56,29 @@ class DeviceRunner:
             tokens, logprobs = sample(logits, rows)
         return list(zip(samplers, tokens, logprobs, strict=True))
 
-    def _forward(self, items: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Logits of the rows that sample, in row order."""
-        num_decode = sum(1 for seq, n in items if n == 1 and seq.num_uncomputed == 1)
+    @property
+    def last_routes(self) -> torch.Tensor | None:
+        return self.base.last_routes
+
+    def _forward(
+        self, items: list[tuple[Sequence, int]], routes: list[torch.Tensor] | None
+    ) -> torch.Tensor:
+        """Logits of the rows that sample, in row order (MoE models never capture graphs)."""
+        num_decode = sum(1 for seq, _ in items if seq.decodes)
         if self.graphs is not None and num_decode == len(items):
             rows = [SeqRows(seq.block_table, seq.num_computed, 1) for seq, _ in items]
             return self.graphs.run([seq.token_ids[seq.num_computed] for seq, _ in items], rows)
         if self.backends.attention in ("torch", "cpp"):  # the base runner's attention.py
             i = self.base.prepare(items)
-            return self.model.forward(i.input_ids, i.positions, i.attention, i.sample_rows)
-        return self._triton_eager(items, num_decode)
+            return self.model.forward(i.input_ids, i.positions, i.attention, i.sample_rows, routes)
+        return self._triton_eager(items, num_decode, routes)
 
-    def _triton_eager(self, items: list[tuple[Sequence, int]], num_decode: int) -> torch.Tensor:
+    def _triton_eager(
+        self,
+        items: list[tuple[Sequence, int]],
+        num_decode: int,
+        routes: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
         from dorarl.engine.triton_attention import TritonPagedAttention, plan_paged_step
 
         ids, positions, last_rows = [], [], []
@@ -85,7 +98,8 @@ class DeviceRunner:
         )
         every_row = len(last_rows) == len(ids)
         attention = TritonPagedAttention(self.cache, step)
-        return self.model.forward(input_ids, pos, attention, None if every_row else sample_rows)
+        rows = None if every_row else sample_rows
+        return self.model.forward(input_ids, pos, attention, rows, routes)
 
 
 def _upload(values: list[int], device: torch.device) -> torch.Tensor:

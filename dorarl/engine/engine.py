@@ -3,7 +3,10 @@
 A step reads as schedule, move KV, run, postprocess. Between steps the engine accepts new
 requests, continues multi-turn requests with an environment's observation (on the KV they
 kept: the history is not prefilled again), exports and imports requests with their KV (same version only), resumes requests
-from tokens (any version), offloads KV to host memory, and swaps weights. Invariants: every
+from tokens (any version), offloads KV to host memory, and swaps weights. With
+`engine.prefix_cache=on` requests of the hosted version read the KV blocks of prompt tokens
+another request computed (block_manager.py, prefix_cache.py); a weight load frees every
+cached block of the old weights first. Invariants: every
 sampled token is tagged with the version of the weights that sampled it; a bad request or
 a bad weight update raises `UserInputError` and leaves every other request and the current
 weights untouched. At start the engine checks its fast paths on its device (preflight.py;
@@ -24,6 +27,7 @@ import torch
 from transformers import PretrainedConfig
 
 from dorarl.config import ConfigError
+from dorarl.data.routes import route_bytes, unrecorded
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
@@ -44,12 +48,13 @@ from dorarl.engine.outputs import (
     StepWork,
 )
 from dorarl.engine.preflight import check_triton_attention
-from dorarl.engine.scheduler import Batch, Scheduler
+from dorarl.engine.scheduler import Batch, Restore, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence
 from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.weights import (
     check_named,
+    from_checkpoint,
     load_folder,
     load_in_place,
     pack,
@@ -70,6 +75,8 @@ _COUNTERS = (
     "preemptions",
     "migrations_in",
     "migrations_out",
+    "prefill_tokens",
+    "prefill_saved_tokens",
 )
 
 
@@ -90,8 +97,9 @@ class Engine:
         self.device = torch.device(config.device)
         queries_per_kv = self.spec.num_heads // self.spec.num_kv_heads
         self.backends = fit_to_model(
-            resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where
-        )
+            resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where,
+            experts=self.spec.moe is not None,
+        )  # fmt: skip
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version
         self.fallbacks: list[FastPathFallback] = []
@@ -99,20 +107,16 @@ class Engine:
         self.model = self._build_model(named_weights, where)
         if self.backends.attention == "triton":
             self._check_triton(queries_per_kv)
-        self.kv_plan = self._plan_pool()  # on cuda: what its memory share holds
-        self.kv_blocks = config.kv_blocks if self.kv_plan is None else self.kv_plan.blocks
-        shape = KVShape(
-            self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
-        )
-        # With graphs, one more block than the block manager hands out: padding rows' scratch.
-        pool_blocks = self.kv_blocks + int(self.backends.cuda_graphs)
-        self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
-        self.blocks = BlockManager(self.kv_blocks, config.host_blocks, config.block_size)
+        self._make_kv_pool()
         self.scheduler = Scheduler(
-            self.blocks, config.max_num_seqs, config.prefill_chunk_size, config.offload_threshold
-        )
+            self.blocks, config.max_num_seqs, config.prefill_chunk_size,
+            config.offload_threshold, config.prefix_cache == "on", version,
+        )  # fmt: skip
         fused = self._cpu_kernels()
-        self.runner = ModelRunner(self.model, self.kv, fused.decode if fused else None)
+        self.record_routes = self._records_routes(where)
+        self.runner = ModelRunner(
+            self.model, self.kv, fused.decode if fused else None, self.record_routes
+        )
         self.graphs = self._graphs() if self.backends.cuda_graphs else None
         if self.backends.fast:  # the GPU fast paths; the CPU default keeps ModelRunner alone
             self.runner = DeviceRunner(self.model, self.runner, self.backends, self.graphs)
@@ -121,6 +125,26 @@ class Engine:
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self.last_step = StepWork()  # what the latest `step` computed
+
+    def _make_kv_pool(self) -> None:
+        """The KV pool (on cuda: what its memory share holds) and its block manager."""
+        config = self.config
+        self.kv_plan = self._plan_pool()
+        self.kv_blocks = config.kv_blocks if self.kv_plan is None else self.kv_plan.blocks
+        shape = KVShape(
+            self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim, config.block_size
+        )
+        # With graphs, one more block than the block manager hands out: padding rows' scratch.
+        pool_blocks = self.kv_blocks + int(self.backends.cuda_graphs)
+        self.kv = KVCache(shape, pool_blocks, config.host_blocks, self.device, self.dtype)
+        self.blocks = BlockManager(self.kv_blocks, config.host_blocks, config.block_size)
+
+    def _records_routes(self, where: str) -> bool:
+        if self.config.record_routes and self.spec.moe is None:
+            logger.warning(
+                "engine.record_routes: %s has no expert layers; nothing to record", where
+            )
+        return self.config.record_routes and self.spec.moe is not None
 
     # --- fast paths and memory, at start ------------------------------------------------
     def _check_triton(self, queries_per_kv: int) -> None:
@@ -222,9 +246,8 @@ class Engine:
         """Load a local Hugging Face folder (config.json + *.safetensors)."""
         hf_config = read_hf_config(folder)
         where = str(Path(folder) / "config.json")
-        return cls(
-            hf_config, config, load_folder(folder), version, where, FolderDecoder(str(folder))
-        )
+        named = from_checkpoint(spec_from_hf(hf_config, where), load_folder(folder))
+        return cls(hf_config, config, named, version, where, FolderDecoder(str(folder)))
 
     @classmethod
     def from_hf_config(
@@ -313,6 +336,10 @@ class Engine:
         """Output tokens the request has so far."""
         return self._get(request_id).num_output
 
+    def block_table(self, request_id: str) -> list[int]:
+        """The device blocks the request reads now, in order (a copy; empty off the device)."""
+        return list(self._get(request_id).block_table)
+
     # --- one step ---------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
@@ -326,35 +353,53 @@ class Engine:
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
         finished = self._postprocess(batch, sampled)
+        prefill = sum(n for _, n in batch.prefill)
+        self._counters["prefill_tokens"] += prefill
+        self._counters["prefill_saved_tokens"] += batch.saved_tokens
         self.last_step = StepWork(
             rows=len(batch.decode) + len(batch.prefill),
             decode_tokens=len(batch.decode),
-            prefill_tokens=sum(n for _, n in batch.prefill),
+            prefill_tokens=prefill,
             resident_tokens=sum(seq.num_computed for seq in self.scheduler.running),
+            saved_tokens=batch.saved_tokens,
         )
         return finished
 
     def _move_kv(self, batch: Batch) -> None:
-        # Offloads first: a restore may reuse device blocks an offload just vacated.
+        # Offloads first: a restore or a copy may reuse device blocks an offload just vacated.
         for off in batch.offloads:
             self.kv.offload(off.device_blocks, off.host_blocks)
         for res in batch.restores:
-            if res.source is KVPlace.HOST:
-                self.kv.restore(res.host_blocks, res.device_blocks)
-            else:
-                self.kv.load(self._detached.pop(res.seq.request_id), res.device_blocks)
+            self._restore(res)
+        if batch.copies:
+            self.kv.copy_blocks([c.src for c in batch.copies], [c.dst for c in batch.copies])
+            self.scheduler.copied(batch)
         self._counters["offloads"] += len(batch.offloads)
         self._counters["restores"] += sum(r.source is KVPlace.HOST for r in batch.restores)
         self._counters["preemptions"] += len(batch.preempted)
 
+    def _restore(self, res: Restore) -> None:
+        """A sequence's KV back into the pool, but for its first `skip` blocks, which it
+        reads from the prefix cache instead."""
+        kv = self._detached.pop(res.seq.request_id, None)
+        if not res.device_blocks:
+            return
+        if res.source is KVPlace.HOST:
+            self.kv.restore(res.host_blocks[res.skip :], res.device_blocks)
+        else:
+            assert kv is not None, f"request {res.seq.request_id!r}: no imported KV to restore"
+            self.kv.load(kv[:, :, :, res.skip * self.config.block_size :], res.device_blocks)
+
     def _postprocess(
         self, batch: Batch, sampled: list[tuple[Sequence, int, float]]
     ) -> list[RequestOutput]:
-        for seq, n in batch.items:
-            seq.num_computed += n
+        self.scheduler.computed(batch)
         finished = []
-        for seq, token, logprob in sampled:
+        routes = self.runner.last_routes if self.record_routes else None
+        for row, (seq, token, logprob) in enumerate(sampled):
             seq.append(token, logprob, self.version, self.config.max_model_len)
+            if routes is not None:
+                seq.routes += routes[row].numpy().tobytes()
             if seq.finished and seq.params.multi_turn:
                 self.scheduler.park(seq)  # a turn ended: the caller continues or ends it
                 finished.append(_output(seq))
@@ -382,8 +427,14 @@ class Engine:
         if room < (seq.params.target_len or 1):
             return False
         seq.observe(obs, self.version)
+        if self.record_routes:
+            seq.routes += self._no_routes(len(obs))
         self.scheduler.unpark(seq)
         return True
+
+    def _no_routes(self, tokens: int) -> bytes:
+        assert self.spec.moe is not None
+        return unrecorded(tokens, self.spec.moe.route_width, self.spec.moe.num_experts)
 
     def end_request(self, request_id: str) -> RequestOutput:
         """End a request waiting for its environment (the episode is done): its output,
@@ -433,6 +484,7 @@ class Engine:
         if snap.kv is not None and snap.num_computed > 0:
             seq.num_computed = snap.num_computed
             seq.kv_place = KVPlace.DETACHED
+            seq.kv_version = None if snap.kv_mixed else snap.version
             self._detached[seq.request_id] = snap.kv
         self._enqueue(seq)
         self._counters["migrations_in"] += 1
@@ -473,12 +525,30 @@ class Engine:
             reprefill_tokens=snap.reprefill_tokens,
             observed=list(snap.observed) or [False] * len(output_ids),
             turn_start=snap.turn_start, waits_env=snap.waits_env,
+            routes=bytearray(self._snapshot_routes(snap)),
         )  # fmt: skip
         if seq.waits_env:
             seq.finish_reason, seq.stop_string = snap.turn_reason, snap.turn_stop_string
         opened = seq.num_prompt + seq.turn_start
         seq.stop_text = self._stop_text(snap.params, seq.token_ids[:opened], seq.token_ids[opened:])
         return seq
+
+    def _snapshot_routes(self, snap: RequestSnapshot) -> bytes:
+        """The snapshot's routes, one per output token, or none where this engine records
+        none; tokens sampled by an engine that did not record get 'no route'."""
+        if not self.record_routes:
+            return b""
+        assert self.spec.moe is not None
+        tokens, m = len(snap.output_ids), self.spec.moe
+        if not snap.routes:
+            return self._no_routes(tokens)
+        if len(snap.routes) != route_bytes(tokens, m.route_width, m.num_experts):
+            raise UserInputError(
+                f"request {snap.request_id!r}: snapshot routes hold {len(snap.routes)} bytes, "
+                f"{tokens} output tokens of this model take "
+                f"{route_bytes(tokens, m.route_width, m.num_experts)}"
+            )
+        return snap.routes
 
     def _check_snapshot_kv(self, snap: RequestSnapshot) -> None:
         if snap.kv is None:
@@ -536,6 +606,7 @@ class Engine:
             kv_blocks_used=self.blocks.device.num_used,
             kv_blocks_free=self.blocks.device.num_free,
             kv_blocks_total=self.blocks.device.num_total,
+            kv_blocks_cached=self.blocks.device.num_cached,
             host_blocks_used=self.blocks.host.num_used,
             host_blocks_total=self.blocks.host.num_total,
             max_num_seqs=self.config.max_num_seqs,
@@ -546,6 +617,8 @@ class Engine:
             preemptions=c["preemptions"],
             migrations_in=c["migrations_in"],
             migrations_out=c["migrations_out"],
+            prefill_tokens=c["prefill_tokens"],
+            prefill_saved_tokens=c["prefill_saved_tokens"],
         )
 
     # --- weights ------------------------------------------------------------------------
@@ -553,10 +626,13 @@ class Engine:
         """Swap in another version's weights between steps (all tensors checked first: a
         refused load leaves the old weights whole).
 
-        Requests still in the engine continue on their existing KV under the new weights
-        and their new tokens carry the new version; callers that need one version per
-        trajectory migrate or abort them first."""
+        Every cached prefix block of the old weights is freed first. Requests still in the
+        engine continue on their existing KV under the new weights and their new tokens
+        carry the new version (their KV is shared with no request of the new version);
+        callers that need one version per trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
+        # KV of the old weights is never read by a request that starts from now on.
+        self.scheduler.new_version(version)
         # tensor by tensor into the live storage: no transient second weight set, and the
         # captured graphs, which read these addresses, stay valid
         load_in_place(self.spec, self.model.weights, named_tensors)
@@ -602,6 +678,7 @@ def _output(seq: Sequence) -> RequestOutput:
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
         stop_string=seq.stop_string,
+        routes=bytes(seq.routes),
     )
 
 
@@ -625,5 +702,7 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
         turn_reason=seq.finish_reason if seq.waits_env else None,
+        kv_mixed=kv is not None and seq.kv_version != version,
         turn_stop_string=seq.stop_string if seq.waits_env else None,
+        routes=bytes(seq.routes),
     )

@@ -64,6 +64,11 @@ class KVCache:
         keys, values = self._layer_kv[layer]
         return keys[lo:hi], values[lo:hi]
 
+    def blocks(self, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of pool blocks `ids`, gathered: `[len(ids), kv_heads, block_size, dim]`."""
+        keys, values = self._layer_kv[layer]
+        return keys.index_select(0, ids), values.index_select(0, ids)
+
     def gather(
         self, layer: int, tiles: torch.Tensor, batch: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,6 +98,10 @@ class KVCache:
         src = torch.tensor(host_blocks)
         dst = torch.tensor(device_blocks, device=self.device)
         self.pool.index_copy_(2, dst, self._to_device(self._host_select(src)))
+
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Pool blocks `src` into blocks `dst`, every layer (copy on write of a shared prefix)."""
+        self.pool.index_copy_(2, self._index(dst), self.pool.index_select(2, self._index(src)))
 
     def export(
         self, device_blocks: list[int], num_tokens: int, to_host: bool = True

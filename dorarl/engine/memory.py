@@ -45,9 +45,14 @@ def weight_bytes(spec: ModelSpec, dtype_bytes: int) -> int:
 def activation_bytes_per_token(spec: ModelSpec, dtype_bytes: int) -> int:
     """The most one token's pass through a layer keeps live at once (each layer's
     temporaries go before the next): the residual and its norm (computed in float32), q|k|v
-    and its roped copies, the attention output, and the MLP's gate|up, activation and product."""
+    and its roped copies, the attention output, and the MLP's gate|up, activation and product;
+    in an expert layer also its router's float32 probabilities and, per routed expert, the
+    token's gathered copy, that expert's output and its weighted copy."""
     h, qkv = spec.hidden_size, spec.q_size + 2 * spec.kv_size
-    return dtype_bytes * (3 * h + 3 * qkv + spec.q_size + 4 * spec.intermediate_size) + 8 * h
+    values = 3 * h + 3 * qkv + spec.q_size + 4 * spec.mlp_width
+    routing = 0 if spec.moe is None else 3 * spec.moe.top_k * h * dtype_bytes
+    routing += 0 if spec.moe is None else 8 * spec.moe.num_experts
+    return dtype_bytes * values + 8 * h + routing
 
 
 def default_buckets(max_batch: int) -> list[int]:

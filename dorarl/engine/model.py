@@ -1,4 +1,4 @@
-"""The decoder forward pass (Llama / Qwen2 / Qwen3 families) over a step's flattened tokens.
+"""The decoder forward pass (Llama / Qwen2 / Qwen3 and their MoE kin) over a step's tokens.
 
 Tokens of all sequences in a step form one `[tokens, hidden]` matrix, so every matmul is
 batched across requests; attention is delegated to a backend (the paged pool in the
@@ -7,7 +7,11 @@ RMSNorm in float32, rotate-half RoPE from precomputed tables, SiLU-gated MLP; th
 adds ride in the o and down products (`Linear.add_to`); Qwen3's per-head q/k RMSNorm before
 RoPE where the weights carry it (`norm_qk_heads`). A layer is `_attention` then `_mlp`,
 each reading and returning the residual stream, so a model family's extra step goes in
-one place.
+one place. A sparse layer's MLP is its expert block, routed as transformers routes it
+(`route`): softmax of the router's logits in float32, top-k, renormalised where the family
+does; its experts run grouped by expert (`linear.Experts`), a gated shared expert beside
+them (Qwen2-MoE). With `routes` given, forward appends each sparse layer's expert ids of the
+rows that sample: what the engine records per sampled token.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from dorarl.engine.model_spec import ModelSpec
-from dorarl.engine.weights import LayerWeights, ModelWeights
+from dorarl.engine.model_spec import ModelSpec, MoESpec
+from dorarl.engine.weights import ExpertBlock, LayerWeights, ModelWeights
 
 
 class AttentionBackend(Protocol):
@@ -76,14 +80,19 @@ class Transformer:
         positions: torch.Tensor,
         attention: AttentionBackend,
         sample_rows: torch.Tensor | None = None,
+        routes: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Logits `[rows, vocab]` in float32 for `sample_rows` (all rows when None)."""
+        """Logits `[rows, vocab]` in float32 for `sample_rows` (all rows when None); with
+        `routes`, each sparse layer's expert ids `[sample rows, top_k]` appended to it."""
         w = self.weights
         cos_sin = self.cos[positions].unsqueeze(1), self.sin_signed[positions].unsqueeze(1)
         x = F.embedding(input_ids, w.embed)
         for i, layer in enumerate(w.layers):
             x = self._attention(i, layer, x, cos_sin, attention)
-            x = self._mlp(layer, x)
+            if layer.moe is None:
+                x = self._mlp(layer, x)
+            else:
+                x = self._experts(layer, x, sample_rows, routes)
         if sample_rows is not None:
             x = x.index_select(0, sample_rows)
         return w.lm_head(self.norm(x, w.norm, self.spec.rms_norm_eps)).float()
@@ -108,8 +117,52 @@ class Transformer:
 
     def _mlp(self, layer: LayerWeights, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x, layer.post_norm, self.spec.rms_norm_eps)
-        gate, up = layer.gate_up(h).chunk(2, dim=-1)
-        return layer.down.add_to(x, F.silu(gate) * up)
+        return dense_mlp(layer.gate_up, layer.down, h, x)
+
+    def _experts(
+        self,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        sample_rows: torch.Tensor | None,
+        routes: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
+        assert layer.moe is not None and self.spec.moe is not None
+        h = self.norm(x, layer.post_norm, self.spec.rms_norm_eps)
+        out, experts = expert_block(layer.moe, self.spec.moe, h)
+        if routes is not None:
+            routes.append(experts if sample_rows is None else experts.index_select(0, sample_rows))
+        return x + out
+
+
+def dense_mlp(gate_up, down, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """down(silu(gate(h)) * up(h)), plus `residual` where given."""
+    gate, up = gate_up(h).chunk(2, dim=-1)
+    if residual is None:
+        return down(F.silu(gate) * up)
+    return down.add_to(residual, F.silu(gate) * up)
+
+
+def route(logits: torch.Tensor, moe: MoESpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-k weights, expert ids) `[tokens, top_k]` from router logits, as transformers
+    computes them: softmax in float32, top-k, renormalised if the family does, the weights
+    back in the logits' dtype unless the family keeps them in float32."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    top, experts = torch.topk(probs, moe.top_k, dim=-1)
+    if moe.norm_topk:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return (top if moe.float_weights else top.to(logits.dtype)), experts
+
+
+def expert_block(
+    block: ExpertBlock, moe: MoESpec, h: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the block's output, the expert ids each token was routed to)."""
+    weights, experts = route(block.router(h), moe)
+    out = block.experts(h, experts, weights)
+    if block.shared_gate is not None:
+        shared = dense_mlp(block.shared_gate_up, block.shared_down, h, None)
+        out = out + torch.sigmoid(block.shared_gate(h)) * shared
+    return out, experts
 
 
 def norm_qk_heads(qkv: torch.Tensor, layer: LayerWeights, spec: ModelSpec) -> torch.Tensor:

@@ -4,6 +4,8 @@ Row order is decode rows, then one chunk per prefill row. Everything the layers 
 (token ids, positions, pool write rows, the attention plan, the rows that need logits) is
 built once per step here, never per layer. A row samples only when its chunk
 reaches the end of its sequence's tokens; earlier prefill chunks just fill the KV pool.
+With `record_routes` (an MoE model), `last_routes` holds after each step the expert ids of
+the rows that sampled, `[rows, width]` on the CPU in the routes' dtype (data/routes.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dorarl.data.routes import route_dtype
 from dorarl.engine.attention import (
     DecodePlan,
     PagedAttention,
@@ -40,25 +43,45 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(
-        self, model: Transformer, cache: KVCache, decode_kernel: DecodeKernel | None = None
+        self,
+        model: Transformer,
+        cache: KVCache,
+        decode_kernel: DecodeKernel | None = None,
+        record_routes: bool = False,
     ) -> None:
         self.model = model
         self.cache = cache
         self.device = cache.device
         self.decode_kernel = decode_kernel  # the fused CPU decode attention, or None
+        self.record_routes = record_routes
+        self.last_routes: torch.Tensor | None = None
 
     def run(self, batch: Batch) -> list[tuple[Sequence, int, float]]:
         """(sequence, token, logprob) for each row that sampled this step."""
         items = self.order(batch)
         inputs = self.prepare(items)
+        routes = self.new_routes()
         logits = self.model.forward(
-            inputs.input_ids, inputs.positions, inputs.attention, inputs.sample_rows
+            inputs.input_ids, inputs.positions, inputs.attention, inputs.sample_rows, routes
         )
+        self.keep_routes(routes)
         if not inputs.samplers:
             return []
         rows = [SampleRow(s.params, s.seed, s.num_output) for s in inputs.samplers]
         tokens, logprobs = sample(logits, rows)
         return list(zip(inputs.samplers, tokens, logprobs, strict=True))
+
+    def new_routes(self) -> list[torch.Tensor] | None:
+        return [] if self.record_routes else None
+
+    def keep_routes(self, routes: list[torch.Tensor] | None) -> None:
+        """The step's sampled rows' routes `[rows, layers x top_k]`, on the CPU, compact."""
+        if not routes:
+            self.last_routes = None
+            return
+        assert self.model.spec.moe is not None  # routes come from expert layers only
+        dtype = getattr(torch, route_dtype(self.model.spec.moe.num_experts))
+        self.last_routes = torch.stack(routes, dim=1).flatten(1).to(dtype).cpu()
 
     @staticmethod
     def order(batch: Batch) -> list[tuple[Sequence, int]]:
@@ -104,7 +127,7 @@ class ModelRunner:
         per_kv = self.model.spec.num_heads // s.num_kv_heads
         args = (s.num_kv_heads, per_kv, s.block_size, self.device)
         rows = [SeqRows(seq.block_table, seq.num_computed, n) for seq, n in items]
-        num_decode = sum(1 for seq, n in items if n == 1 and seq.num_uncomputed == 1)
+        num_decode = sum(1 for seq, _ in items if seq.decodes)
         decode = None
         if num_decode:
             fused = self.decode_kernel is not None

@@ -1,10 +1,16 @@
-"""What the engine needs from a Hugging Face config (Llama, Qwen2, Qwen3), checked up front.
+"""What the engine needs from a Hugging Face config, checked up front: the dense families
+(Llama, Qwen2, Qwen3) and the Mixture-of-Experts ones (Qwen3-MoE, Qwen2-MoE, Mixtral).
 
 `ModelSpec` is the single source of tensor names and shapes: weight loading, weight
 updates and `state_dict()` all agree on it. How the families differ is data (`FAMILIES`:
-which projections carry biases, whether q and k are normalised per head), not code paths.
-Unsupported settings raise `UserInputError` naming the setting (and the file, when the
-config came from one).
+which projections carry biases, whether q and k are normalised per head, and for an MoE
+family its `Experts`: where the config keeps the expert count and width, whether the top-k
+weights are renormalised, whether a gated shared expert runs beside them, which layers are
+sparse), not code paths. Expert tensors are named and shaped as transformers 5 holds them
+in memory (`mlp.experts.gate_up_proj` [experts, 2 x width, hidden], `mlp.experts.down_proj`
+[experts, hidden, width], the router `mlp.gate.weight`); a checkpoint's own per-expert
+layout is converted on reading (weights.py). Unsupported settings raise `UserInputError`
+naming the setting (and the file, when the config came from one).
 """
 
 from __future__ import annotations
@@ -22,6 +28,21 @@ from dorarl.errors import UserInputError
 
 
 @dataclass(frozen=True)
+class Experts:
+    """An MoE family's expert block, as its config and checkpoints describe it."""
+
+    count: str  # the config key of the number of experts
+    width: str  # the config key of each expert's intermediate size
+    norm_topk: bool | str  # renormalise the top-k probabilities (or the key that says so)
+    shared: bool  # a dense shared expert behind a sigmoid gate, added to every token's mix
+    every_layer: bool  # all layers sparse; else Qwen's mlp_only_layers / decoder_sparse_step
+    float_weights: bool = False  # the top-k weights stay float32 (Mixtral), else model dtype
+    # Checkpoint files keep one module per expert: `{block}.experts.{j}.{gate|up|down}.weight`.
+    block: str = "mlp"
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
 class Family:
     """A model type's layer layout. A bias is a fixed answer or the config key that gives it."""
 
@@ -29,8 +50,10 @@ class Family:
     o_bias: bool | str
     mlp_bias: bool | str
     qk_norm: bool  # RMSNorm over each q and k head (head_dim weights) before RoPE
+    experts: Experts | None = None  # an MoE family's expert block
 
 
+QWEN_EXPERTS = dict(count="num_experts", width="moe_intermediate_size", every_layer=False)
 FAMILIES = {
     "llama": Family(
         qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias="mlp_bias", qk_norm=False
@@ -39,10 +62,58 @@ FAMILIES = {
     "qwen3": Family(
         qkv_bias="attention_bias", o_bias="attention_bias", mlp_bias=False, qk_norm=True
     ),
+    "qwen3_moe": Family(
+        qkv_bias="attention_bias",
+        o_bias="attention_bias",
+        mlp_bias=False,
+        qk_norm=True,
+        experts=Experts(norm_topk="norm_topk_prob", shared=False, **QWEN_EXPERTS),
+    ),
+    "qwen2_moe": Family(
+        qkv_bias="qkv_bias",
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=False,
+        experts=Experts(norm_topk="norm_topk_prob", shared=True, **QWEN_EXPERTS),
+    ),
+    "mixtral": Family(
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=False,
+        experts=Experts(
+            count="num_local_experts",
+            width="intermediate_size",
+            norm_topk=True,  # softmax over all, top-k, renormalised: softmax over the top-k
+            shared=False,
+            every_layer=True,
+            float_weights=True,
+            block="block_sparse_moe",
+            names=("w1", "w3", "w2"),
+        ),
+    ),
 }
 SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # RoPE types whose frequencies depend on the sequence length are not a fixed table.
 _LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """The expert blocks of an MoE model: which layers have them and their shape."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # each expert's intermediate width
+    norm_topk: bool  # the top-k probabilities renormalised to sum to one
+    sparse_layers: tuple[int, ...]  # layers with experts; the others have a dense MLP
+    shared_expert_size: int = 0  # 0: no shared expert
+    float_weights: bool = False  # top-k weights kept in float32 rather than the model dtype
+
+    @property
+    def route_width(self) -> int:
+        """Expert ids one token's route holds: top_k per sparse layer."""
+        return len(self.sparse_layers) * self.top_k
 
 
 @dataclass(frozen=True)
@@ -63,6 +134,21 @@ class ModelSpec:
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
     qk_norm: bool = False
+    moe: MoESpec | None = None
+
+    def sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is an expert block."""
+        return self.moe is not None and layer in self.moe.sparse_layers
+
+    @property
+    def mlp_width(self) -> int:
+        """The widest intermediate activation of one token in any layer's MLP."""
+        if self.moe is None:
+            return self.intermediate_size
+        m = self.moe
+        sparse = m.top_k * m.expert_size + m.shared_expert_size
+        dense = self.intermediate_size if len(m.sparse_layers) < self.num_layers else 0
+        return max(sparse, dense)
 
     @property
     def q_size(self) -> int:
@@ -78,16 +164,15 @@ class ModelSpec:
             "model.embed_tokens.weight": (self.vocab_size, self.hidden_size)
         }
         for i in range(self.num_layers):
-            shapes.update(self._layer_shapes(f"model.layers.{i}."))
+            shapes.update(self._layer_shapes(f"model.layers.{i}.", self.sparse(i)))
         shapes["model.norm.weight"] = (self.hidden_size,)
         if not self.tie_word_embeddings:
             shapes["lm_head.weight"] = (self.vocab_size, self.hidden_size)
         return shapes
 
-    def _layer_shapes(self, prefix: str) -> dict[str, tuple[int, ...]]:
-        h, inter = self.hidden_size, self.intermediate_size
+    def _layer_shapes(self, prefix: str, sparse: bool) -> dict[str, tuple[int, ...]]:
+        h = self.hidden_size
         attn = f"{prefix}self_attn."
-        mlp = f"{prefix}mlp."
         shapes = {
             f"{prefix}input_layernorm.weight": (h,),
             f"{attn}q_proj.weight": (self.q_size, h),
@@ -95,10 +180,11 @@ class ModelSpec:
             f"{attn}v_proj.weight": (self.kv_size, h),
             f"{attn}o_proj.weight": (h, self.q_size),
             f"{prefix}post_attention_layernorm.weight": (h,),
-            f"{mlp}gate_proj.weight": (inter, h),
-            f"{mlp}up_proj.weight": (inter, h),
-            f"{mlp}down_proj.weight": (h, inter),
         }
+        if sparse:
+            shapes.update(self._expert_shapes(f"{prefix}mlp."))
+        else:
+            shapes.update(_mlp_shapes(f"{prefix}mlp.", h, self.intermediate_size, self.mlp_bias))
         if self.qkv_bias:
             shapes.update(
                 {f"{attn}q_proj.bias": (self.q_size,), f"{attn}k_proj.bias": (self.kv_size,)}
@@ -109,9 +195,20 @@ class ModelSpec:
         if self.qk_norm:
             shapes[f"{attn}q_norm.weight"] = (self.head_dim,)
             shapes[f"{attn}k_norm.weight"] = (self.head_dim,)
-        if self.mlp_bias:
-            for name, size in (("gate_proj", inter), ("up_proj", inter), ("down_proj", h)):
-                shapes[f"{mlp}{name}.bias"] = (size,)
+        return shapes
+
+    def _expert_shapes(self, mlp: str) -> dict[str, tuple[int, ...]]:
+        """The router, the experts as transformers 5 stacks them, and a shared expert."""
+        assert self.moe is not None
+        h, m = self.hidden_size, self.moe
+        shapes = {
+            f"{mlp}gate.weight": (m.num_experts, h),
+            f"{mlp}experts.gate_up_proj": (m.num_experts, 2 * m.expert_size, h),
+            f"{mlp}experts.down_proj": (m.num_experts, h, m.expert_size),
+        }
+        if m.shared_expert_size:
+            shapes.update(_mlp_shapes(f"{mlp}shared_expert.", h, m.shared_expert_size, False))
+            shapes[f"{mlp}shared_expert_gate.weight"] = (1, h)
         return shapes
 
     def num_parameters(self) -> int:
@@ -122,6 +219,18 @@ class ModelSpec:
                 count *= dim
             total += count
         return total
+
+
+def _mlp_shapes(mlp: str, hidden: int, inter: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    shapes = {
+        f"{mlp}gate_proj.weight": (inter, hidden),
+        f"{mlp}up_proj.weight": (inter, hidden),
+        f"{mlp}down_proj.weight": (hidden, inter),
+    }
+    if bias:
+        for name, size in (("gate_proj", inter), ("up_proj", inter), ("down_proj", hidden)):
+            shapes[f"{mlp}{name}.bias"] = (size,)
+    return shapes
 
 
 def read_hf_config(folder: str | Path) -> PretrainedConfig:
@@ -170,6 +279,32 @@ def spec_from_hf(config: PretrainedConfig, where: str = "hf_config") -> ModelSpe
         if isinstance(eos, list | tuple)
         else (() if eos is None else (eos,)),
         qk_norm=family.qk_norm,
+        moe=_moe_spec(config, family.experts, where) if family.experts else None,
+    )
+
+
+def _moe_spec(config: PretrainedConfig, experts: Experts, where: str) -> MoESpec:
+    count, top_k = getattr(config, experts.count), config.num_experts_per_tok
+    if not 0 < top_k <= count:
+        raise UserInputError(
+            f"{where}: num_experts_per_tok must be in [1, {experts.count}={count}], got {top_k}"
+        )
+    layers = range(config.num_hidden_layers)
+    if experts.every_layer:
+        sparse = tuple(layers)
+    else:
+        dense = set(getattr(config, "mlp_only_layers", None) or ())
+        step = config.decoder_sparse_step
+        sparse = tuple(i for i in layers if i not in dense and (i + 1) % step == 0)
+    shared = getattr(config, "shared_expert_intermediate_size", 0) if experts.shared else 0
+    return MoESpec(
+        num_experts=count,
+        top_k=top_k,
+        expert_size=getattr(config, experts.width),
+        norm_topk=_flag(config, experts.norm_topk),
+        sparse_layers=sparse,
+        shared_expert_size=shared,
+        float_weights=experts.float_weights,
     )
 
 
@@ -184,6 +319,12 @@ def _check_supported(config: PretrainedConfig, where: str) -> None:
         )
     if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
         raise UserInputError(f"{where}: sliding-window attention layers are not supported")
+    if FAMILIES[config.model_type].experts and getattr(config, "sliding_window", None):
+        # Mixtral and Qwen3-MoE mask every layer by the window whenever one is set.
+        raise UserInputError(
+            f"{where}: sliding_window {config.sliding_window} is not supported (full "
+            "attention only)"
+        )
     rope_type = _rope_parameters(config).get("rope_type", "default")
     if rope_type in _LENGTH_DEPENDENT_ROPE or (
         rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS

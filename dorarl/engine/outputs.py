@@ -34,6 +34,7 @@ class RequestOutput:
     turn_start: int = 0  # output index where the last turn's sampled tokens begin
     waits_env: bool = False  # multi-turn: a turn ended; continue_request or end_request next
     stop_string: str | None = None  # the stop string that ended the (last) turn
+    routes: bytes = b""  # MoE, engine.record_routes: each output token's experts (data/routes.py)
 
     @property
     def turn_ids(self) -> list[int]:
@@ -63,7 +64,10 @@ class RequestSnapshot:
     turn_start: int = 0
     waits_env: bool = False  # a multi-turn request between turns (KV kept, no slot)
     turn_reason: str | None = None  # how its last turn ended, while it waits
+    # a weight load came while it held KV, so `kv` mixes versions: continued, never shared
+    kv_mixed: bool = False
     turn_stop_string: str | None = None  # and the stop string that ended it, if one did
+    routes: bytes = b""  # the output tokens' recorded experts (data/routes.py), if any
 
     @property
     def num_tokens(self) -> int:
@@ -86,6 +90,7 @@ class StepWork:
     decode_tokens: int = 0  # rows that decoded one token
     prefill_tokens: int = 0  # prompt (or re-prefill) tokens computed in chunks
     resident_tokens: int = 0  # tokens with KV in the device pool after the step
+    saved_tokens: int = 0  # prompt tokens whose KV the prefix cache gave (not computed)
 
     @property
     def extra_tokens(self) -> int:
@@ -100,7 +105,7 @@ class EngineStats:
     waiting: int  # queued with no KV on this engine's host pool (fresh, preempted, imported)
     offloaded: int  # queued with KV in the host pool
     env_waiting: int  # multi-turn requests between turns: KV held, no slot
-    kv_blocks_used: int
+    kv_blocks_used: int  # held by requests (idle cached blocks are free: taken on demand)
     kv_blocks_free: int
     kv_blocks_total: int
     host_blocks_used: int
@@ -113,14 +118,27 @@ class EngineStats:
     preemptions: int  # KV dropped for recompute, total
     migrations_in: int
     migrations_out: int
+    kv_blocks_cached: int = 0  # blocks the prefix cache keys, held or idle
+    prefill_tokens: int = 0  # prompt tokens computed, total
+    prefill_saved_tokens: int = 0  # prompt tokens the prefix cache gave instead, total
 
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
     @property
+    def prefix_hit_rate(self) -> float:
+        """Share of the prompt tokens placed so far whose KV came from the prefix cache."""
+        return prefix_hit_rate(self.prefill_tokens, self.prefill_saved_tokens)
+
+    @property
     def free_slots(self) -> int:
         return max(0, self.max_num_seqs - self.running)
+
+
+def prefix_hit_rate(computed: int, saved: int) -> float:
+    """Saved over all prompt tokens placed (computed ones count re-prefills too)."""
+    return saved / (computed + saved) if computed + saved else 0.0
 
 
 @dataclass(frozen=True)

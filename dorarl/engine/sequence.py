@@ -6,8 +6,13 @@ detached tensor the engine keeps for an imported request); `versions` and `logpr
 have one entry per output token, and so does `observed` (True for a token an environment
 appended between turns: never sampled, logprob 0). The request's random stream is
 (seed, len(output_ids)), so it travels with the request and is independent of batch
-neighbours. A multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it
-holds its KV but no slot until `Engine.continue_request` appends the next observation.
+neighbours. With routes recorded (an MoE model, engine.record_routes), `routes` holds each
+output token's expert ids (dorarl/data/routes.py), as `logprobs` holds its logprob. A
+multi-turn request (`params.multi_turn`) whose turn ended `waits_env`: it holds its KV but
+no slot until `Engine.continue_request` appends the next observation.
+`kv_version` is the weights version its KV was computed under (None: none yet, or a weight
+load came while it held KV, so its KV mixes versions): the prefix cache shares blocks of
+that version only, and keys its first `num_cached` prompt blocks.
 A request with stop strings carries its turn's `StopText`; a turn ends on a stop token,
 then a stop string, then the length cap, so a turn that completes a stop string at its cap
 ends "stop_string".
@@ -18,6 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from dorarl.engine.block_manager import PromptKeys
 from dorarl.engine.config import SamplingParams
 from dorarl.engine.stop_strings import StopText
 
@@ -50,8 +56,12 @@ class Sequence:
     observed: list[bool] = field(default_factory=list)
     turn_start: int = 0  # output index where the current turn's sampled tokens begin
     waits_env: bool = False
+    kv_version: int | None = None
+    num_cached: int = 0  # leading blocks of block_table the prefix cache keys
+    keys: PromptKeys | None = None  # its prompt's block keys, made once per version
     stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
     stop_string: str | None = None  # the stop string that ended the last turn
+    routes: bytearray = field(default_factory=bytearray)  # per output token, when recorded
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -76,6 +86,18 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed
+
+    @property
+    def decodes(self) -> bool:
+        """Its next row is a decode: its one uncomputed token is one it sampled."""
+        return self.samples_next(self.num_computed)
+
+    def samples_next(self, computed: int) -> bool:
+        """Whether, holding KV for `computed` tokens, its one uncomputed token is one it
+        sampled. A prompt's tokens, an environment's and re-prefilled ones run as prefill
+        whatever the chunk bounds, so each token is computed the same way on every path."""
+        out = computed - self.num_prompt
+        return computed == self.num_tokens - 1 and out >= 0 and not self.observed[out]
 
     @property
     def finished(self) -> bool:

@@ -1,11 +1,13 @@
 """Model weights: checked against the spec, packed for the forward pass, unpacked by HF name.
 
 The forward pass uses fused q|k|v and gate|up matrices (fewer, larger matmuls), each a
-`Linear` on the engine's matmul kernel (dorarl/engine/linear.py); the outside world only sees
-Hugging Face state-dict names. `pack` builds the engine's own tensors once; a new version is
-copied into them tensor by tensor (`load_in_place`), after `check_named` accepted all of it,
-so a refused update leaves the engine's weights untouched. Files are read with safetensors
-only (never pickle).
+`Linear` on the engine's matmul kernel (dorarl/engine/linear.py), and an MoE layer's experts
+as one `Experts` over transformers' stacked tensors; the outside world only sees Hugging Face
+state-dict names (transformers 5's in-memory ones: a checkpoint's per-expert tensors are
+stacked on reading, `from_checkpoint`). `pack` builds the engine's own tensors once; a new
+version is copied into them tensor by tensor (`load_in_place`), after `check_named` accepted
+all of it, so a refused update leaves the engine's weights untouched. Files are read with
+safetensors only (never pickle).
 """
 
 from __future__ import annotations
@@ -17,11 +19,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dorarl.engine.linear import Linear
-from dorarl.engine.model_spec import ModelSpec
+from dorarl.engine.linear import Experts, Linear
+from dorarl.engine.model_spec import FAMILIES, ModelSpec
 from dorarl.errors import UserInputError
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass
+class ExpertBlock:
+    """An MoE layer's MLP: the router, the experts, and a gated shared expert if any."""
+
+    router: Linear  # [experts, hidden]
+    experts: Experts
+    shared_gate_up: Linear | None = None
+    shared_down: Linear | None = None
+    shared_gate: Linear | None = None  # [1, hidden]: sigmoid(.) scales the shared expert
 
 
 @dataclass
@@ -30,10 +43,11 @@ class LayerWeights:
     qkv: Linear
     o: Linear
     post_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
+    gate_up: Linear | None  # the dense MLP (None in a layer with experts)
+    down: Linear | None
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights (qk_norm families)
     k_norm: torch.Tensor | None = None
+    moe: ExpertBlock | None = None  # the expert block of a sparse layer
 
 
 @dataclass
@@ -96,30 +110,51 @@ def pack(
     def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
         return Linear(weight, bias, kernel)
 
-    layers = [
-        _pack_layer(spec, f"model.layers.{i}.", get, cat, linear) for i in range(spec.num_layers)
-    ]
+    def experts(gate_up: torch.Tensor, down: torch.Tensor) -> Experts:
+        return Experts(gate_up, down, kernel)
+
+    layers = [_pack_layer(spec, i, get, cat, linear, experts) for i in range(spec.num_layers)]
     embed = get("model.embed_tokens.weight")
     lm_head = linear(embed if spec.tie_word_embeddings else get("lm_head.weight"), None)
     return ModelWeights(embed, layers, get("model.norm.weight"), lm_head)
 
 
-def _pack_layer(spec: ModelSpec, p: str, get, cat, linear) -> LayerWeights:
+def _pack_layer(spec: ModelSpec, index: int, get, cat, linear, experts) -> LayerWeights:
+    p = f"model.layers.{index}."
     a, m = f"{p}self_attn.", f"{p}mlp."
     qkv_b = cat(*(f"{a}{x}_proj.bias" for x in "qkv")) if spec.qkv_bias else None
-    gate_up_b = cat(f"{m}gate_proj.bias", f"{m}up_proj.bias") if spec.mlp_bias else None
+    sparse = spec.sparse(index)
+    dense = (None, None) if sparse else _pack_mlp(m, spec.mlp_bias, get, cat, linear)
     return LayerWeights(
         input_norm=get(f"{p}input_layernorm.weight"),
         qkv=linear(cat(*(f"{a}{x}_proj.weight" for x in "qkv")), qkv_b),
         o=linear(get(f"{a}o_proj.weight"), get(f"{a}o_proj.bias") if spec.o_bias else None),
         post_norm=get(f"{p}post_attention_layernorm.weight"),
-        gate_up=linear(cat(f"{m}gate_proj.weight", f"{m}up_proj.weight"), gate_up_b),
-        down=linear(
-            get(f"{m}down_proj.weight"), get(f"{m}down_proj.bias") if spec.mlp_bias else None
-        ),
+        gate_up=dense[0],
+        down=dense[1],
         q_norm=get(f"{a}q_norm.weight") if spec.qk_norm else None,
         k_norm=get(f"{a}k_norm.weight") if spec.qk_norm else None,
+        moe=_pack_experts(spec, m, get, cat, linear, experts) if sparse else None,
     )
+
+
+def _pack_mlp(m: str, bias: bool, get, cat, linear) -> tuple[Linear, Linear]:
+    gate_up_b = cat(f"{m}gate_proj.bias", f"{m}up_proj.bias") if bias else None
+    gate_up = linear(cat(f"{m}gate_proj.weight", f"{m}up_proj.weight"), gate_up_b)
+    return gate_up, linear(get(f"{m}down_proj.weight"), get(f"{m}down_proj.bias") if bias else None)
+
+
+def _pack_experts(spec: ModelSpec, m: str, get, cat, linear, experts) -> ExpertBlock:
+    block = ExpertBlock(
+        router=linear(get(f"{m}gate.weight"), None),
+        experts=experts(get(f"{m}experts.gate_up_proj"), get(f"{m}experts.down_proj")),
+    )
+    if spec.moe is not None and spec.moe.shared_expert_size:
+        block.shared_gate_up, block.shared_down = _pack_mlp(
+            f"{m}shared_expert.", False, get, cat, linear
+        )
+        block.shared_gate = linear(get(f"{m}shared_expert_gate.weight"), None)
+    return block
 
 
 def load_in_place(spec: ModelSpec, live: ModelWeights, named: dict[str, torch.Tensor]) -> None:
@@ -135,10 +170,16 @@ def load_in_place(spec: ModelSpec, live: ModelWeights, named: dict[str, torch.Te
             linear.repack()
 
 
-def _linears(weights: ModelWeights) -> list[Linear]:
-    products = [weights.lm_head]
+def _linears(weights: ModelWeights) -> list[Linear | Experts]:
+    products: list[Linear | Experts] = [weights.lm_head]
     for layer in weights.layers:
-        products += [layer.qkv, layer.o, layer.gate_up, layer.down]
+        products += [layer.qkv, layer.o]
+        products += [p for p in (layer.gate_up, layer.down) if p is not None]
+        if layer.moe is not None:
+            b = layer.moe
+            products += [b.router, b.experts]
+            shared = (b.shared_gate_up, b.shared_down, b.shared_gate)
+            products += [p for p in shared if p is not None]
     return products
 
 
@@ -157,24 +198,44 @@ def unpack(spec: ModelSpec, weights: ModelWeights) -> dict[str, torch.Tensor]:
 def _unpack_layer(spec: ModelSpec, p: str, w: LayerWeights) -> dict[str, torch.Tensor]:
     a, m = f"{p}self_attn.", f"{p}mlp."
     qkv = [spec.q_size, spec.kv_size, spec.kv_size]
-    gate_up = [spec.intermediate_size, spec.intermediate_size]
     named = {
         f"{p}input_layernorm.weight": w.input_norm,
         f"{p}post_attention_layernorm.weight": w.post_norm,
         f"{a}o_proj.weight": w.o.weight,
-        f"{m}down_proj.weight": w.down.weight,
     }
     named |= _split([f"{a}{x}_proj.weight" for x in "qkv"], w.qkv.weight, qkv)
-    named |= _split([f"{m}gate_proj.weight", f"{m}up_proj.weight"], w.gate_up.weight, gate_up)
     if w.qkv.bias is not None:
         named |= _split([f"{a}{x}_proj.bias" for x in "qkv"], w.qkv.bias, qkv)
     if w.o.bias is not None:
         named[f"{a}o_proj.bias"] = w.o.bias
-    if w.gate_up.bias is not None and w.down.bias is not None:
-        named |= _split([f"{m}gate_proj.bias", f"{m}up_proj.bias"], w.gate_up.bias, gate_up)
-        named[f"{m}down_proj.bias"] = w.down.bias
+    if w.gate_up is not None and w.down is not None:
+        named |= _unpack_mlp(m, w.gate_up, w.down)
+    if w.moe is not None:
+        named |= _unpack_experts(m, w.moe)
     if w.q_norm is not None and w.k_norm is not None:
         named[f"{a}q_norm.weight"], named[f"{a}k_norm.weight"] = w.q_norm, w.k_norm
+    return named
+
+
+def _unpack_mlp(m: str, gate_up: Linear, down: Linear) -> dict[str, torch.Tensor]:
+    width = [down.weight.shape[1]] * 2
+    named = {f"{m}down_proj.weight": down.weight}
+    named |= _split([f"{m}gate_proj.weight", f"{m}up_proj.weight"], gate_up.weight, width)
+    if gate_up.bias is not None and down.bias is not None:
+        named |= _split([f"{m}gate_proj.bias", f"{m}up_proj.bias"], gate_up.bias, width)
+        named[f"{m}down_proj.bias"] = down.bias
+    return named
+
+
+def _unpack_experts(m: str, block: ExpertBlock) -> dict[str, torch.Tensor]:
+    named = {
+        f"{m}gate.weight": block.router.weight,
+        f"{m}experts.gate_up_proj": block.experts.gate_up,
+        f"{m}experts.down_proj": block.experts.down,
+    }
+    if block.shared_gate_up and block.shared_down and block.shared_gate is not None:
+        named |= _unpack_mlp(f"{m}shared_expert.", block.shared_gate_up, block.shared_down)
+        named[f"{m}shared_expert_gate.weight"] = block.shared_gate.weight
     return named
 
 
@@ -194,6 +255,43 @@ def random_named(spec: ModelSpec, seed: int, std: float = 0.02) -> dict[str, tor
         else:
             named[name] = torch.randn(shape, generator=gen) * std
     return named
+
+
+def from_checkpoint(spec: ModelSpec, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`named` as read from a model folder, in the in-memory names: checkpoints keep one
+    module per expert (`mlp.experts.{j}.gate_proj.weight`; Mixtral's
+    `block_sparse_moe.experts.{j}.w1.weight`), stacked here as transformers 5 stacks them on
+    loading. A folder already in the stacked names (or a dense model) passes unchanged."""
+    family = FAMILIES[spec.model_type].experts
+    if spec.moe is None or family is None:
+        return named
+    out = dict(named)
+    for layer in spec.moe.sparse_layers:
+        p = f"model.layers.{layer}."
+        _stack_experts(out, f"{p}{family.block}.", f"{p}mlp.", family.names, spec.moe.num_experts)
+    return out
+
+
+def _stack_experts(
+    named: dict[str, torch.Tensor], src: str, dst: str, names: tuple[str, str, str], count: int
+) -> None:
+    """In place: `{src}experts.{j}.{gate|up|down}.weight` stacked into `{dst}experts.*`, and
+    the block's other tensors (the router, a shared expert) renamed from `src` to `dst`."""
+    gate, up, down = (f"{src}experts.{{}}.{n}.weight" for n in names)
+    if gate.format(0) in named:
+        try:
+            gates = [named.pop(gate.format(j)) for j in range(count)]
+            ups = [named.pop(up.format(j)) for j in range(count)]
+            downs = [named.pop(down.format(j)) for j in range(count)]
+        except KeyError as missing:
+            raise UserInputError(f"checkpoint: expert tensor {missing} is missing") from None
+        named[f"{dst}experts.gate_up_proj"] = torch.cat(
+            [torch.stack(gates), torch.stack(ups)], dim=1
+        )
+        named[f"{dst}experts.down_proj"] = torch.stack(downs)
+    if src != dst:
+        for name in [n for n in named if n.startswith(src)]:
+            named[dst + name[len(src) :]] = named.pop(name)
 
 
 def weight_files(folder: str | Path) -> list[Path]:

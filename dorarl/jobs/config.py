@@ -74,6 +74,17 @@ class TaskSection:
             "prompts become episodes and the env gives the reward (None: the task's own)"
         },
     )
+    agent: str | None = field(
+        default=None,
+        metadata={
+            "help": "multi-turn: 'module:function', an async agent(client, prompt) -> reward that "
+            "calls the model through an OpenAI client (docs/environments.md)"
+        },
+    )
+    agent_host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "task.agent: the address the OpenAI endpoint binds (a free port)"},
+    )
     max_turns: int = field(
         default=0,
         metadata={
@@ -240,6 +251,11 @@ class TrainConfig:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
         self._check_overlong()
+        if self.trainer.moe.route_replay and not self.engine.record_routes:
+            raise ConfigError(
+                "trainer.moe.route_replay: needs engine.record_routes=true (the engines record "
+                "the routes it replays)"
+            )
         if self.forced_lengths.enabled and self.forced_lengths.max_len >= self.engine.max_model_len:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "

@@ -26,13 +26,17 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.placement import PlacementPlan
 from dorarl.tasks.assets import shipped_base_model
+from dorarl.trainer.lora import is_adapter_folder, merged_folder
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
 def model_folder(config: TrainConfig, point: ResumePoint | None) -> str:
-    """The folder the run's weights come from: the checkpoint it resumes (`point`), the model
-    it names, or the shipped base model of its task."""
+    """The folder the run's weights come from: the checkpoint it resumes (`point`; a LoRA
+    one merged into its base, written once into the checkpoint), the model it names, or the
+    shipped base model of its task."""
+    if point is not None and is_adapter_folder(point.folder):
+        return str(merged_folder(Path(point.folder)))
     return str(point.folder if point else (config.model or shipped_base_model(config.task.name)))
 
 

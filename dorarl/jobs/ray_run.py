@@ -1,11 +1,11 @@
 """`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
 
 A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
-again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what happens at each new version (a periodic
-checkpoint before the controller hears of it; after it, the evaluation, scalars and
-progress of the step), and its end (the final checkpoint, evaluations merged into
-metrics.jsonl, this segment's summary, then the whole run's summary and trace rebuilt from
-its segments: dorarl.record.segments). Evaluation runs in its own actor on the versions it
+again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what happens at each new
+version (a periodic checkpoint before the controller hears of it; after it, the
+evaluation, scalars and progress of the step), and its end (the final checkpoint,
+evaluations merged into metrics.jsonl, this segment's summary, then the whole run's
+summary and trace rebuilt from its segments: dorarl.record.segments). Evaluation runs in its own actor on the versions it
 is asked for, so it never stalls rollout or training; with `defer_eval` it runs after
 training, so it takes no CPU from a timed run either. `pace` turns on device emulation
 (dorarl.record.pacing) for the engines and the trainer.
@@ -89,6 +89,8 @@ def run_ray(
         raise RunFailed(failure_report(exc, out_dir)) from exc
     finally:
         ray.shutdown()
+        if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
+            task.close()
 
 
 def failure_report(exc: WorkerFailed, out_dir: Path) -> str:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from dorarl.data import Sample
 from dorarl.engine.model_spec import read_hf_config, spec_from_hf
+from dorarl.errors import UserInputError
 from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
+from dorarl.tasks.agent import AgentTask, load_agent
 from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
@@ -30,13 +32,18 @@ def check_model_folder(model_folder: str) -> None:
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
     """The task `config.task` names, tokenized with `model_folder`'s tokenizer; with
-    `task.env`, its prompts played as episodes of that environment."""
+    `task.env` (or `task.agent`), its prompts played as episodes of that environment (agent)."""
     task = _named_task(config, model_folder)
     section = config.task
+    max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
+    if section.agent is not None:
+        if section.env is not None:
+            raise UserInputError("task.agent: an episode is an env's or an agent's; set one")
+        load_agent(section.agent)  # checked before anything starts
+        return AgentTask(task, section.agent, max_turns, section.env_timeout_s, section.agent_host)
     if section.env is None:
         return task
     env_class = load_env_class(section.env)
-    max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
     return EnvTask(task, env_class, max_turns, section.env_timeout_s)
 
 

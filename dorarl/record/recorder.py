@@ -22,6 +22,7 @@ from typing import Any
 from dorarl.controller import commands as cmd
 from dorarl.controller import events as ev
 from dorarl.data import Group, Sample
+from dorarl.engine.outputs import prefix_hit_rate
 from dorarl.record.files import RunFiles
 from dorarl.record.groups import GroupAccount
 from dorarl.record.slots import SlotUsage
@@ -62,6 +63,8 @@ class _Step:
     overhead: dict[str, float] = field(default_factory=dict)
     filtered: int = 0
     reprefill: int = 0
+    prefill: int = 0  # prompt tokens the engines computed
+    prefill_saved: int = 0  # prompt tokens whose KV their prefix caches gave
     migrations: int = 0
     offloads: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -103,6 +106,7 @@ class Recorder:
         self.engines: dict[int, dict[str, Any]] = {}  # each engine's set-up, where reported
         self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
         self._totals: Counter = Counter()
+        self._cached_blocks: dict[int, int] = {}  # each instance's, as it last reported
         self._staleness: Counter = Counter()  # consumed groups by staleness, over the steps
         self._step = self._new_step(0.0, [0.0] * num_instances)
         self._events = self._event_handlers()
@@ -166,6 +170,13 @@ class Recorder:
     def reprefill(self, tokens: int) -> None:
         self._step.reprefill += tokens
 
+    def prefill(self, instance_id: int, computed: int, saved: int, cached_blocks: int) -> None:
+        """Prompt tokens an instance computed and its prefix cache saved since its last
+        report, and the blocks its cache holds now (the step row sums the latest of each)."""
+        self._step.prefill += computed
+        self._step.prefill_saved += saved
+        self._cached_blocks[instance_id] = cached_blocks
+
     def restarted(self, instance_id: int, requests: int, now: float) -> None:
         """A dead instance was replaced; its `requests` start again from their prompts."""
         self.faults["engine_restarts"] += 1
@@ -224,6 +235,7 @@ class Recorder:
             name = f"train step {line['step']} (v{step.version} -> v{e.new_version})"
             start = e.now if step.train_start is None else step.train_start
             self.trace.slice(TRAINER_PID, 0, name, start, e.now, groups=step.groups)
+            self._expert_counters(line, e.now)
         self._totals.update(
             step_time_s=line["step_time_s"],
             rollout_only_s=line["rollout_only_s"],
@@ -231,6 +243,15 @@ class Recorder:
         )
         self._staleness.update(self._step.staleness)
         self._step = self._new_step(e.now, list(self.usage.area))
+
+    def _expert_counters(self, line: dict[str, Any], now: float) -> None:
+        """An MoE step's expert load (the trainer's metrics) as counters on the trainer."""
+        assert self.trace is not None
+        if "moe_tokens_per_expert" in line:
+            per_expert = {f"expert {e}": n for e, n in line["moe_tokens_per_expert"].items()}
+            self.trace.counters(TRAINER_PID, "tokens per expert", now, per_expert)
+        if "moe_imbalance" in line:
+            self.trace.counter(TRAINER_PID, "expert imbalance", now, line["moe_imbalance"])
 
     def _new_step(self, start: float, area0: list[float]) -> _Step:
         return _Step(start, area0, overhead=dict.fromkeys(self.overhead_kinds, 0.0))
@@ -353,13 +374,18 @@ class Recorder:
             "slot_utilization": sum(util) / len(util),
             "slot_utilization_per_instance": util,
             "reprefill_tokens": step.reprefill,
+            "prefill_tokens": step.prefill,
+            "prefill_saved_tokens": step.prefill_saved,
+            "prefix_hit_rate": prefix_hit_rate(step.prefill, step.prefill_saved),
+            "cached_blocks": sum(self._cached_blocks.values()),
             "migrations": step.migrations,
             "offloads": step.offloads,
         }
         self._totals.update({f"overhead_{k}": v for k, v in step.overhead.items()})
         self._totals.update(
-            reprefill=step.reprefill, migrations=step.migrations, offloads=step.offloads
-        )
+            reprefill=step.reprefill, migrations=step.migrations, offloads=step.offloads,
+            prefill=step.prefill, prefill_saved=step.prefill_saved,
+        )  # fmt: skip
         return line | step.extra
 
     # ---- end of run ----------------------------------------------------------------------
@@ -400,6 +426,9 @@ class Recorder:
             "migrations": totals["migrations"],
             "offloads": totals["offloads"],
             "reprefill_tokens": totals["reprefill"],
+            "prefill_tokens": totals["prefill"],
+            "prefill_saved_tokens": totals["prefill_saved"],
+            "prefix_hit_rate": prefix_hit_rate(totals["prefill"], totals["prefill_saved"]),
             "engine_restarts": faults["engine_restarts"],
             "restarted_requests": faults["restarted_requests"],
             "trainer_restarts": faults["trainer_restarts"],

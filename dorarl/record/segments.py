@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dorarl.engine.outputs import prefix_hit_rate
 from dorarl.record.pacing import PaceStats
 from dorarl.record.trace import marker, read_events, shifted, write_events
 
@@ -218,10 +219,22 @@ def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
     }
     summary |= {key: sum(r[key] for r in rows) for key in ("migrations", "offloads")}
     summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
+    summary |= _prefill(rows)
     summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}
     summary |= _evaluations(segments)
     pace = _pace([s["pace"] for s in own if "pace" in s])
     return summary | ({"pace": pace} if pace else {}) | {"segments": [s.entry() for s in segments]}
+
+
+def _prefill(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Prompt tokens computed and saved by the prefix cache (0 in rows written without)."""
+    computed = sum(r.get("prefill_tokens", 0) for r in rows)
+    saved = sum(r.get("prefill_saved_tokens", 0) for r in rows)
+    return {
+        "prefill_tokens": computed,
+        "prefill_saved_tokens": saved,
+        "prefix_hit_rate": prefix_hit_rate(computed, saved),
+    }
 
 
 def _slot_utilization(segments: Sequence[Segment]) -> float:

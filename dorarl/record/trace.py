@@ -1,8 +1,9 @@
 """Chrome trace-event builder (opens in Perfetto / chrome://tracing): one process per track.
 
 Times go in as seconds since run start and come out as microseconds. Process 0 is the
-trainer; instance i is process i + 1, with threads for its hosted version, weight loads and
-migrations, and a `busy_slots` counter.
+trainer (with, for an MoE model, counters of each step's tokens per expert and its expert
+imbalance); instance i is process i + 1, with threads for its hosted version, weight loads
+and migrations, and a `busy_slots` counter.
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ class TraceBuilder:
         self.events.append(event)
 
     def counter(self, pid: int, name: str, at: float, value: float) -> None:
+        self.counters(pid, name, at, {name: value})
+
+    def counters(self, pid: int, name: str, at: float, values: dict[str, float]) -> None:
+        """One counter track with a series per key (Perfetto stacks them)."""
         self.events.append(
-            {"name": name, "ph": "C", "pid": pid, "ts": _us(at), "args": {name: value}}
+            {"name": name, "ph": "C", "pid": pid, "ts": _us(at), "args": dict(values)}
         )
 
     def instant(self, pid: int, name: str, at: float, **args: Any) -> None:

@@ -38,7 +38,7 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
 def curve_of(rows: list[dict[str, Any]], times: list[float]) -> dict[str, Any]:
     """Per step (metrics rows, `times` on the run's clock): the version it made, its reward;
     per evaluated version: its scores and the time it was made."""
-    start = rows[0]["version"] if rows else 0  # a run resumed into a new folder starts later
+    start = rows[0]["new_version"] - 1 if rows else 0  # a run resumed into a new folder: later
     made_at = {start: 0.0} | {r["new_version"]: t for r, t in zip(rows, times, strict=True)}
     evals = sorted({r["eval_version"]: _scores(r) for r in rows if "eval_version" in r}.items())
     return {

@@ -65,6 +65,8 @@ class RunReport:
     ended_at: float
     busy_slots: list[int] = field(default_factory=list)  # requests in each step's batch
     pace: PaceStats | None = None  # real compute against device time (paced workers)
+    prefill_tokens: int = 0  # prompt tokens its steps computed
+    saved_tokens: int = 0  # prompt tokens the prefix cache gave instead
 
 
 @dataclass
@@ -137,17 +139,20 @@ class EngineWorker:
         started = time.time()
         finished: list[RequestOutput] = []
         busy: list[int] = []
-        steps = 0
+        steps = prefill = saved = 0
         while steps < max_steps and self.engine.has_runnable():
             finished.extend(self._step())
-            busy.append(self.engine.last_step.rows)
+            work = self.engine.last_step
+            busy.append(work.rows)
+            prefill, saved = prefill + work.prefill_tokens, saved + work.saved_tokens
             steps += 1
             if finished and until_finished:
                 break
         pace = self.pacer.take() if self.pacer is not None else None
         return RunReport(
-            self.instance_id, finished, self.engine.stats(), steps, started, time.time(), busy, pace
-        )
+            self.instance_id, finished, self.engine.stats(), steps, started, time.time(), busy,
+            pace, prefill, saved,
+        )  # fmt: skip
 
     def _step(self) -> list[RequestOutput]:
         """One engine step; paced, it lasts the device time of the work it reports."""
@@ -263,10 +268,11 @@ class EngineWorker:
         manifest: Manifest | None = None,
     ) -> WeightsReport:
         """Swap weights, once they match the sender's `manifest` (WeightsRefused names the
-        tensor that does not). There is no cache to free here: each request's KV blocks
-        went back to the pool when it left (finished, exported or aborted; timed with that
-        step or migration), and the controller moved every request off first, so both pools
-        are empty (checked) and a version change frees nothing."""
+        tensor that does not). Each request's KV blocks went back to the pool when it left
+        (finished, exported or aborted; timed with that step or migration), and the
+        controller moved every request off first, so both pools hold nothing in use
+        (checked); the engine forgets the prefix cache's idle blocks of the old version as
+        it loads (bookkeeping, no device work)."""
         self._check_empty()
         start = time.time()
         where = f"instance {self.instance_id}"

@@ -218,6 +218,9 @@ class EngineFleet:
             sample = self.plan.sample(self.driver.requests.spec(output.request_id), output)
             self.recorder.reprefill(output.reprefill_tokens)
             self.driver.sample_done(iid, sample)
+        self.recorder.prefill(
+            iid, report.prefill_tokens, report.saved_tokens, report.stats.kv_blocks_cached
+        )
         self._report_kv(iid, report)
         self.keep_running(iid)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from dorarl.engine import RequestOutput
 from dorarl.tasks import Prompt
-from dorarl.tasks.episodes import EpisodeState, reset, step
+from dorarl.tasks.episodes import EpisodeSource, EpisodeState, reset, step
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class Episodes:
         """A fresh env for the request; the ids of its first turn's prompt."""
         number = self._incarnations.get(request_id, 0) + 1
         self._incarnations[request_id] = number
+        if request_id in self._live:  # started again: its old episode's agent is dropped
+            _close(self._live[request_id].state)
         live = _Live(EpisodeState(prompt, self.task.make_env()), number)
         self._live[request_id] = live
         return self.loop.run(reset(self.task, live.state))
@@ -107,6 +109,7 @@ class Episodes:
         self, request_id: str, reason: str | None = None
     ) -> tuple[EpisodeState, RequestOutput]:
         live = self._live.pop(request_id)
+        _close(live.state)
         if reason is not None:
             live.state.end(reason)
         if live.state.error is not None:
@@ -118,3 +121,8 @@ class Episodes:
     @property
     def pending(self) -> int:
         return self.loop.pending
+
+
+def _close(state: EpisodeState) -> None:
+    if isinstance(state.env, EpisodeSource):
+        state.env.close()

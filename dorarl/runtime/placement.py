@@ -147,9 +147,27 @@ def plan_shares(
         evaluator_with_engines=engine_on_gpu and not trainer_on_gpu,
     )
     engines = [f"engine{i}" for i in range(instances)] if engine_on_gpu else []
-    seats = len(engines) + trainer_on_gpu
-    if seats == 0:
+    if not engines and not trainer_on_gpu:
         return PlacementPlan(asks=asks)
+    shares = _gpu_shares(engines, trainer_on_gpu, node_gpus, engine_gpus, trainer_gpus)
+    groups = {actor: [actor] for actor in shares}
+    if engine_on_gpu:
+        host = "trainer" if trainer_on_gpu else engines[0]
+        host_auto = (trainer_gpus if host == "trainer" else engine_gpus) is None
+        _seat_evaluator(shares, host, host_auto, eval_gpus)
+        groups[host].append("evaluator")
+    return PlacementPlan(shares, _bundles(groups, shares, asks), asks)
+
+
+def _gpu_shares(
+    engines: list[str],
+    trainer_on_gpu: bool,
+    node_gpus: float,
+    engine_gpus: float | None,
+    trainer_gpus: float | None,
+) -> dict[str, float]:
+    """Each GPU actor's share: the one set, else an equal automatic one of `node_gpus`."""
+    seats = len(engines) + trainer_on_gpu
     auto = _auto_share(seats, node_gpus)
     shares = {e: engine_gpus if engine_gpus is not None else auto for e in engines}
     if trainer_on_gpu:
@@ -159,22 +177,29 @@ def plan_shares(
             f"ray: {seats} actors on cuda cannot share {node_gpus:g} GPUs "
             "(set ray.engine_gpus / ray.trainer_gpus, or put some on the CPU)"
         )
-    host = "trainer" if trainer_on_gpu else (engines[0] if engines else None)
-    groups = {actor: [actor] for actor in shares}
-    if engine_on_gpu:
-        host_auto = (trainer_gpus if host == "trainer" else engine_gpus) is None
-        evaluator = (
-            eval_gpus if eval_gpus is not None else _floor(EVAL_SHARE * min(shares[host], 1))
+    return shares
+
+
+def _seat_evaluator(
+    shares: dict[str, float], host: str, host_auto: bool, eval_gpus: float | None
+) -> None:
+    """Give the evaluator its share in `host`'s bundle, carved out of the host's own share
+    when that was chosen automatically."""
+    evaluator = eval_gpus if eval_gpus is not None else _floor(EVAL_SHARE * min(shares[host], 1))
+    if host_auto:
+        shares[host] = _floor(shares[host] - evaluator)
+    if evaluator <= 0 or shares[host] <= 0:
+        raise ConfigError(
+            f"ray.eval_gpus: the evaluator ({evaluator:g}) and {host} "
+            f"({shares[host]:g}) must both get a positive GPU share"
         )
-        if host_auto:  # carve the evaluator's share out of the host's automatic one
-            shares[host] = _floor(shares[host] - evaluator)
-        if evaluator <= 0 or shares[host] <= 0:
-            raise ConfigError(
-                f"ray.eval_gpus: the evaluator ({evaluator:g}) and {host} "
-                f"({shares[host]:g}) must both get a positive GPU share"
-            )
-        shares["evaluator"] = evaluator
-        groups[host].append("evaluator")
+    shares["evaluator"] = evaluator
+
+
+def _bundles(
+    groups: dict[str, list[str]], shares: dict[str, float], asks: dict[str, NodeAsk]
+) -> tuple[Bundle, ...]:
+    """One bundle per group of actors placed together, its GPUs and custom resources summed."""
     bundles = tuple(
         Bundle(
             _floor(sum(shares[a] for a in members)),
@@ -189,7 +214,7 @@ def plan_shares(
                 f"ray: bundle {', '.join(b.actors)} asks for {b.gpus:g} GPU: a share above 1 "
                 "must be a whole number of GPUs"
             )
-    return PlacementPlan(shares, bundles, asks)
+    return bundles
 
 
 def _node_asks(

@@ -88,4 +88,5 @@ class RolloutPlan:
             offloads=out.offloads,
             observed=list(out.observed) if episode is not None else [],
             turns=list(episode.turns) if episode is not None else [],
+            routes=out.routes,
         )

@@ -95,6 +95,7 @@ class SimCluster:
         elif isinstance(item, WeightsLoaded):
             inst = self.instances[item.instance_id]
             inst.version, inst.ready = item.version, True
+            inst.cached_prompts.clear()  # the old version's prefix blocks are freed
             self.driver.deliver(item)
         elif isinstance(item, TrainDone):
             self.published = item.new_version
@@ -172,7 +173,7 @@ class SimCluster:
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
         inst = self._serving(c.instance_id, c.version, len(requests), c)
         inst.advance(self.now)
-        inst.stall(self.now, self.cost.prefill_per_token_s * self.prompt_len)
+        self._prefill(inst, c.group_id, [self.prompt_len] * len(requests))
         for spec in requests:
             target = spec.target_len
             assert target is not None, "the simulator always forces response lengths"
@@ -244,15 +245,30 @@ class SimCluster:
     def resume(self, c: Resume) -> None:
         inst = self._serving(c.instance_id, c.version, len(c.request_ids), c)
         inst.advance(self.now)
+        groups: dict[int, list[int]] = {}  # each group's contexts: its prompt is shared
         for rid in c.request_ids:
             req = self._parked.pop(rid)
             tokens = int(round(req.context))
             if req.segments[-1][0] != c.version:
                 req.segments.append((c.version, int(round(req.gen))))
-            inst.stall(self.now, self.cost.prefill_per_token_s * tokens)
+            groups.setdefault(req.group_id, []).append(tokens)
             self.recorder.reprefill(tokens)
             inst.join(req)
+        for group_id, contexts in groups.items():
+            self._prefill(inst, group_id, contexts)
         self._touch(inst)
+
+    def _prefill(self, inst: SimInstance, group_id: int, contexts: list[int]) -> None:
+        """Requests of one group's prompt placed together stall the instance for their
+        prefill; with the prefix cache the instance keeps the prompt for the group's later
+        requests until its version changes (prompt KV is small beside the responses', so
+        its eviction is not modelled)."""
+        cached = group_id in inst.cached_prompts
+        computed = self.cost.prefill_tokens(self.prompt_len, contexts, cached)
+        inst.stall(self.now, self.cost.prefill_s(computed))
+        if self.cost.prefix_cache:
+            inst.cached_prompts.add(group_id)
+        self.recorder.prefill(inst.instance_id, computed, sum(contexts) - computed, 0)
 
     def offload(self, c: Offload) -> None:
         inst = self.instances[c.instance_id]

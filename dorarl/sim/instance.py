@@ -60,6 +60,7 @@ class SimInstance:
         self.epoch = 0
         self._finish: list[tuple[float, int, str]] = []
         self._joins = 0
+        self.cached_prompts: set[int] = set()  # groups whose prompt KV it holds (this version)
 
     # ---- state ---------------------------------------------------------------------------
     @property

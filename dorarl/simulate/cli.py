@@ -1,7 +1,8 @@
 """`dorarl simulate`: the controller at cluster scale on the cost model, modes side by side.
 
     dorarl simulate [--preset NAME] [--config FILE.yaml] [--out DIR] [--modes sync,dora]
-                    [--validate] [--bench MODES_JSON] [--whatif [tail|split]] [key=value ...]
+                    [--validate] [--bench MODES_JSON] [--whatif [tail|split]]
+                    [--expert-imbalance-from RUN] [key=value ...]
 
 Keys are dotted fields of `SimulateConfig` (controller.*, cost.*, lengths.*, seed), applied
 over the preset, then the YAML file, then the command line. Each mode of --modes runs once,
@@ -15,6 +16,8 @@ another modes.json. Both take the `local` preset (this machine as that bench pac
 `--preset local` with its own settings validates too. `--whatif` sweeps dora's speedup over
 p99/median and K, `--whatif split` the step time as the devices are split between rollout
 instances and the trainer.
+`--expert-imbalance-from RUN` sets `cost.expert_imbalance` (an MoE preset's slowest-expert
+factor) to the mean `moe_imbalance` of a `dorarl train` run's metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -99,6 +102,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         choices=WHATIF_AXES,
         help="a what-if grid and its heat map: tail (the default: dora's speedup vs "
         "p99/median and K) or split (step time vs rollout / trainer devices, per mode)",
+    )
+    parser.add_argument(
+        "--expert-imbalance-from",
+        metavar="RUN",
+        help="a dorarl train run folder of an MoE model: its measured expert imbalance "
+        "(mean moe_imbalance over the steps) becomes cost.expert_imbalance",
     )
     parser.add_argument(
         "--print-config",
@@ -195,8 +204,25 @@ def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list
     ]
 
 
+def measured_imbalance(run: str | Path) -> float:
+    """The mean `moe_imbalance` (busiest expert over the mean, per step) of a run's steps."""
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"--expert-imbalance-from: {path} does not exist")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    values = [float(r["moe_imbalance"]) for r in rows if "moe_imbalance" in r]
+    if not values:
+        raise ConfigError(
+            f"--expert-imbalance-from: {path} has no moe_imbalance (not an MoE model's run)"
+        )
+    return sum(values) / len(values)
+
+
 def main(argv: list[str]) -> int:
     args = _parse(_whatif_axis(argv))
+    if args.expert_imbalance_from:
+        imbalance = measured_imbalance(args.expert_imbalance_from)
+        args.overrides = [f"cost.expert_imbalance={imbalance!r}", *args.overrides]
     out = Path(args.out)
     bench = _bench(args)
     preset = "local" if bench is not None else args.preset

@@ -9,6 +9,7 @@ MBU, prefill and training are compute bound at bf16 peak x MFU.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,7 @@ class ModelShape:
     head_dim: int
     weight_bytes: float = 2.0  # bf16
     kv_bytes: float | None = None  # per token, when not 2 x layers x kv_heads x head_dim x 2
+    expert_params: float = 0.0  # of the active params, those in routed experts (MoE)
 
     def kv_bytes_per_token(self) -> float:
         if self.kv_bytes is not None:
@@ -73,7 +75,9 @@ QWEN25_32B = ModelShape(
 
 # The production MoE of the paper is unnamed (~500B). Our stand-in follows the public
 # DeepSeek-V3 recipe scaled to 500B: ~30B active per token, 61 layers, MLA cache of
-# (512 + 64) x 61 x 2 bytes = 70,272 bytes per token, weights in fp8 (1 byte).
+# (512 + 64) x 61 x 2 bytes = 70,272 bytes per token, weights in fp8 (1 byte). Routed
+# experts hold 55% of the active params, as in DeepSeek-V3 (8 routed experts of 3 x 7168 x
+# 2048 in 58 layers: 20.4B of 37B).
 MOE_500B = ModelShape(
     name="MoE-500B (DeepSeek-V3-like)",
     params=500e9,
@@ -83,6 +87,22 @@ MOE_500B = ModelShape(
     head_dim=576,
     weight_bytes=1.0,
     kv_bytes=576 * 61 * 2,
+    expert_params=0.55 * 30e9,
+)
+
+# Qwen3-30B-A3B config.json: 48 layers, hidden 2048, 32 heads, 4 KV heads, head_dim 128, 128
+# experts of width 768, 8 per token, vocabulary 151,936 (untied): 30.5B parameters, 3.3B
+# active (attention 18.9M, router 0.26M and 8 x 4.72M of experts a layer, and the embeddings);
+# routed experts 48 x 8 x 3 x 2048 x 768 = 1.81B of them. KV: 2 x 48 x 4 x 128 x 2 = 98,304
+# bytes a token.
+QWEN3_30B_A3B = ModelShape(
+    name="Qwen3-30B-A3B",
+    params=30.5e9,
+    active_params=3.3e9,
+    layers=48,
+    kv_heads=4,
+    head_dim=128,
+    expert_params=48 * 8 * 3 * 2048 * 768,
 )
 
 
@@ -93,8 +113,10 @@ def derive_cost(
     instance_accelerators: int,
     trainer_accelerators: int,
     train_fixed_s: float,
+    expert_imbalance: float = 1.0,
 ) -> CostModel:
-    """Roofline cost model of one instance of `instance_accelerators` (TP/EP) and the trainer."""
+    """Roofline cost model of one instance of `instance_accelerators` (TP/EP) and the trainer;
+    an MoE's expert share of token compute runs `expert_imbalance` (max / mean) longer."""
     n = instance_accelerators
     bandwidth = n * accel.hbm_bytes_per_s * accel.mbu
     weights = model.params * model.weight_bytes
@@ -127,6 +149,8 @@ def derive_cost(
         / (trainer_accelerators * accel.bf16_flops * accel.mfu_train),
         instance_devices=n,
         trainer_devices=trainer_accelerators,
+        expert_share=model.expert_params / model.active_params,
+        expert_imbalance=expert_imbalance,
     )
 
 
@@ -201,6 +225,23 @@ def moe_500b() -> SimulateConfig:
     )
 
 
+def qwen3_30b_a3b_64() -> SimulateConfig:
+    """Qwen3-30B-A3B at the paper's 64-H800 scale: half serve rollout as 8 instances of 4
+    (EP 4: 32 experts a GPU), half train; the paper-64 schedule and DAPO lengths. The expert
+    imbalance defaults to 1 (perfect balance); `cost.expert_imbalance=X` or
+    `--expert-imbalance-from RUN` (a run's measured moe_imbalance) sets it."""
+    cost = derive_cost(
+        QWEN3_30B_A3B,
+        H800,
+        instance_accelerators=4,
+        trainer_accelerators=32,
+        # Adam over 30.5B parameters and their gradient traffic, as paper-64's 32.5B: 5 s
+        train_fixed_s=5.0,
+    )
+    cost.train_per_token_s /= 0.2 / 0.35  # MoE training at ~20% MFU, as moe-500b
+    return dataclasses.replace(_paper(64), cost=cost)
+
+
 def local() -> SimulateConfig:
     """This machine, as `dorarl bench modes` paces it (see `dorarl.simulate.validate`)."""
     return local_from_bench()
@@ -210,6 +251,7 @@ PRESETS: dict[str, Callable[[], SimulateConfig]] = {
     "paper-64": paper_64,
     "paper-128": paper_128,
     "moe-500b": moe_500b,
+    "qwen3-30b-a3b-64": qwen3_30b_a3b_64,
     "local": local,
 }
 

@@ -1,5 +1,7 @@
-"""Where the shipped base models live: `assets/base_model/` (running_sum) and
-`assets/multiturn_base/` (multiturn_sum, fine-tuned from it by scripts/train_multiturn_base.py)."""
+"""Where the shipped base models live: `assets/base_model/` (running_sum),
+`assets/multiturn_base/` (multiturn_sum, fine-tuned from it by scripts/train_multiturn_base.py)
+and `assets/moe_base/` (running_sum, a Mixtral upcycled from the base by
+scripts/upcycle_base_model.py: `model=assets/moe_base`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dorarl.errors import UserInputError
 ASSETS = Path(__file__).resolve().parents[2] / "assets"
 BASE_MODEL_DIR = ASSETS / "base_model"
 MULTITURN_BASE_DIR = ASSETS / "multiturn_base"
+MOE_BASE_DIR = ASSETS / "moe_base"
 
 
 def shipped_base_model(task_name: str = "running_sum") -> Path:

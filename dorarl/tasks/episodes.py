@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +44,31 @@ class EnvError(Exception):
     """An environment call failed or timed out; the message is one line."""
 
 
+class EpisodeSource(ABC):
+    """An episode whose prompts come from somewhere other than an `Env` (a user's agent
+    through the OpenAI endpoint, dorarl.tasks.agent): it gives each turn's prompt ids and
+    keeps the episode's books itself (`record`, `end`), under the same bounds."""
+
+    @abstractmethod
+    async def first_ids(self, task: Any, episode: EpisodeState) -> list[int]:
+        """The first turn's prompt ids (on failure: `episode.end`, and the task's prompt)."""
+
+    @abstractmethod
+    async def next_ids(
+        self,
+        task: Any,
+        episode: EpisodeState,
+        turn_ids: list[int],
+        finish_reason: str,
+        stop_string: str | None,
+    ) -> list[int] | None:
+        """Take a sampled turn; the ids to append, or None when the episode ended."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The episode is over or started again: release what it holds (no wait)."""
+
+
 async def env_call(awaitable: Any, timeout_s: float, what: str) -> Any:
     try:
         return await asyncio.wait_for(awaitable, timeout_s)
@@ -56,7 +82,7 @@ async def env_call(awaitable: Any, timeout_s: float, what: str) -> Any:
 @dataclass
 class EpisodeState:
     prompt: Prompt
-    env: Env | ChatEnv
+    env: Env | ChatEnv | EpisodeSource
     turns: list[Turn] = field(default_factory=list)
     reward: float = 0.0
     error: str | None = None
@@ -91,6 +117,8 @@ def observation_ids(task: Any, text: str) -> list[int]:
 async def reset(task: Any, episode: EpisodeState) -> list[int]:
     """The first turn's prompt: the task's prefix, then the first observation (a chat
     environment's: its first messages, rendered)."""
+    if isinstance(episode.env, EpisodeSource):
+        return await episode.env.first_ids(task, episode)
     if isinstance(episode.env, ChatEnv):
         return await _chat_reset(task, episode, episode.env)
     prefix = task.episode_prompt_ids(episode.prompt)
@@ -115,6 +143,8 @@ async def step(
     if episode.done:  # reset failed: the first turn ends it
         episode.record(sampled, finish_reason, None, 0)
         return None
+    if isinstance(episode.env, EpisodeSource):
+        return await episode.env.next_ids(task, episode, turn_ids, finish_reason, stop_string)
     if isinstance(episode.env, ChatEnv):
         return await _chat_step(task, episode, episode.env, turn_ids, finish_reason, stop_string)
     text = task.response_text(turn_ids)
@@ -230,4 +260,6 @@ async def _play(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> d
                 ids = None
             if ids is None:
                 results[out.request_id] = (episode, engine.end_request(out.request_id))
+                if isinstance(episode.env, EpisodeSource):
+                    episode.env.close()
     return results

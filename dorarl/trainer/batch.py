@@ -13,7 +13,7 @@ samples included); anything else is a bug upstream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,8 @@ class TrainSequence:
     advantage: float
     weight: float = 0.0
     trained: list[bool] | None = None  # per response token; None: all (no observations)
+    routes: bytes = b""  # the engine's recorded experts per response token (MoE), if any
+    version: int | None = None  # the one version that sampled every token (None: several)
 
     @property
     def length(self) -> int:
@@ -59,6 +61,7 @@ class MicroBatch:
     advantages: torch.Tensor
     weights: torch.Tensor
     mask: torch.Tensor
+    sequences: list[TrainSequence] = field(default_factory=list)  # one per row
 
 
 def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]:
@@ -85,10 +88,16 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                     list(sample.logprobs[: len(ids)]),
                     adv,
                     trained=trained,
+                    routes=sample.routes if ids else b"",
+                    version=_one_version(sample),
                 )
             )
     _assign_weights(seqs, cfg.aggregation)
     return seqs
+
+
+def _one_version(sample: Sample) -> int | None:
+    return sample.versions[0] if sample.versions and sample.single_version else None
 
 
 def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
@@ -160,4 +169,5 @@ def collate(seqs: list[TrainSequence], pad_id: int, device: torch.device | str) 
         advantages.to(device),
         weights.to(device),
         mask.to(device),
+        list(seqs),
     )

@@ -107,6 +107,83 @@ class LossConfig:
             )
 
 
+LORA_UNSUPPORTED = ("lm_head", "embed_tokens")  # the chunked head and tied weights need them plain
+
+
+@dataclass(kw_only=True)
+class LoraConfig:
+    rank: int = field(
+        default=0,
+        metadata={
+            "help": "LoRA rank: N > 0 trains rank-N adapters on the frozen base (peft) and "
+            "sends the engines the merged weights; 0: full-weight training",
+            "ge": 0,
+        },
+    )
+    alpha: float = field(
+        default=16.0, metadata={"help": "LoRA alpha: the update is B @ A * alpha / rank", "gt": 0}
+    )
+    dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": "dropout on the adapters' input in training (0: the trainer's "
+            "log-probs are the policy's, as the loss assumes)",
+            "ge": 0,
+            "lt": 1,
+        },
+    )
+    target_modules: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "module names to adapt, e.g. [q_proj,v_proj] ([]: every linear layer of "
+            "the decoder, peft's all-linear; the output layer and embeddings stay full)"
+        },
+    )
+    lr: float | None = field(
+        default=None,
+        metadata={
+            "help": "AdamW learning rate of the adapters (unset: trainer.lr; adapters "
+            "usually want about ten times a full-weight rate)",
+            "gt": 0,
+        },
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    def validate(self) -> None:
+        check_fields(self)
+        bad = [name for name in self.target_modules if name in LORA_UNSUPPORTED]
+        if bad:
+            raise ConfigError(
+                f"target_modules: {bad[0]} cannot be adapted (the output layer and the "
+                "embeddings stay full weights)"
+            )
+
+
+@dataclass(kw_only=True)
+class MoeConfig:
+    """Mixture-of-Experts models: the load-balancing loss and routing replay (R3)."""
+
+    aux_loss_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of the router's load-balancing loss (Switch style, per sequence: "
+            "experts x sum of token share x mean router probability; 0: off)",
+            "ge": 0,
+        },
+    )
+    route_replay: bool = field(
+        default=False,
+        metadata={
+            "help": "R3: route each sampled token through the experts the engine chose for "
+            "it (needs engine.record_routes=true); the top-k weights still come from the "
+            "trainer's router, so it keeps its gradient"
+        },
+    )
+
+
 @dataclass(kw_only=True)
 class TrainerConfig:
     lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate", "gt": 0})
@@ -184,10 +261,19 @@ class TrainerConfig:
         default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
     )
     loss: LossConfig = field(default_factory=LossConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def validate(self) -> None:
-        check_fields(self)  # the loss's fields too, named loss.*
-        try:
-            self.loss.validate()
-        except ConfigError as exc:
-            raise ConfigError(f"loss.{exc}") from None
+        check_fields(self)  # the sections' fields too, named loss.*, moe.* and lora.*
+        for name, section in (("loss", self.loss), ("lora", self.lora)):
+            try:
+                section.validate()
+            except ConfigError as exc:
+                raise ConfigError(f"{name}.{exc}") from None
+
+    def peak_lr(self) -> float:
+        """The learning rate after warmup: lora.lr for adapters when it is set, else lr."""
+        if self.lora.enabled and self.lora.lr is not None:
+            return self.lora.lr
+        return self.lr

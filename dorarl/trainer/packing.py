@@ -19,7 +19,7 @@ longer than the budget goes alone), the same rule as the padded plan's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -66,6 +66,7 @@ class PackedBatch:
     advantages: torch.Tensor
     weights: torch.Tensor
     mask: torch.Tensor
+    sequences: list[TrainSequence] = field(default_factory=list)  # in token order
 
     @property
     def rows(self) -> int:
@@ -270,6 +271,7 @@ def _packed_batch(
         advantages=per_token([s.advantage for s in seqs for _ in s.response_ids]),
         weights=per_token([w for s in seqs for w in s.token_weights()]),
         mask=torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.bool).to(device),
+        sequences=list(seqs),
     )
 
 

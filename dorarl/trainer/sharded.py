@@ -28,6 +28,7 @@ from dorarl.trainer.batch import MicroBatch, TrainSequence
 from dorarl.trainer.config import TrainerConfig
 from dorarl.trainer.distributed import RankGroup, rank_shares, reduce_over_ranks, shard
 from dorarl.trainer.forward import HeadSplit, micro_batch_logprobs
+from dorarl.trainer.moe import RouteStats
 from dorarl.trainer.packing import PackedBatch, collate_planned, micro_batches, plan_step
 from dorarl.trainer.totals import StepTotals
 from dorarl.trainer.trainer import Trainer, _jsonable_extra, trainable_sequences
@@ -148,9 +149,15 @@ class ShardedTrainer(Trainer):
                 batch = collate_planned(mine[index], packing, self.pad_id, self.device)
                 self._micro_step(batch, totals)
             else:
-                self._micro_step(self._filler(), StepTotals())
+                self._micro_step(self._filler(), StepTotals(), counted=False)
         summary = self._reduce(totals).summary()
-        return {**summary, "micro_batches": float(sum(len(p) for p in plans))}
+        summary["micro_batches"] = float(sum(len(p) for p in plans))
+        return summary | self._routing_metrics(self._reduce_routes)
+
+    def _reduce_routes(self, stats: RouteStats) -> RouteStats:
+        summed = reduce_over_ranks(stats.as_floats(), self.group)
+        layers, experts = stats.counts.shape
+        return RouteStats.from_floats(summed, layers, experts)
 
     def _filler(self) -> MicroBatch | PackedBatch:
         """A pass that runs every FSDP unit's collectives and adds exactly zero gradient
@@ -179,10 +186,17 @@ class ShardedTrainer(Trainer):
     # ---- weights and checkpoints -----------------------------------------------------------
 
     def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """Full weights on rank 0 (CPU copies by HF name, as one process gives them; with
-        `on_device`, on the device); {} on the other ranks, which only take part in the
-        gathers. A tied weight is gathered once and its names share that one tensor, as
-        they share a parameter in one process (senders drop such aliases by storage)."""
+        """Full weights on rank 0 (CPU copies by HF name, as one process gives them, LoRA
+        adapters merged; with `on_device`, on the device); {} on the other ranks, which only
+        take part in the gathers. A tied weight is gathered once and its names share that
+        one tensor, as they share a parameter in one process (senders drop such aliases by
+        storage)."""
+        gathered = self._gathered(on_device)
+        return self._for_engines(gathered) if gathered else gathered
+
+    def _gathered(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The model's full (unmerged) state dict on rank 0, one tensor per parameter;
+        {} on the other ranks."""
         gathered: dict[str, torch.Tensor] = {}
         by_param: dict[int, torch.Tensor | None] = {}
         keep = self.group.is_coordinator
@@ -207,9 +221,9 @@ class ShardedTrainer(Trainer):
         tmp = ckpt.temporary_of(folder)
         names = self._param_names()
         shards.save_shards(tmp / shards.SHARDS_DIR, self.model, self.optimizer, names)
-        full = self.named_tensors()
+        full = self._gathered()
         if self.group.is_coordinator:
-            self.model.save_pretrained(str(tmp), state_dict=full)
+            self._save_weights(tmp, full)
             _, opt_meta = ckpt.optimizer_state_by_name(self.optimizer, names)
             self._write_state(tmp, opt_meta, extra, world_size=self.group.world_size)
             ckpt.swap_in(folder)

@@ -24,8 +24,9 @@ SHARDS_DIR = "shards"
 def save_shards(
     folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, names: dict[int, str]
 ) -> None:
-    """Collective at world size > 1: every rank writes its shards into `folder`."""
-    state = {f"model.{name}": p.detach() for name, p in model.named_parameters()}
+    """Collective at world size > 1: every rank writes its shards into `folder` (of the
+    trained parameters: a frozen LoRA base is read from its own folder)."""
+    state = {f"model.{name}": p.detach() for name, p in model.named_parameters() if p.requires_grad}
     tensors, _ = ckpt.optimizer_state_by_name(optimizer, names)
     state.update(tensors)
     folder.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from dorarl.data import Group
 from dorarl.errors import UserInputError
 from dorarl.trainer import checkpoint as ckpt
-from dorarl.trainer import shards
+from dorarl.trainer import lora, shards
 from dorarl.trainer.allocator import map_large_blocks, release_free_heap
 from dorarl.trainer.batch import MicroBatch, TrainSequence, build_sequences
 from dorarl.trainer.config import LossConfig, TrainerConfig
@@ -30,6 +30,7 @@ from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_
 from dorarl.trainer.loss import k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
+from dorarl.trainer.moe import MoeRouting, RouteStats, is_moe
 from dorarl.trainer.packing import PackedBatch, micro_batches
 from dorarl.trainer.sizing import auto_micro_batch_tokens
 from dorarl.trainer.totals import StepTotals
@@ -76,6 +77,7 @@ class Trainer:
         version: int = 0,
         source_dir: str | Path | None = None,
         reference_path: str | Path | None = None,
+        adapter_dir: str | Path | None = None,
     ):
         config.validate()
         self.config = config
@@ -83,6 +85,10 @@ class Trainer:
         if self.device.type == "cpu":
             map_large_blocks()  # freed activations leave the process (dorarl.trainer.allocator)
         self.model = model.to(self.device)
+        self.peft = None  # the PeftModel around `model` when trainer.lora.rank > 0
+        self.base_path: str | None = None  # the frozen base a LoRA trainer's adapters are on
+        if config.lora.enabled:
+            self._add_adapters(source_dir, adapter_dir)
         self.model.train()
         if config.activation_checkpointing:
             _enable_activation_checkpointing(self.model)
@@ -105,13 +111,37 @@ class Trainer:
             checkpointing=config.activation_checkpointing,
         )
         self.pad_id = int(model.config.pad_token_id or 0)
+        self.routing = self._routing()
         self._shard_model()
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = self._make_optimizer()
+
+    def _make_optimizer(self) -> torch.optim.AdamW:
+        """AdamW over what trains: every weight, or only the adapters under LoRA."""
+        config = self.config
+        return torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
-            lr=config.lr,
+            lr=config.peak_lr(),
             betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps,
             weight_decay=config.weight_decay,
+        )
+
+    def _add_adapters(self, source_dir: str | Path | None, adapter_dir: str | Path | None) -> None:
+        """Wrap the (base) model with peft: fresh adapters, or those of `adapter_dir`. The
+        HF model stays `self.model` (peft injects its layers in place), so the forward, the
+        chunked head and sharding see the usual module tree."""
+        if source_dir is None:
+            raise UserInputError("trainer.lora.rank > 0 needs the base model's folder")
+        self.base_path = str(Path(source_dir).resolve())
+        if adapter_dir is not None:
+            self.peft = lora.load_adapter(self.model, Path(adapter_dir), self.config.lora)
+        else:
+            self.peft = lora.wrap(self.model, self.config.lora, self.base_path)
+        self.model = self.peft.base_model.model
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.model.parameters())
+        log.info(
+            "LoRA rank %d: %d of %d parameters trainable", self.config.lora.rank, trainable, total
         )
 
     @classmethod
@@ -137,16 +167,19 @@ class Trainer:
         extra_state. A sharded checkpoint (any world size) loads through DCP."""
         folder = Path(folder)
         state = ckpt.read_state(folder)
-        model = load_model(folder, config.dtype, device)
+        base = _check_lora_resume(folder, state, config)
+        model = load_model(base or folder, config.dtype, device)
         trainer = cls(
             model,
             config,
             device=device,
             version=state["version"],
-            source_dir=folder,
+            source_dir=base or folder,
             reference_path=config.reference_path or state.get("reference_path"),
+            adapter_dir=folder if base else None,
             **kwargs,
         )
+        trainer.tokenizer_files = ckpt.read_tokenizer_files(folder) or trainer.tokenizer_files
         trainer.optimizer_steps = state["optimizer_steps"]
         trainer._restore_optimizer(folder, state["optimizer"])
         trainer._apply_hyperparameters()
@@ -171,6 +204,15 @@ class Trainer:
 
     def _shard_model(self) -> None:
         """Where a sharded trainer wraps its model, before the optimizer sees parameters."""
+
+    def _routing(self) -> MoeRouting | None:
+        """The router hooks of an MoE policy (trainer.moe); None for a dense one."""
+        moe = self.config.moe
+        if is_moe(self.model):
+            return MoeRouting(self.model, moe)
+        if moe.aux_loss_coef > 0 or moe.route_replay:
+            log.warning("trainer.moe: %s has no experts; ignored", type(self.model).__name__)
+        return None
 
     def _load_reference(self) -> PreTrainedModel:
         if self.reference_path is None:
@@ -218,7 +260,15 @@ class Trainer:
         )
         for batch in batches:
             self._micro_step(batch, totals)
-        return {**totals.summary(), "micro_batches": float(len(batches))}
+        summary = {**totals.summary(), "micro_batches": float(len(batches))}
+        return summary | self._routing_metrics(lambda stats: stats)
+
+    def _routing_metrics(self, reduce) -> dict[str, float | dict[str, float]]:
+        """The step's expert load and route agreement (MoE), after `reduce` over ranks."""
+        if self.routing is None:
+            return {}
+        stats: RouteStats = reduce(self.routing.take_stats())
+        return stats.metrics(self.config.moe.aux_loss_coef > 0)
 
     def _policy_logprobs(
         self, batch: MicroBatch | PackedBatch
@@ -232,9 +282,22 @@ class Trainer:
             entropy_grad=self.config.loss.entropy_coef != 0.0,
         )
 
-    def _micro_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
+    def _micro_step(
+        self, batch: MicroBatch | PackedBatch, totals: StepTotals, counted: bool = True
+    ) -> None:
+        if self.routing is None:
+            self._loss_step(batch, totals)
+            return
+        self.routing.open(batch, counted, self.version)  # the router hooks act on this batch
+        try:
+            self._loss_step(batch, totals)
+        finally:
+            self.routing.close()
+
+    def _loss_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
         cfg = self.config.loss
         logp, entropy = self._policy_logprobs(batch)
+        aux = self.routing.forward_done() if self.routing is not None else None
         ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
         loss, terms = objective(
             logp,
@@ -245,7 +308,10 @@ class Trainer:
             ref_logp=ref_logp,
             entropy=entropy,
         )
-        loss.backward()
+        if aux is not None:  # the load-balancing loss: its gradient, not in the loss metric
+            (loss + self.config.moe.aux_loss_coef * aux).backward()
+        else:
+            loss.backward()
         kl_ref = k3_kl(logp.detach(), ref_logp) if ref_logp is not None else None
         totals.add(batch, loss.detach(), terms, logp.detach(), entropy.detach(), kl_ref)
 
@@ -280,7 +346,7 @@ class Trainer:
     def _lr(self) -> float:
         warmup = self.config.warmup_steps
         scale = min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0
-        return self.config.lr * scale
+        return self.config.peak_lr() * scale
 
     def _apply_hyperparameters(self) -> None:
         """The given config wins over the hyper-parameters stored with a checkpoint.
@@ -299,10 +365,19 @@ class Trainer:
     def named_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The current weights by HF state-dict name, as CPU copies (not views of live
         params); `on_device`: the live tensors themselves, for a caller that copies them."""
-        state = self.model.state_dict()
+        live = {name: t.detach() for name, t in self.model.state_dict().items()}
+        state = self._for_engines(live)
         if on_device:
-            return {name: t.detach() for name, t in state.items()}
-        return {name: t.detach().to("cpu", copy=True) for name, t in state.items()}
+            return state
+        views = {id(t) for t in live.values()}  # merged LoRA weights are new tensors already
+        return {name: t.to("cpu", copy=id(t) in views) for name, t in state.items()}
+
+    def _for_engines(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The weights a version is for the engines: with LoRA, the base with every adapter
+        merged, by the base model's HF names (a full-weight version on the wire)."""
+        if self.peft is None:
+            return state
+        return lora.merged_tensors(state, lora.scale(self.config.lora))
 
     def _param_names(self) -> dict[int, str]:
         return {id(p): name for name, p in self.model.named_parameters()}
@@ -318,10 +393,22 @@ class Trainer:
         return ckpt.write_atomically(Path(folder), lambda tmp: self._write_checkpoint(tmp, extra))
 
     def _write_checkpoint(self, folder: Path, extra: dict[str, Any]) -> None:
-        self.model.save_pretrained(str(folder))
+        self._save_weights(folder)
         opt_tensors, opt_meta = ckpt.optimizer_to_files(self.optimizer, self._param_names())
         ckpt.save_tensors(folder / ckpt.OPTIMIZER_FILE, opt_tensors)
         self._write_state(folder, opt_meta, extra)
+
+    def _save_weights(self, folder: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """The model part of a checkpoint (from `state`, the full unmerged state dict, when
+        given; else the model's own): an HF model folder, or with LoRA a peft adapter folder
+        (adapter_config.json and adapter_model.safetensors: the adapters only)."""
+        if self.peft is None:
+            self.model.save_pretrained(str(folder), state_dict=state)
+            return
+        if state is not None:
+            prefix = "base_model.model."  # the PeftModel's names of the HF model's tensors
+            state = {prefix + k: v for k, v in state.items()}
+        self.peft.save_pretrained(str(folder), state_dict=state)
 
     def _write_state(
         self, folder: Path, opt_meta: dict[str, Any], extra: dict[str, Any], **more: Any
@@ -339,9 +426,27 @@ class Trainer:
             "rng": rng_meta,
             "config": dataclasses.asdict(self.config),
             "extra_state": extra,
+            **({lora.BASE_KEY: self.base_path} if self.peft is not None else {}),
             **more,
         }
         (folder / ckpt.STATE_FILE).write_text(json.dumps(state))
+
+
+def _check_lora_resume(folder: Path, state: dict[str, Any], config: TrainerConfig) -> str | None:
+    """The base model folder of a LoRA checkpoint (None for a full-weight one); a LoRA
+    checkpoint resumed without trainer.lora.rank, or the other way round, is refused."""
+    base = state.get(lora.BASE_KEY)
+    if base and not config.lora.enabled:
+        raise UserInputError(
+            f"trainer.lora.rank: {folder} holds LoRA adapters; resume it with "
+            "trainer.lora.rank set as in its run"
+        )
+    if config.lora.enabled and not base:
+        raise UserInputError(
+            f"trainer.lora.rank: {folder} is a full-weight checkpoint; LoRA starts from a "
+            "model folder (model=FOLDER), not from a full-weight run's checkpoint"
+        )
+    return base
 
 
 def _jsonable_extra(extra_state: dict[str, Any] | None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`dorarl bench engine-device`: every section runs end to end on the CPU at a tiny size
 (the cuda run is scripts/gpu_check_1.sh), bars and the CPU bench's keys come out filled."""
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -50,3 +51,24 @@ def test_engine_set_refuses_other_keys(item):
     with pytest.raises(UserInputError, match="^--engine-set"):
         ed.parse_engine_set([item])
     assert ed.parse_engine_set(["engine.cuda_graphs=off"]) == (("cuda_graphs", "off"),)
+
+
+def test_device_bench_runs_the_moe_family_on_cpu(single_thread):
+    bench = ed.run_device_bench("tiny-moe", ed.resolve_device("cpu"), TINY, Console(quiet=True))
+    tail = bench["long_tail"]
+    assert tail["engine"]["tokens"] == tail["hf_static"]["tokens"] == tail["total_tokens"]
+    assert all(row["engine"] > 0 for row in bench["steps"]["ms"].values())
+    assert bench["migration"]["migration_ms"]["64"] > 0
+
+
+def test_the_moe_shape_is_qwen3_30b_a3b():
+    from dorarl.bench.shapes import shape_config
+    from dorarl.engine.model_spec import spec_from_hf
+
+    spec = spec_from_hf(shape_config("qwen3-30b-a3b"))
+    assert spec.model_type == "qwen3_moe" and 30.5e9 < spec.num_parameters() < 30.6e9
+    assert (spec.moe.num_experts, spec.moe.top_k, spec.moe.expert_size) == (128, 8, 768)
+    assert len(spec.moe.sparse_layers) == 48 and spec.moe.norm_topk
+    if os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") < 122e9:
+        with pytest.raises(UserInputError, match="--shape qwen3-30b-a3b: 122.1 GB of weights"):
+            ed.random_llama("qwen3-30b-a3b")  # float32 on the host: refused, not killed

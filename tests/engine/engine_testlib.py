@@ -8,10 +8,16 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from dorarl.engine import Engine, EngineConfig, RequestOutput, SamplingParams
@@ -33,9 +39,27 @@ FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
+    "mixtral": (MixtralConfig, MixtralForCausalLM),
 }
-# Qwen3's own default head_dim is 128; 32 here keeps q_size (128) != hidden (64).
-FAMILY_DEFAULTS = {"qwen3": dict(head_dim=32)}
+MOE_ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral"]
+# Qwen3's own default head_dim is 128; 32 here keeps q_size (128) != hidden (64). The MoE
+# families: 8 (4) experts of width 32 (Mixtral: intermediate_size), top-2; Qwen3-MoE
+# renormalises the top-k weights, Qwen2-MoE does not and adds its gated shared expert, and
+# its layer 1 is dense (mlp_only_layers); Mixtral renormalises always.
+FAMILY_DEFAULTS = {
+    "qwen3": dict(head_dim=32),
+    "qwen3_moe": dict(
+        head_dim=32, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True,
+    ),
+    "qwen2_moe": dict(
+        moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        shared_expert_intermediate_size=48, mlp_only_layers=[1],
+    ),
+    "mixtral": dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+}  # fmt: skip
 
 
 def tiny_config(arch: str, **overrides):
@@ -65,6 +89,10 @@ VARIANTS = {
     "qwen2-tied": dict(tie_word_embeddings=True),
     "qwen3": {},
     "qwen3-tied-bias-headdim16": dict(tie_word_embeddings=True, attention_bias=True, head_dim=16),
+    "qwen3_moe": {},
+    "qwen2_moe": {},
+    "mixtral": {},
+    "mixtral-tied-top1": dict(tie_word_embeddings=True, num_experts_per_tok=1),
 }
 
 

@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from engine_testlib import prompts, run_alone, seeded, tiny_model
 
 from dorarl.engine.attention import (
     PagedAttention,
@@ -180,3 +181,16 @@ def test_attention_is_bit_identical_whatever_blocks_a_sequence_holds(
     assert torch.equal(a[0], a_moved[0])
     assert torch.equal(a[2], b[2])
     assert torch.equal(a[6], b[6])  # continuing prefill chunk
+
+
+def test_prefill_is_bit_identical_whatever_the_chunk_bounds():
+    """A prompt token's K/V and log-probs do not depend on where the chunks of its prompt
+    began or ended (nor on its last token running alone), so a request can continue on
+    prompt blocks another request computed (the prefix cache) bit for bit."""
+    model = tiny_model("llama", seed=1)
+    prompt = prompts([150], seed=3)[0]  # past two prefill tiles, so chunks straddle them
+    params = seeded(6, seed=5)
+    outs = [run_alone(model, prompt, params, prefill_chunk_size=c) for c in (7, 64, 149, 256)]
+    for out in outs[1:]:
+        assert out.output_ids == outs[0].output_ids
+        assert out.logprobs == outs[0].logprobs

@@ -155,3 +155,47 @@ def test_unknown_shape_is_a_one_line_user_error():
 
     with pytest.raises(UserInputError, match="--shape"):
         engine_model.load_model(None, "gpt-9")
+
+
+def test_prefix_cache_workloads_report_prefill_saved_and_the_prediction():
+    from dorarl.bench.prefix_cache import PrefixSpec, prefix_report
+
+    spec = PrefixSpec(prompts=2, group_size=8, prompt_len=48, episodes=8, system_len=64,
+                      task_len=8, response_len=3, max_num_seqs=16, block_size=8)  # fmt: skip
+    report = prefix_report(bench.build_model(MICRO), spec, Console(quiet=True))
+    json.dumps(report)
+    group, system = report["group"], report["system"]
+    assert group["identical"] and system["identical"]
+    assert group["off"]["prefill_tokens"] == 2 * 8 * 48
+    assert group["on"]["prefill_tokens"] == 2 * (48 + 7)  # the prompt, then a token a sample
+    assert system["on"]["prefill_tokens"] == 64 + 8 * 8  # the system prompt once
+    assert group["on"]["response_tokens"] == group["off"]["response_tokens"] == 16 * 3
+    assert group["predicted_speedup_cpu_s"] > 1 and 0 < group["prefill_share_cpu_s"] <= 1.5
+    assert set(report["bars"]) == {
+        "group_prefill_reduction", "system_prefill_reduction",
+        "group_speedup_vs_predicted", "system_speedup_vs_predicted",
+    }  # fmt: skip
+    assert report["bars"]["group_prefill_reduction"]["value"] == 768 / 110
+
+
+def test_bench_prefix_cache_writes_its_json_and_table(tmp_path, monkeypatch, capsys):
+    from dorarl.bench import prefix_cache
+
+    micro = prefix_cache.PrefixSpec(prompts=1, group_size=4, prompt_len=24, episodes=4,
+                                    system_len=32, task_len=4, response_len=2, max_num_seqs=8,
+                                    block_size=8)  # fmt: skip
+    monkeypatch.setattr(prefix_cache, "QUICK", micro)
+    monkeypatch.setattr(bench, "FULL", MICRO)  # the tiny model at the micro shape
+    assert prefix_cache.main(["--out", str(tmp_path), "--quick"]) == 0
+    report = json.loads((tmp_path / "prefix_cache.json").read_text())
+    assert report["tiny"]["group"]["on"]["prefill_tokens"] == 24 + 3
+    assert len(report["load_average"]) == len(report["load_average_start"]) == 3
+    assert "prefix cache, tiny" in capsys.readouterr().out
+
+
+def test_bench_prefix_cache_skip_tiny_needs_a_model(tmp_path):
+    from dorarl.bench import prefix_cache
+    from dorarl.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="--skip-tiny"):
+        prefix_cache.main(["--out", str(tmp_path), "--skip-tiny"])

@@ -55,6 +55,23 @@ def test_triton_attention_equals_the_torch_path():
     _same_tokens(got, want, atol=1e-5)
 
 
+@needs_interpreter
+def test_triton_reads_shared_prefix_blocks_through_the_block_tables():
+    """A group's samples on the prefix cache: the Triton kernels read the shared blocks
+    through the same block tables, and match the torch path without the cache."""
+    model = tiny_model("qwen2", seed=1)
+    prompt = prompts([40], seed=7)[0]  # two full blocks of 16 and 8 tokens in a third
+    got = {}
+    for path, cache in (("triton", "on"), ("torch", "off")):
+        engine = make_engine(model, **FAST, attention=path, sampler="host", prefix_cache=cache)
+        for i in range(3):
+            engine.add_request(f"s{i}", prompt, seeded(3, seed=i))
+        got[path] = run_all(engine)
+        if path == "triton":
+            assert engine.stats().prefill_tokens == 40 + 2
+    _same_tokens(got["triton"], got["torch"], atol=1e-5)
+
+
 def test_device_sampler_equals_the_host_sampler_bit_for_bit():
     model = tiny_model("llama", seed=2)
     batch = prompts([7, 12, 4], seed=3)

@@ -128,3 +128,23 @@ def test_llama3_rope_scaling_matches_hf_at_long_positions():
     torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-4, rtol=0)
     unscaled = _teacher_forced(twin, prompt, out.output_ids)
     assert (want - unscaled).abs().max() > 1e-3  # 10x the tolerance above
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_requests_on_shared_prefix_blocks_match_hf(arch):
+    """Samples of one prompt and prompts that share a system prefix read the prefix cache's
+    blocks (and copy its partial last one): their logprobs are still HF's."""
+    model = tiny_model(arch, seed=1)
+    engine = make_engine(model, prefill_chunk_size=16)
+    system, tails = prompts([22], seed=5)[0], prompts([5, 9], seed=6)
+    batch = [system + tails[0]] * 3 + [system + tails[1]] * 2
+    for i, p in enumerate(batch):
+        engine.add_request(f"r{i}", p, greedy(8))
+    outs = run_all(engine)
+    assert engine.stats().prefill_saved_tokens == 2 * 26 + 20 + 30  # system: 5 blocks
+    for i, p in enumerate(batch):
+        out = outs[f"r{i}"]
+        ref = _hf_logprobs(model, p, out.output_ids)
+        assert out.output_ids == ref.argmax(-1).tolist(), f"request {i}"
+        want = ref.gather(1, torch.tensor(out.output_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(out.logprobs), want, atol=1e-4, rtol=0)

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_model import save_with_head_dim
 
 from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
@@ -241,12 +242,7 @@ def test_a_block_size_triton_cannot_run_exits_2_before_anything_starts(capsys):
 def test_a_head_dim_triton_cannot_run_exits_2_before_ray_starts(tmp_path, capsys, tiny_model_dir):
     import ray
 
-    model = tmp_path / "odd_heads"
-    model.mkdir()
-    for item in tiny_model_dir.iterdir():
-        (model / item.name).write_bytes(item.read_bytes())
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
+    model = save_with_head_dim(tiny_model_dir, tmp_path / "odd_heads", 24)
     rc, err = _err(
         capsys, f"model={model}", "engine.device=cuda", "trainer.device=cuda",
         "engine.attention=triton", "progress=false", "--out", str(tmp_path / "run"),

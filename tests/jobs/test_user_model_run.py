@@ -41,3 +41,45 @@ def test_qwen2_folder_trains_on_gsm8k_rows_through_the_chat_template(tmp_path):
     assert json.loads((checkpoint / "config.json").read_text())["model_type"] == "qwen2"
     engine = Engine.from_pretrained(checkpoint, EngineConfig(max_num_seqs=2, max_model_len=128))
     assert engine.spec.tie_word_embeddings and engine.version == 0
+
+
+def _tensorboard_tags(out) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (out / "tensorboard").glob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    return set(accumulator.Tags()["scalars"])
+
+
+def test_a_qwen3_moe_folder_trains_at_world_sizes_one_and_two(tmp_path):
+    """A random Qwen3-MoE folder: its routes recorded and replayed at world size 1, its
+    load-balancing loss on under FSDP2 at world size 2; the expert load in every figure."""
+    rows = gsm8k_rows(24)
+    model = save_family_model(
+        tmp_path / "moe", "qwen3_moe", [r["question"] + r["answer"] for r in rows]
+    )
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bar = [f"model={model}", "task.name=jsonl", f"task.path={data}", "task.format=gsm8k",
+           "steps=3", "eval.every=0", "eval.max_prompts=4", "checkpoint_every=0"]  # fmt: skip
+    runs = {
+        "replay": ["engine.record_routes=true", "trainer.moe.route_replay=true"],
+        "sharded": ["trainer.world_size=2", "trainer.moe.aux_loss_coef=0.01"],
+    }
+    for name, extra in runs.items():
+        out = tmp_path / name
+        assert cli_main(["train", *bar, *SMALL, *extra, "--out", str(out)]) == 0, name
+        summary = json.loads((out / "summary.json").read_text())
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+        assert summary["steps"] == 3 and summary["dropped_total"] == 0, name
+        for row in metrics:
+            assert row["moe_imbalance_max"] >= row["moe_imbalance"] >= 1.0
+            assert sum(row["moe_tokens_per_expert"].values()) > 0
+        events = json.loads((out / "trace.json").read_text())["traceEvents"]
+        assert sum(e["name"] == "tokens per expert" for e in events) == 3
+        assert {"moe_imbalance", "moe_tokens_per_expert/0"} <= _tensorboard_tags(out)
+    replay = [json.loads(line) for line in (tmp_path / "replay" / "metrics.jsonl").open()]
+    assert all(m["moe_routes_compared"] > 0 and m["moe_route_mismatch"] == 0 for m in replay)
+    sharded = [json.loads(line) for line in (tmp_path / "sharded" / "metrics.jsonl").open()]
+    assert all(m["moe_aux_loss"] > 0 for m in sharded)

@@ -117,6 +117,24 @@ def test_partial_rollout_writes_per_token_versions_and_counts_reprefill(tmp_path
     assert lines[1]["reprefill_tokens"] == 12 and lines[1]["staleness"] == {"1": 1}
 
 
+def test_prefill_work_per_step_and_the_cached_blocks_each_instance_last_reported(tmp_path):
+    rec = Recorder(tmp_path, mode="sync", k=0, num_instances=2, slots_per_instance=4)
+    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1))])
+    rec.prefill(0, 512 + 1, 511, 40)
+    rec.prefill(1, 100, 0, 7)
+    rec.prefill(0, 0, 0, 33)  # instance 0 evicted some: the latest count stands
+    rec.observe(SampleDone(0, 0, 0, 2, 1.0), [])
+    rec.observe(SampleDone(0, 1, 0, 2, 1.5), [Train((0,), 0)])
+    rec.consumed([group(0, 0, [2, 2])], 0)
+    rec.observe(TrainDone(1, 2.0), [Finish("done")])
+    summary = rec.close(2.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (line["prefill_tokens"], line["prefill_saved_tokens"]) == (613, 511)
+    assert line["prefix_hit_rate"] == pytest.approx(511 / 1124)
+    assert line["cached_blocks"] == 33 + 7
+    assert (summary["prefill_tokens"], summary["prefill_saved_tokens"]) == (613, 511)
+
+
 def test_consuming_an_incomplete_or_unknown_group_is_reported_as_dropped(tmp_path):
     rec = Recorder(tmp_path, mode="sync", k=0, num_instances=1, slots_per_instance=4)
     rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1))])
@@ -213,3 +231,23 @@ def test_the_engines_setups_and_their_fast_path_fallbacks_reach_the_summary(tmp_
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["fast_path_fallbacks"] == [{"instance": 1, **fallback}]
     assert summary["engines"]["0"]["attention"] == "triton"
+
+
+def test_an_moe_steps_expert_load_reaches_the_metrics_and_the_trainers_counters(tmp_path):
+    rec = Recorder(tmp_path, mode="sync", k=0, num_instances=1, slots_per_instance=1)
+    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0,))])
+    rec.observe(SampleDone(0, 0, 0, 3, 1.0), [Train((0,), 0)])
+    rec.consumed([group(0, 0, [3])], 0)
+    rec.step_metrics({"moe_tokens_per_expert": {"0": 5.0, "1": 1.0}, "moe_imbalance": 1.6})
+    rec.observe(TrainDone(1, 2.0), [])
+    rec.close(3.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert line["moe_tokens_per_expert"] == {"0": 5.0, "1": 1.0} and line["moe_imbalance"] == 1.6
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    load = [e for e in trace if e["name"] == "tokens per expert"]
+    assert load == [
+        {"name": "tokens per expert", "ph": "C", "pid": 0, "ts": 2.0e6,
+         "args": {"expert 0": 5.0, "expert 1": 1.0}}
+    ]  # fmt: skip
+    (imbalance,) = [e for e in trace if e["name"] == "expert imbalance"]
+    assert imbalance["args"] == {"expert imbalance": 1.6}

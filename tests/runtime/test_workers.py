@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from tiny_model import save_with_head_dim
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import dorarl.engine.engine as engine_module
@@ -56,12 +57,15 @@ def test_engine_reset_restores_base_weights_and_drops_requests(tiny_model_dir):
 
 def test_a_version_change_finds_both_kv_pools_empty(tiny_model_dir):
     """Requests free their KV blocks as they leave (export, abort), so loading another
-    version has no cache to free; load_weights refuses while a request is still here."""
+    version frees only the prefix cache's idle blocks (bookkeeping); load_weights refuses
+    while a request is still here. A run's report counts the prompt tokens it computed and
+    those the cache gave: three samples of one prompt compute it once, then a token each."""
     config = EngineConfig(max_num_seqs=4, block_size=4, max_model_len=64, host_blocks=32)
     worker = EngineWorker(0, str(tiny_model_dir), config)
     params = SamplingParams(max_new_tokens=30, stop_token_ids=[])
     worker.add([NewRequest(f"r{i}", PROMPT, params) for i in range(3)])
-    worker.run(max_steps=4, until_finished=False)
+    report = worker.run(max_steps=4, until_finished=False)
+    assert (report.prefill_tokens, report.saved_tokens) == (4 + 2, 2 * 3)
     assert worker.offload("r0")
     stats = worker.stats()
     assert stats.kv_blocks_used > 0 and stats.host_blocks_used > 0
@@ -71,8 +75,10 @@ def test_a_version_change_finds_both_kv_pools_empty(tiny_model_dir):
     assert ids == ["r0", "r1"] and len(snapshots) == 2 and len(worker.abort(["r2"])) == 1
     stats = worker.stats()
     assert stats.kv_blocks_used == 0 and stats.host_blocks_used == 0
+    assert stats.kv_blocks_cached > 0  # the prompt's block, idle
     report = worker.load_weights(worker.weights(), version=1)
     assert report.version == 1 and report.load_s > 0
+    assert worker.stats().kv_blocks_cached == 0
     assert not hasattr(report, "free_cache_s")  # nothing freed, so no figure claims it was
 
 
@@ -148,15 +154,7 @@ def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_
 
 def _odd_heads(tmp_path, tiny_model_dir):
     """A model folder whose config.json does not match its weights (head_dim 24 of 16)."""
-    import json
-
-    model = tmp_path / "odd_heads"
-    model.mkdir()
-    for item in tiny_model_dir.iterdir():
-        (model / item.name).write_bytes(item.read_bytes())
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "head_dim": 24}))
-    return model
+    return save_with_head_dim(tiny_model_dir, tmp_path / "odd_heads", 24)
 
 
 def test_an_engine_reports_its_setup_and_raises_a_refused_setting_at_its_first_call(

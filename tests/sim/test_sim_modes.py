@@ -58,7 +58,7 @@ GOLDEN = {
     "in_flight_at_end": 0,
     "queued_at_end": 16,
     "consumed_tokens": 264219,
-    "wall_time_s": 126.692296,
+    "wall_time_s": 126.69601,
     "migrations": 23,
 }
 

@@ -81,3 +81,25 @@ def test_a_model_that_does_not_fit_is_refused():
     with pytest.raises(AssertionError, match="does not fit"):
         derive_cost(MOE_500B, H800, instance_accelerators=4, trainer_accelerators=8,
                     train_fixed_s=1.0)  # fmt: skip
+
+
+def test_the_busiest_expert_stretches_only_the_expert_share_of_token_compute():
+    from dorarl.simulate.presets import QWEN3_30B_A3B
+
+    args = dict(instance_accelerators=4, trainer_accelerators=32, train_fixed_s=5.0)
+    even = derive_cost(QWEN3_30B_A3B, H800, **args)
+    skewed = derive_cost(QWEN3_30B_A3B, H800, **args, expert_imbalance=1.5)
+    share = 48 * 8 * 3 * 2048 * 768 / 3.3e9
+    assert even.expert_share == pytest.approx(share) and 0.5 < share < 0.6
+    factor = 1 + share * 0.5
+    # the weight read and the KV reads are memory-bound: unchanged
+    fixed = even.decode_step_s(0, 50_000)
+    assert skewed.decode_step_s(0, 50_000) == pytest.approx(fixed)
+    per_seq = even.decode_step_s(64, 50_000) - fixed
+    assert skewed.decode_step_s(64, 50_000) - fixed == pytest.approx(per_seq * factor)
+    assert skewed.prefill_s(1000) == pytest.approx(even.prefill_s(1000) * factor)
+    assert skewed.train_s(10**6) - 5.0 == pytest.approx((even.train_s(10**6) - 5.0) * factor)
+    dense = qwen_instance()
+    assert dense.expert_share == 0.0 and dense.compute_factor == 1.0
+    # 61 GB of weights on 4 x 80 GB at 90%: a KV pool of 2.3M tokens of 98,304 bytes
+    assert even.kv_capacity_tokens == int((4 * 80e9 * 0.9 - 61e9) / 98_304)

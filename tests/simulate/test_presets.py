@@ -121,3 +121,25 @@ def test_simulate_preset_writes_sim_json_and_timelines(tmp_path):
         "timeline_dora.png",
         "timeline_sync.png",
     ]
+
+
+def test_an_moe_preset_takes_the_imbalance_a_run_measured(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 0, "moe_imbalance": 1.2}, {"step": 1, "moe_imbalance": 1.4}, {"step": 2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "sim"
+    small = ["controller.instances=2", "controller.tbs=4", "controller.rbs=8", "controller.steps=3"]
+    args = ["--preset", "qwen3-30b-a3b-64", "--modes", "sync", "--out", str(out), *small]
+    assert main([*args, "--expert-imbalance-from", str(run)]) == 0
+    skewed = json.loads((out / "sim.json").read_text())
+    assert skewed["config"]["cost"]["expert_imbalance"] == pytest.approx(1.3)
+    assert main([*args, "cost.expert_imbalance=1.0"]) == 0
+    even = json.loads((out / "sim.json").read_text())
+    slower = skewed["modes"]["sync"]["step_time_s"]["mean"]
+    assert slower > even["modes"]["sync"]["step_time_s"]["mean"]
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(ConfigError, match="has no moe_imbalance"):
+        main([*args, "--expert-imbalance-from", str(run)])
+    with pytest.raises(ConfigError, match="cost.expert_imbalance: must be >= 1, got 0.5"):
+        build_config("qwen3-30b-a3b-64", None, ["cost.expert_imbalance=0.5"])

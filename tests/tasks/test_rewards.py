@@ -56,17 +56,13 @@ def test_math_reward_scores_the_final_answer_only(response, reward):
 
 
 @pytest.mark.parametrize(
-    "response",
+    "response",  # the extraction's own cases are in test_answers.py; these reach the reward
     [
-        "the answer is 5 or 6",
-        "\\boxed{5 \\text{ or } 6}",
-        "The answer is between 5 and 6",
-        "\\boxed{5 \\vee 6}",
-        "The answer is 5 and/or 6",
-        "The answer is either 5 or 6",
-        "The answer is 5, 6",
-        "\\boxed{5 \\lor 6}",
-        "\\boxed{5} or \\boxed{6}",
+        "The answer is 6 or maybe 5",
+        "\\boxed{6 \\text{ or } 5}",
+        "So the answer is 5, or else 6.",
+        "\\boxed{6}, \\boxed{5}",
+        "The answer is 6 \\vee 5",
     ],
 )
 @pytest.mark.parametrize("answer", ["5", "6"])

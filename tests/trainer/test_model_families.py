@@ -1,5 +1,6 @@
 """Each supported family through the trainer and back into the engine: Llama 3 (scaled
-RoPE), Qwen2 / Qwen2.5 (tied), Qwen3 (q/k norms, tied and untied).
+RoPE), Qwen2 / Qwen2.5 (tied), Qwen3 (q/k norms, tied and untied), and the MoE families:
+Qwen3-MoE, Qwen2-MoE (shared expert, a dense layer) and Mixtral.
 
 A trained step's weights go to an engine by name (`load_weights`) and the engine then
 computes the trainer's own log-probabilities; a checkpoint loads into an engine as it is.
@@ -7,7 +8,15 @@ computes the trainer's own log-probabilities; a checkpoint loads into an engine 
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MixtralConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.trainer import Trainer, TrainerConfig
@@ -36,7 +45,16 @@ FAMILIES = {
     "qwen2.5-tied": lambda: Qwen2Config(**SHAPE, tie_word_embeddings=True),
     "qwen3": lambda: Qwen3Config(**SHAPE, head_dim=16),
     "qwen3-tied": lambda: Qwen3Config(**SHAPE, head_dim=8, tie_word_embeddings=True),
-}
+    "qwen3_moe": lambda: Qwen3MoeConfig(
+        **SHAPE, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        norm_topk_prob=True,
+    ),
+    "qwen2_moe": lambda: Qwen2MoeConfig(
+        **SHAPE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, mlp_only_layers=[0],
+    ),
+    "mixtral": lambda: MixtralConfig(**SHAPE, num_local_experts=4, num_experts_per_tok=2),
+}  # fmt: skip
 
 
 def _save(folder, family: str):

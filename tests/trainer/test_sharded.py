@@ -194,3 +194,48 @@ def test_a_one_process_checkpoint_resumes_at_world_size_two(tied_model_dir, tmp_
         assert loss == pytest.approx(want_loss, rel=1e-5)
         assert norm == pytest.approx(want_norm, rel=1e-5)
     _assert_close(weights, single.named_tensors())
+
+
+@pytest.fixture(scope="module")
+def moe_model_dir(tmp_path_factory) -> Path:
+    from test_moe import save_moe
+
+    return save_moe(tmp_path_factory.mktemp("moe"), "qwen3_moe")
+
+
+def _moe_config(packing: str) -> TrainerConfig:
+    config = _config(22, packing=packing)
+    config.moe.aux_loss_coef = 0.01
+    return config
+
+
+ROUTING = ("moe_tokens_per_expert", "moe_imbalance", "moe_aux_loss")
+
+
+def _moe_runs(group, folder, batches):
+    runs = {}
+    for packing in PACKINGS:
+        trainer = ShardedTrainer.from_pretrained_group(folder, _moe_config(packing), group)
+        steps = [trainer.train_step(groups) for groups in batches]
+        figures = [(m["loss"], m["grad_norm"], *(m[k] for k in ROUTING)) for m in steps]
+        runs[packing] = (figures, trainer.named_tensors())
+    return runs
+
+
+def test_an_moe_model_with_its_aux_loss_at_world_size_two_equals_one_process(moe_model_dir):
+    """Qwen3-MoE under FSDP2: the experts' stacked tensors sharded, the load-balancing loss
+    on, several micro-batches per rank (filler passes too): losses, gradient norms, expert
+    load and weights as one process has them."""
+    batches = _batches()
+    runs = run_ranks(_moe_runs, 2, moe_model_dir, batches)
+    for packing, (got, weights) in runs.items():
+        single = Trainer.from_pretrained(moe_model_dir, _moe_config(packing))
+        steps = [single.train_step(groups) for groups in batches]
+        for mine, want in zip(got, steps, strict=True):
+            loss, norm, per_expert, imbalance, aux = mine
+            assert loss == pytest.approx(want["loss"], rel=1e-5), packing
+            assert norm == pytest.approx(want["grad_norm"], rel=1e-5), packing
+            assert per_expert == want["moe_tokens_per_expert"] and aux > 0
+            assert imbalance == pytest.approx(want["moe_imbalance"], rel=1e-9)
+            assert aux == pytest.approx(want["moe_aux_loss"], rel=1e-5)
+        _assert_close(weights, single.named_tensors())

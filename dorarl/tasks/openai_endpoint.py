@@ -1,0 +1,173 @@
+"""An OpenAI-compatible chat endpoint for users' agent code: one aiohttp server per process.
+
+`Endpoint` serves `/episodes/<id>/v1/chat/completions` and `/episodes/<id>/v1/models` on
+its own daemon thread and event loop (the agents run on that loop too), bound to loopback
+unless told otherwise, on a free port. A call goes to the live episode its URL names
+(`EpisodeCalls.receive`), which answers it once the engine has sampled its turn. Every call
+gets an answer with a JSON body in OpenAI's error shape when it fails: an unknown or
+finished episode (404), a body that is not a JSON object (400), an unknown route (404);
+a client that disconnects has its handler cancelled and the episode keeps its turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0  # binding a loopback port takes milliseconds
+CALL_TIMEOUT_S = 3600.0  # a call waits for its engine turn: queueing, then sampling
+
+
+class CallError(Exception):
+    """A call answered with an HTTP error; `body()` is OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, code: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        error = {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        return {"error": error}
+
+
+class EpisodeCalls(Protocol):
+    """What the endpoint needs of a live episode."""
+
+    model: str  # the model's name, as /v1/models lists it
+
+    async def receive(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat completion that answers `body` (raises `CallError`)."""
+        ...
+
+
+class Endpoint:
+    """The server and its loop; `register` an episode, hand its agent `base_url(id)`."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.episodes: dict[str, EpisodeCalls] = {}
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="agents")
+        self._thread.start()
+        self._runner: web.AppRunner | None = None
+        self.http_client: Any = None  # the agents' clients' connections (on this loop)
+        self.port = self.run(self._start(), START_TIMEOUT_S)
+
+    def run(self, coro: Awaitable[Any], timeout_s: float) -> Any:
+        """Run `coro` on the endpoint's loop from another thread and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)  # type: ignore[arg-type]
+
+    def base_url(self, episode_id: str) -> str:
+        return f"http://{self.host}:{self.port}/episodes/{episode_id}/v1"
+
+    def register(self, episode_id: str, episode: EpisodeCalls) -> None:
+        self.episodes[episode_id] = episode
+
+    def unregister(self, episode_id: str) -> None:
+        self.episodes.pop(episode_id, None)
+
+    def close(self) -> None:
+        """Stop serving: the agents still running (episodes left in flight) are cancelled."""
+        self.run(self._stop(), START_TIMEOUT_S)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(START_TIMEOUT_S)
+
+    async def _stop(self) -> None:
+        self.episodes.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        if self.http_client is not None:
+            await self.http_client.aclose()
+
+    # --- the server ----------------------------------------------------------------------
+    async def _start(self) -> int:
+        app = web.Application(middlewares=[_json_errors])
+        app.router.add_post("/episodes/{episode}/v1/chat/completions", self._completions)
+        app.router.add_get("/episodes/{episode}/v1/models", self._models)
+        app.router.add_get("/v1/models", self._models)
+        # A client that disconnects cancels its handler, so nothing waits on a dead socket.
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        return self._runner.addresses[0][1]
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        episode_id = request.match_info["episode"]
+        episode = self.episodes.get(episode_id)
+        if episode is None:
+            raise CallError(404, f"episode {episode_id!r} is unknown or finished", "no_episode")
+        body = await _json_object(request)
+        answer = await asyncio.wait_for(episode.receive(body), CALL_TIMEOUT_S)
+        return web.json_response(answer)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        """The episode's model; without one, the live episodes' models."""
+        named = request.match_info.get("episode")
+        if named is not None and named not in self.episodes:
+            raise CallError(404, f"episode {named!r} is unknown or finished", "no_episode")
+        live = [self.episodes[named]] if named is not None else self.episodes.values()
+        names = sorted({e.model for e in live}) or ["dorarl"]
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "dorarl"} for n in names]
+        return web.json_response({"object": "list", "data": data})
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CallError(400, f"the request body is not JSON ({exc})", "bad_json") from None
+    if not isinstance(body, dict):
+        raise CallError(400, "the request body must be a JSON object", "bad_json")
+    return body
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure as OpenAI's error body: the endpoint's own, aiohttp's (404, 405)."""
+    try:
+        return await handler(request)
+    except CallError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException as exc:
+        error = CallError(exc.status, f"{request.method} {request.path}: {exc.reason}", "route")
+        return web.json_response(error.body(), status=exc.status)
+    except TimeoutError:
+        error = CallError(504, f"no turn sampled in {CALL_TIMEOUT_S:g} s", "timeout")
+        return web.json_response(error.body(), status=504)
+
+
+_ENDPOINTS: dict[str, Endpoint] = {}
+_LOCK = threading.Lock()
+
+
+def endpoint_for(host: str) -> Endpoint:
+    """The process's endpoint on `host`, started on first use; it lives with the process."""
+    with _LOCK:
+        if host not in _ENDPOINTS:
+            _ENDPOINTS[host] = Endpoint(host)
+            log.info("agents' OpenAI endpoint on http://%s:%d", host, _ENDPOINTS[host].port)
+        return _ENDPOINTS[host]
+
+
+def close_endpoint(host: str) -> None:
+    """Stop the process's endpoint on `host`, if one runs (the run is over)."""
+    with _LOCK:
+        endpoint = _ENDPOINTS.pop(host, None)
+    if endpoint is not None:
+        endpoint.close()

@@ -1,0 +1,41 @@
+"""`dorarl train trainer.lora.rank=8`: a LoRA run end to end on Ray, checkpointed as adapter
+folders (resuming from one, and the engines' merged start, are tests/trainer/test_lora.py's
+and tests/models/test_merge.py's: a second Ray run here would double the test's time)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT_S = 600  # a run that hangs fails the test instead of the suite
+SMALL = ["instances=2", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
+         "eval.max_prompts=4", "eval.every=0", "progress=false", "mode=dora", "K=1"]  # fmt: skip
+
+
+def _train(*args: str) -> None:
+    command = [sys.executable, "-m", "dorarl.cli", "train", *args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_lora_run_trains_and_checkpoints_adapters(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    lora = ["trainer.lora.rank=8", "trainer.lora.lr=1e-3", f"model={tiny_model_dir}", *SMALL]
+    _train(*lora, "steps=3", "checkpoint_every=3", "--out", str(out))
+    checkpoint = out / "checkpoints" / "version_00003"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    assert not (checkpoint / "model.safetensors").exists()
+    metrics = _lines(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert any(m["update_applied"] for m in metrics)
+
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["version"] == 3 and state["lora_base_path"] == str(tiny_model_dir.resolve())
+    assert json.loads((out / "summary.json").read_text())["dropped_total"] == 0

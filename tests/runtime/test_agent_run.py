@@ -1,0 +1,58 @@
+"""A user's agent end to end on local Ray: `task.agent` episodes through the real `openai`
+client, trained for 4 steps under dora, every episode on one version, the audit kept."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dorarl.jobs.train import main as train_main
+from dorarl.tasks import openai_endpoint
+
+pytestmark = pytest.mark.slow
+
+
+async def asks_twice(client, prompt):
+    """Two calls, the second extending the first; the reward says whether the first reply
+    had an even length (so groups mix right and wrong)."""
+    messages = [{"role": "user", "content": prompt.text}]
+    first = await client.chat.completions.create(model="m", messages=messages)
+    reply = first.choices[0].message
+    messages += [reply.model_dump(), {"role": "user", "content": "Again."}]
+    await client.chat.completions.create(model="m", messages=messages)
+    return float(len(reply.content or "") % 2 == 0)
+
+
+def test_an_agent_trains_through_the_openai_endpoint_and_keeps_the_audit(
+    tmp_path, tiny_chat_model_dir, monkeypatch
+):
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)  # the agent's module, for Ray's workers too
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(20)))  # fmt: skip
+    out = tmp_path / "run"
+    args = [
+        f"model={tiny_chat_model_dir}", "task.name=jsonl", f"task.path={data}",
+        f"task.agent={__name__}:asks_twice", "steps=4", "mode=dora", "K=1", "instances=2",
+        "tbs=4", "rbs=8", "group_size=4", "sampling.max_new_tokens=8",
+        "engine.max_model_len=256", "eval.every=0", "progress=false",
+    ]  # fmt: skip
+    assert train_main([*args, "--out", str(out)]) == 0
+    assert "127.0.0.1" not in openai_endpoint._ENDPOINTS  # served for the run only
+    summary = json.loads((out / "summary.json").read_text())
+    trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert summary["steps"] == 4 and summary["dropped_total"] == 0
+    assert summary["consumed"] * 4 == len(trajectories)
+    assert summary["dispatched"] == (
+        summary["consumed"] + summary["in_flight_at_end"] + summary["queued_at_end"]
+    )
+    for t in trajectories:  # every episode on one version, both its calls
+        assert isinstance(t["behavior_version"], int), t
+        assert 0 <= t["train_version"] - t["behavior_version"] <= 1
+        assert t["turns"] == len(t["turn_tokens"]) == len(t["observation_tokens"]) == 2
+        assert t["response_tokens"] == sum(t["turn_tokens"]) + sum(t["observation_tokens"])
+    assert {t["reward"] for t in trajectories} == {0.0, 1.0}
+    # The trainer sees the sampled tokens only: the second call's new messages are masked.
+    assert sum(m["tokens"] for m in metrics) == sum(sum(t["turn_tokens"]) for t in trajectories)

@@ -1,0 +1,319 @@
+"""Users' agents through the OpenAI endpoint: the real `openai` client against dorarl's
+server, episodes fed turns as an engine samples them (or sampled by a real engine), their
+tokens, rewards, bounds and the endpoint's errors."""
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+import torch
+from chat_fixtures import TOOLS, call_text, chat_tokenizer, ids
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from dorarl.engine import Engine, EngineConfig, SamplingParams
+from dorarl.errors import UserInputError
+from dorarl.tasks.agent import AgentTask, load_agent
+from dorarl.tasks.episodes import EpisodeState, reset, run_episodes, step
+from dorarl.tasks.jsonl import JsonlTask
+
+AGENT = __name__
+
+
+async def two_calls(client, prompt):
+    """Asks, then asks again after the reply: the second call extends the first."""
+    messages = [{"role": "user", "content": prompt.text}]
+    first = await client.chat.completions.create(model="m", messages=messages)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "Again."}]
+    second = await client.chat.completions.create(model="m", messages=messages)
+    return float(second.choices[0].finish_reason in ("stop", "length"))
+
+
+async def adds(client, prompt):
+    """Offers `add`, runs the call the model makes, and wins on a reply that says 3."""
+    messages = [{"role": "user", "content": prompt.text}]
+    reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and message.content is None
+    call = message.tool_calls[0]
+    total = sum(json.loads(call.function.arguments).values())
+    messages += [message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": str(total)}]  # fmt: skip
+    final = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    return float("3" in final.choices[0].message.content)
+
+
+async def hangs(client, prompt):
+    await asyncio.sleep(3600)
+
+
+async def hangs_after_a_call(client, prompt):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    await asyncio.sleep(3600)
+
+
+async def raises(client, prompt):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    raise RuntimeError("the grader is down")
+
+
+async def says_yes(client, prompt):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    return "yes"
+
+
+async def starts_over(client, prompt):
+    """Its second call starts another conversation: refused, and it says so in its reward."""
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    try:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    except openai.BadRequestError as exc:
+        return 0.5 if exc.body["code"] == "not_an_extension" else 0.0
+    return 1.0
+
+
+async def never_stops(client, prompt):
+    """Calls until refused (task.max_turns), then returns its reward."""
+    messages = [{"role": "user", "content": "hi"}]
+    while True:
+        try:
+            reply = await client.chat.completions.create(model="m", messages=messages)
+        except openai.BadRequestError as exc:
+            return 1.0 if exc.body["code"] == "max_turns" else 0.0
+        messages += [reply.choices[0].message.model_dump(), {"role": "user", "content": "more"}]
+
+
+async def disconnects(client, prompt):
+    """Its first try gives up before the reply (the client leaves); its retry gets it."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    url = f"{client.base_url}chat/completions"
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(TimeoutError):
+            await session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=0.2))
+    reply = await client.chat.completions.create(**body)
+    return float(reply.choices[0].message.content == "Hello there.")
+
+
+def _task(tmp_path, agent: str, max_turns: int = 4, timeout_s: float = 5.0) -> AgentTask:
+    rows = [{"prompt": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2)] * 6]
+    (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = JsonlTask(tmp_path / "sums.jsonl", tokenizer=chat_tokenizer("qwen2_5"), max_model_len=1024)  # fmt: skip
+    return AgentTask(base, f"{AGENT}:{agent}", max_turns, timeout_s)
+
+
+def _turn(task, text: str) -> list[int]:
+    return ids(task.tokenizer, text) + [task.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+
+async def _episode(task, texts):
+    """Play an episode, each turn sampling the next of `texts`: its state and prompts."""
+    state = EpisodeState(task.train_prompts()[0], task.make_env())
+    shown = [await reset(task, state)]
+    for text in texts:
+        nxt = await step(task, state, _turn(task, text), "stop")
+        if nxt is None:
+            break
+        shown.append(nxt)
+    return state, shown
+
+
+def test_an_agent_with_a_tool_plays_through_the_client_and_its_reward_is_the_episodes(tmp_path):
+    task = _task(tmp_path, "adds")
+    call = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+    state, shown = asyncio.run(_episode(task, [call, "It is 3."]))
+    assert state.error is None and state.reward == 1.0 and state.end_reason == "env"
+    assert [(t.tool_calls, t.tool_errors) for t in state.turns] == [(1, 0), (0, 0)]
+    conversation = state.env.conversation
+    assert conversation.token_ids == shown[0] + _turn(task, call) + shown[1] + _turn(task, "It is 3.")  # fmt: skip
+    assert conversation.messages[-1] == {"role": "tool", "content": "3", "tool_call_id": "call_0", "name": "add"}  # fmt: skip
+
+
+def test_an_extending_call_prefills_only_its_new_tokens_on_a_real_engine(tmp_path):
+    task = _task(tmp_path, "two_calls")
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(task.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+    )).eval()  # fmt: skip
+    config = EngineConfig(max_num_seqs=2, block_size=16, num_blocks=64, max_model_len=1024, attention="torch")  # fmt: skip
+    engine = _Counting(Engine.from_hf_config(model.config, config, model.state_dict()))
+    params = SamplingParams(
+        temperature=0.0, max_new_tokens=6, stop_token_ids=task.stop_token_ids, multi_turn=True
+    )
+    [(state, out)] = run_episodes(engine, task, task.train_prompts()[:1], params).values()
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
+    first_prompt, first_turn, shown = len(out.prompt_ids), state.turns[0].sampled, state.turns[0].observed  # fmt: skip
+    assert shown > 0 and state.env.conversation.token_ids == out.prompt_ids + out.output_ids
+    # Turn 2's prompt is the whole conversation, but only the new messages' tokens (and the
+    # stop token that ended turn 1, never fed) are prefilled: the KV of the rest is kept.
+    assert engine.prefills[0] == first_prompt
+    assert sum(engine.prefills[1:]) == shown + 1 < first_prompt + first_turn + shown
+
+
+class _Counting:
+    """An engine whose steps' prefilled tokens are written down, one entry per prefill."""
+
+    def __init__(self, engine):
+        self.engine, self.prefills = engine, []
+
+    def step(self):
+        out = self.engine.step()
+        if self.engine.last_step.prefill_tokens:
+            self.prefills.append(self.engine.last_step.prefill_tokens)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.mark.parametrize(
+    ("agent", "error"),
+    [
+        ("raises", "the agent raised RuntimeError: the grader is down"),
+        ("says_yes", "the agent returned 'yes', not a finite number"),
+        ("hangs_after_a_call", "the agent timed out after 0.5 s (no call, no return)"),
+    ],
+)
+def test_an_agent_that_fails_ends_its_episode_with_reward_0_and_one_line(tmp_path, agent, error):
+    task = _task(tmp_path, agent, timeout_s=0.5)
+    state, _ = asyncio.run(_episode(task, ["Hello there."]))
+    assert (state.error, state.reward, state.end_reason) == (error, 0.0, "env_error")
+    assert len(state.turns) == 1
+
+
+def test_an_agent_that_hangs_before_calling_ends_its_episode_on_its_first_turn(tmp_path):
+    task = _task(tmp_path, "hangs", timeout_s=0.3)
+    state, shown = asyncio.run(_episode(task, ["Hello there."]))
+    assert state.error == "the agent timed out after 0.3 s (no call, no return)"
+    assert shown == [task.train_prompts()[0].prompt_ids] and len(state.turns) == 1
+    assert state.env._agent.cancelled()
+
+
+def test_a_call_that_starts_another_conversation_is_refused_and_counted(tmp_path):
+    state, _ = asyncio.run(_episode(_task(tmp_path, "starts_over"), ["Hello there."]))
+    assert state.error is None and state.reward == 0.5 and state.env.refused == 1
+
+
+def test_calls_past_max_turns_are_refused_and_the_agent_still_gives_the_reward(tmp_path):
+    state, _ = asyncio.run(_episode(_task(tmp_path, "never_stops", max_turns=2), ["a", "b", "c"]))
+    assert (state.reward, state.end_reason, len(state.turns)) == (1.0, "max_turns", 2)
+
+
+def test_a_client_that_disconnects_leaves_the_episode_whole_and_its_retry_gets_the_reply(
+    tmp_path,
+):
+    task = _task(tmp_path, "disconnects")
+
+    async def play():
+        state = EpisodeState(task.train_prompts()[0], task.make_env())
+        await reset(task, state)
+        await asyncio.sleep(0.5)  # the client has left; the engine samples the turn meanwhile
+        return state, await step(task, state, _turn(task, "Hello there."), "stop")
+
+    state, nxt = asyncio.run(play())
+    assert nxt is None and state.error is None and state.reward == 1.0
+
+
+def test_the_endpoint_answers_every_bad_call_with_an_openai_error_body(tmp_path):
+    task = _task(tmp_path, "two_calls")
+    endpoint = task.endpoint()
+
+    async def calls():
+        root = f"http://{endpoint.host}:{endpoint.port}"
+        client = openai.AsyncOpenAI(base_url=endpoint.base_url("nobody"), api_key="-", max_retries=0)  # fmt: skip
+        with pytest.raises(openai.NotFoundError) as unknown:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        with pytest.raises(openai.NotFoundError):
+            await client.models.list()
+        async with aiohttp.ClientSession() as session:
+            bad = await session.post(f"{root}/episodes/nobody/v1/chat/completions", data=b"{")
+            route = await session.get(f"{root}/v2/nothing")
+            return unknown.value, (bad.status, await bad.json()), (route.status, await route.json())  # fmt: skip
+
+    unknown, bad, route = asyncio.run(calls())
+    assert unknown.body["code"] == "no_episode" and "'nobody' is unknown or finished" in unknown.body["message"]  # fmt: skip
+    assert bad[0] == 404  # an unknown episode first; a known one's bad JSON is below
+    assert route[0] == 404 and route[1]["error"]["code"] == "route"
+
+
+def test_bad_json_and_late_calls_of_an_episode_get_errors_not_hangs(tmp_path):
+    task = _task(tmp_path, "two_calls")
+
+    async def play():
+        state = EpisodeState(task.train_prompts()[0], task.make_env())
+        await reset(task, state)
+        url = f"{state.env.endpoint.base_url(state.env.id)}/chat/completions"
+        async with aiohttp.ClientSession() as session:
+            bad = await session.post(url, data=b'{"messages": [')
+            listed = await session.post(url, json=[1, 2])
+            streamed = await session.post(url, json={"messages": [{"role": "user", "content": "a"}], "stream": True})  # fmt: skip
+            answers = [(r.status, (await r.json())["error"]["code"]) for r in (bad, listed, streamed)]  # fmt: skip
+            client = openai.AsyncOpenAI(base_url=state.env.endpoint.base_url(state.env.id), api_key="-")  # fmt: skip
+            models = [m.id for m in (await client.models.list()).data]
+            await step(task, state, _turn(task, "One."), "stop")
+            await step(task, state, _turn(task, "Two."), "stop")
+            late = await session.post(url, json={"messages": [{"role": "user", "content": "a"}]})
+            answers.append((late.status, (await late.json())["error"]["code"]))
+        return state, answers, models
+
+    state, answers, models = asyncio.run(play())
+    assert models == ["qwen2_5"]
+    assert answers == [(400, "bad_json"), (400, "bad_json"), (400, "unsupported"), (404, "no_episode")]  # fmt: skip
+    assert state.reward == 1.0 and state.done
+
+
+def test_task_agent_must_name_an_async_function():
+    with pytest.raises(UserInputError, match="task.agent: expected 'module:function'"):
+        load_agent("no_colon")
+    with pytest.raises(UserInputError, match="is not an async function"):
+        load_agent(f"{AGENT}:_turn")
+    assert load_agent(f"{AGENT}:two_calls") is two_calls
+
+
+def test_the_documented_agent_plays_as_written(tmp_path):
+    page = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    code = next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "async def solve" in b)
+    scope: dict = {}
+    exec(compile(code, "docs/environments.md", "exec"), scope)
+    task = _task(tmp_path, "two_calls")
+    task._agent = scope["solve"]
+    call = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+    state, shown = asyncio.run(_episode(task, [call, "It is 3"]))
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
+    assert "<tool_response>\n3\n</tool_response>" in task.tokenizer.decode(shown[1])
+
+
+def test_an_agent_task_pickles_for_rays_workers_and_imports_its_agent_there(tmp_path):
+    import pickle
+
+    task = _task(tmp_path, "two_calls")
+    assert task.agent is two_calls
+    copy = pickle.loads(pickle.dumps(task))
+    assert copy._agent is None and copy.agent is two_calls and copy.max_turns == 4
+
+
+def test_the_endpoint_serves_until_the_run_closes_its_task(tmp_path):
+    task = _task(tmp_path, "two_calls")
+    url = f"http://{task.endpoint().host}:{task.endpoint().port}/v1/models"
+
+    async def get():
+        async with aiohttp.ClientSession() as session, session.get(url) as answer:
+            return answer.status
+
+    assert asyncio.run(get()) == 200
+    task.close()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        asyncio.run(get())
+
+
+def test_hundreds_of_episodes_at_once_all_get_their_calls_answered_in_time(tmp_path):
+    task = _task(tmp_path, "two_calls", timeout_s=10.0)
+
+    async def play_all():
+        return await asyncio.gather(*(_episode(task, ["One.", "Two."]) for _ in range(200)))
+
+    states = [state for state, _ in asyncio.run(play_all())]
+    assert [s.error for s in states if s.error] == []
+    assert all(s.reward == 1.0 and len(s.turns) == 2 for s in states)
