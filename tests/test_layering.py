@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "dorarl"
 
 LAYERS: list[tuple[str, ...]] = [
-    ("dorarl", "errors", "config", "data"),
+    ("dorarl", "errors", "config", "data", "run_layout"),
     ("controller",),
     ("engine", "trainer", "tasks"),
     ("record", "report"),

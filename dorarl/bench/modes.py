@@ -42,6 +42,7 @@ from dorarl.engine import EngineConfig
 from dorarl.record.pacing import DeviceModel
 from dorarl.report.figures import mode_figures, paced_reliably
 from dorarl.report.timeline import plot_throughput, plot_timeline
+from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, start_workers
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, RolloutSettings
@@ -94,7 +95,8 @@ class WorkloadSection:
 @dataclass(kw_only=True)
 class ModesConfig:
     model: str | None = field(
-        default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
+        default=None,
+        metadata={"help": "HF model folder (None: the shipped base model)", "path": True},
     )
     instances: int = field(
         default=4, metadata={"help": "rollout instances (emulated devices)", "ge": 1}
@@ -334,7 +336,7 @@ def _assemble(
 
 def _consumed_lengths(run_dir: Path) -> list[int]:
     """Response lengths of the trajectories a mode's trainer consumed (its run files)."""
-    path = run_dir / "trajectories.jsonl"
+    path = RunFolder(run_dir).trajectories
     if not path.exists():
         return []
     with path.open() as lines:
@@ -343,7 +345,7 @@ def _consumed_lengths(run_dir: Path) -> list[int]:
 
 def _plots(cfg: ModesConfig, out: Path, runs: dict[str, list[dict]], figures: dict) -> None:
     for name in runs:
-        trace = out / name / "trace.json"
+        trace = RunFolder(out / name).trace
         if trace.exists():
             title = f"{name}: lane height = busy slots / {cfg.slots}, colour = hosted version"
             plot_timeline(trace, out / f"timeline_{name}.png", cfg.slots, title)

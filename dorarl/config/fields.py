@@ -33,11 +33,18 @@ def declared_bounds(metadata: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def bound_problem(metadata: Mapping[str, Any], value: Any) -> str | None:
-    """Why `value` breaks the bounds `metadata` declares ("must be >= 0, got -1"), or None."""
+    """Why `value` breaks the bounds `metadata` declares ("must be >= 0, got -1"), or None.
+    Bounds are on numbers: a word a field also takes (`checkpoint_every=off`) has none."""
     bounds = declared_bounds(metadata)
-    if value is None or all(BOUNDS[name][0](value, limit) for name, limit in bounds.items()):
+    if not _is_number(value) or all(
+        BOUNDS[name][0](value, limit) for name, limit in bounds.items()
+    ):
         return None
     return f"must be {_wanted(bounds)}, got {value}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _wanted(bounds: dict[str, Any]) -> str:
@@ -52,11 +59,16 @@ def _wanted(bounds: dict[str, Any]) -> str:
 
 def choice_problem(ftype: Any, value: Any) -> str | None:
     """Why `value` is none of the choices a `Literal` type (or an optional one) allows, or
-    None (any other type: no choices)."""
+    None (any other type: no choices). In a union with a plain type (`int | Literal["off"]`)
+    a value of that type is no choice to check."""
     if get_origin(ftype) in (typing.Union, types.UnionType):
-        if value is None and type(None) in get_args(ftype):
+        options = get_args(ftype)
+        if value is None and type(None) in options:
             return None
-        literals = [a for a in get_args(ftype) if get_origin(a) is Literal]
+        plain = [a for a in options if isinstance(a, type) and a is not type(None)]
+        if any(type(value) is a or (a is float and type(value) is int) for a in plain):
+            return None
+        literals = [a for a in options if get_origin(a) is Literal]
         return choice_problem(literals[0], value) if len(literals) == 1 else None
     if get_origin(ftype) is not Literal or value in get_args(ftype):
         return None

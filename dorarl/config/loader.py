@@ -1,9 +1,10 @@
 """Build a config dataclass tree from YAML and `key=value` overrides, validating every key.
 
-Errors are `ConfigError`s whose message names the dotted key (and the file) so the CLI
-can print one line and exit 2. Field help comes from `field(metadata={"help": ...})`, and
-each value read is checked against its field's bounds (`metadata` ge, gt, le, lt:
-`dorarl.config.fields`) before its section is built.
+Errors are `ConfigError`s whose message names the dotted key and where its value came from
+(the file, or the command line: `dorarl.config.sources`) so the CLI can print one line and
+exit 2; an unknown key comes with the keys it was likely meant to be. Field help comes from
+`field(metadata={"help": ...})`, and each value read is checked against its field's bounds
+(`metadata` ge, gt, le, lt: `dorarl.config.fields`) before its section is built.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -18,29 +20,56 @@ import yaml
 
 from dorarl.config.errors import ConfigError
 from dorarl.config.fields import bound_problem, choice_problem
+from dorarl.config.sources import COMMAND_LINE, Sources, dotted_keys, nearest_keys, record_tree
 
 T = TypeVar("T")
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] = ()) -> T:
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: list[str] = (),
+    *,
+    paths_from: str | Path | None = None,
+) -> T:
     """Load `cls` from an optional YAML file, then apply dotted overrides, then validate.
 
     A section given only in part keeps the defaults of the keys it does not name: each
     section is built over its default instance (its `default_factory`), never from the class
-    defaults, so a default lives in one place whatever else is overridden.
+    defaults, so a default lives in one place whatever else is overridden. A path field's
+    relative value resolves against the file's folder (`paths_from` when given) if the file
+    gives it, against the working directory if an override does (`dorarl.config.sources`);
+    the config holds it absolute.
     """
     raw: dict[str, Any] = {}
-    source = "command line" if overrides else "defaults"
+    sources = Sources()
     if path is not None:
-        source = str(path)
         raw = _read_yaml(Path(path))
+        sources.file = str(path)
+        sources.paths_from = Path(paths_from) if paths_from else Path(path).resolve().parent
+        record_tree(sources, raw, str(path))
     for item in overrides:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
+        for given in [k for k in sources.given if k == key or k.startswith(f"{key}.")]:
+            del sources.given[given]  # a section set whole replaces what the file gave in it
+        sources.given[key] = COMMAND_LINE
     given = _pop_derived(cls, raw)
-    config = _build(cls, raw, prefix="", source=source)
-    _refuse_differing(config, given, source)
+    config = _build(cls, raw, prefix="", sources=_Context(sources, dotted_keys(cls)))
+    _refuse_differing(config, given, sources)
     return config
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What `_build` consults beside the values: their sources, and every key (a typo's
+    nearest keys are suggested from them)."""
+
+    sources: Sources
+    keys: list[str]
+
+    def of(self, key: str) -> str:
+        return self.sources.of(key)
 
 
 def derived_keys(cls: type) -> dict[str, str]:
@@ -62,7 +91,7 @@ def _pop_derived(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
-def _refuse_differing(config: Any, given: dict[str, Any], source: str) -> None:
+def _refuse_differing(config: Any, given: dict[str, Any], sources: Sources) -> None:
     """A derived key may be written out as it is derived (old run folders do), never set."""
     for key, value in given.items():
         derived: Any = config
@@ -70,7 +99,7 @@ def _refuse_differing(config: Any, given: dict[str, Any], source: str) -> None:
             derived = getattr(derived, part)
         if value != derived:
             origin = derived_keys(type(config))[key]
-            raise ConfigError(f"{key}: follows {origin}; set {origin} instead ({source})")
+            raise ConfigError(f"{key}: follows {origin}; set {origin} instead ({sources.of(key)})")
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -86,9 +115,25 @@ def to_dict(config: Any) -> dict[str, Any]:
     return tree
 
 
-def to_yaml(config: Any) -> str:
-    """The settings of `config` as YAML that `load_config` reads back to the same config."""
-    return yaml.safe_dump(to_dict(config), sort_keys=False)
+def to_yaml(config: Any, notes: dict[str, str] | None = None) -> str:
+    """The settings of `config` as YAML that `load_config` reads back to the same config;
+    `notes` (dotted key -> text) become comments at the end of their keys' lines."""
+    text = yaml.safe_dump(to_dict(config), sort_keys=False)
+    return _annotate(text, notes) if notes else text
+
+
+def _annotate(text: str, notes: dict[str, str]) -> str:
+    """Append `  # note` to the line of each noted key of a block-style YAML dump."""
+    lines, path = [], []  # path: (indent, name) of the keys above the current line
+    for line in text.splitlines():
+        name, sep, _ = line.strip().partition(":")
+        indent = len(line) - len(line.lstrip())
+        if sep and not line.lstrip().startswith(("-", "#")):
+            path = [(i, n) for i, n in path if i < indent] + [(indent, name)]
+            note = notes.get(".".join(n for _, n in path))
+            line = f"{line}  # {note}" if note else line
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -187,16 +232,19 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: Any = None) -> T:
+def _build(
+    cls: type[T], raw: dict[str, Any], prefix: str, sources: _Context, base: Any = None
+) -> T:
     """`cls` from `raw`; keys that `raw` leaves out keep their value in `base` (the section's
     default instance) or, at the root, the field defaults."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix.rstrip('.')}: expected a section, got {raw!r} ({source})")
+        section = prefix.rstrip(".")
+        raise ConfigError(f"{section}: expected a section, got {raw!r} ({sources.of(section)})")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     for key in raw:
         if key not in names:
-            raise ConfigError(f"unknown config key {prefix}{key} ({source})")
+            raise _unknown_key(f"{prefix}{key}", sources)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -210,20 +258,46 @@ def _build(cls: type[T], raw: dict[str, Any], prefix: str, source: str, base: An
         if dataclasses.is_dataclass(ftype):
             section = getattr(base, f.name) if base is not None else _default_of(f)
             section = None if section is dataclasses.MISSING else section
-            kwargs[f.name] = _build(ftype, raw[f.name], f"{key}.", source, base=section)
+            kwargs[f.name] = _build(ftype, raw[f.name], f"{key}.", sources, base=section)
         else:
-            kwargs[f.name] = _coerce(ftype, raw[f.name], key, source)
-            problem = bound_problem(f.metadata, kwargs[f.name])
-            if problem:
-                raise ConfigError(f"{key}: {problem} ({source})")
+            kwargs[f.name] = _leaf(f, ftype, raw[f.name], key, sources.sources)
     try:
         config = cls(**kwargs)
     except ConfigError as exc:
-        raise ConfigError(f"{_prefixed(prefix, str(exc))} ({source})") from None
+        message = _prefixed(prefix, str(exc))
+        raise ConfigError(f"{message} ({_source_of_message(message, prefix, sources)})") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {exc} ({source})") from None
-    _run_checks(config, prefix, source)
+        where = prefix.rstrip(".")
+        raise ConfigError(f"{where or cls.__name__}: {exc} ({sources.of(where)})") from None
+    _run_checks(config, prefix, sources)
     return config
+
+
+def _leaf(f: dataclasses.Field, ftype: Any, value: Any, key: str, sources: Sources) -> Any:
+    """One setting typed, held to its bounds, and (a path) made absolute."""
+    source = sources.of(key)
+    typed = _coerce(ftype, value, key, source)
+    problem = bound_problem(f.metadata, typed)
+    if problem:
+        raise ConfigError(f"{key}: {problem} ({source})")
+    if f.metadata.get("path") and isinstance(typed, str) and typed:
+        return sources.resolve_path(key, typed)
+    return typed
+
+
+def _unknown_key(key: str, sources: _Context) -> ConfigError:
+    nearest = nearest_keys(key, sources.keys)
+    hint = f"; did you mean {' or '.join(nearest)}?" if nearest else ""
+    return ConfigError(f"unknown config key {key} ({sources.of(key)}){hint}")
+
+
+def _source_of_message(message: str, prefix: str, sources: _Context) -> str:
+    """The source of the key a check's message starts with (`rbs: must be >= tbs`), else
+    of the section checked."""
+    key = message.split(":", 1)[0].strip()
+    if " " in key or not key:
+        key = prefix.rstrip(".")
+    return sources.of(key) if key else sources.sources.overall()
 
 
 def _prefixed(prefix: str, message: str) -> str:
@@ -237,7 +311,7 @@ def _prefixed(prefix: str, message: str) -> str:
     return f"{prefix}{message}"
 
 
-def _run_checks(config: Any, prefix: str, source: str) -> None:
+def _run_checks(config: Any, prefix: str, sources: _Context) -> None:
     """Call the dataclass's optional `validate()`; it raises ConfigError(key, reason)."""
     validate = getattr(config, "validate", None)
     if validate is None:
@@ -245,7 +319,8 @@ def _run_checks(config: Any, prefix: str, source: str) -> None:
     try:
         validate()
     except ConfigError as exc:
-        raise ConfigError(f"{_prefixed(prefix, str(exc))} ({source})") from None
+        message = _prefixed(prefix, str(exc))
+        raise ConfigError(f"{message} ({_source_of_message(message, prefix, sources)})") from None
 
 
 def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
@@ -263,6 +338,7 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
                 continue
         raise _type_error(key, ftype, value, source)
     if origin is Literal:
+        value = _choice_read_as_bool(ftype, value)
         problem = choice_problem(ftype, value)
         if problem:
             raise ConfigError(f"{key}: {problem} ({source})")
@@ -282,6 +358,24 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
             for k, v in value.items()
         }
     return _coerce_scalar(ftype, value, key, source)
+
+
+YAML_BOOL_WORDS = {
+    False: ("off", "no", "false", "n"),
+    True: ("on", "yes", "true", "y"),
+}
+"""The words YAML 1.1 reads as a bool (`checkpoint_every: off` reads as False)."""
+
+
+def _choice_read_as_bool(ftype: Any, value: Any) -> Any:
+    """The choice of a `Literal` that YAML read as a bool (`off` -> False), if exactly one of
+    its choices is such a word and the bool itself is none; else the value as read."""
+    if not isinstance(value, bool) or any(c is value for c in get_args(ftype)):
+        return value
+    words = [
+        c for c in get_args(ftype) if isinstance(c, str) and c.lower() in YAML_BOOL_WORDS[value]
+    ]
+    return words[0] if len(words) == 1 else value
 
 
 def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
@@ -314,5 +408,17 @@ def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
 
 
 def _type_error(key: str, ftype: Any, value: Any, source: str) -> ConfigError:
-    name = "a mapping" if get_origin(ftype) is dict else getattr(ftype, "__name__", str(ftype))
-    return ConfigError(f"{key}: expected {name}, got {value!r} ({source})")
+    return ConfigError(f"{key}: expected {_type_name(ftype)}, got {value!r} ({source})")
+
+
+def _type_name(ftype: Any) -> str:
+    """`int`, `a mapping`, `int or 'off'` (a union names its options, None left out)."""
+    origin = get_origin(ftype)
+    if origin is dict:
+        return "a mapping"
+    if origin is Literal:
+        return " or ".join(repr(choice) for choice in get_args(ftype))
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in get_args(ftype) if a is not type(None)]
+        return " or ".join(_type_name(a) for a in options)
+    return getattr(ftype, "__name__", str(ftype))

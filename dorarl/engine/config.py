@@ -24,7 +24,7 @@ Attention = Literal["auto", "triton", "torch", "cpp"]
 Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
-PrefixCacheMode = Literal["on", "off", True, False]
+PrefixCacheMode = Literal["on", "off"]
 TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
 # Keys per Triton decode partition; fixed so a row's result never depends on its batch.
 DECODE_PARTITION_TOKENS = 512

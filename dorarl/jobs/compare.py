@@ -1,7 +1,9 @@
 """`dorarl report compare RUN...`: run folders side by side, a table and the convergence PNG.
 
-Reads each folder's metrics.jsonl and summary.json (what `dorarl train` writes), so runs made
-at different times or on different machines compare without re-running anything.
+Reads each folder's metrics.jsonl, evaluations.jsonl and summary.json (what `dorarl train`
+writes; a folder written before evaluations.jsonl existed has its evaluations in its metrics
+rows), so runs made at different times or on different machines compare without re-running
+anything.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any
 from rich.table import Table
 
 from dorarl.errors import UserInputError
-from dorarl.jobs.evaluation import headline_scores, sampled_scores
+from dorarl.jobs.evaluation import headline_scores
+from dorarl.record.evaluations import sampled_scores
 from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
+from dorarl.run_layout import RunFolder
 
 
 def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
@@ -50,12 +54,13 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_run_folder(run_dir: Path) -> None:
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise UserInputError(f"{run_dir}: not a run folder (no metrics.jsonl)")
+    metrics = RunFolder(run_dir).metrics
+    if not metrics.is_file():
+        raise UserInputError(f"{run_dir}: not a run folder (no {metrics.name})")
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "summary.json"
+    path = RunFolder(run_dir).summary
     if not path.is_file():
         return {}  # a run still going, or stopped hard: its curve so far still compares
     try:

@@ -29,10 +29,12 @@ class TaskSection:
         default="running_sum", metadata={"help": "running_sum | jsonl | arith | multiturn_sum"}
     )
     path: str | None = field(
-        default=None, metadata={"help": "jsonl: data file (.jsonl, or .parquet with .[data])"}
+        default=None,
+        metadata={"help": "jsonl: data file (.jsonl, or .parquet with .[data])", "path": True},
     )
     eval_path: str | None = field(
-        default=None, metadata={"help": "jsonl: held-out file (None: split off the data)"}
+        default=None,
+        metadata={"help": "jsonl: held-out file (None: split off the data)", "path": True},
     )
     format: Literal["prompt_answer", "gsm8k", "math"] = field(
         default="prompt_answer",
@@ -70,8 +72,9 @@ class TaskSection:
     env: str | None = field(
         default=None,
         metadata={
-            "help": "multi-turn: 'module:Class', a dorarl.tasks.env.Env subclass; the task's "
-            "prompts become episodes and the env gives the reward (None: the task's own)"
+            "help": "multi-turn: 'module:Class', a dorarl.tasks.env.Env or ChatEnv subclass "
+            "(the module from the Python path or the working directory); the task's prompts "
+            "become episodes and the env gives the reward (None: the task's own)"
         },
     )
     agent: str | None = field(
@@ -178,7 +181,7 @@ def _default_engine() -> EngineConfig:
 
 
 def _default_trainer() -> TrainerConfig:
-    return TrainerConfig(lr=2e-4, loss=LossConfig())
+    return TrainerConfig(lr=None, loss=LossConfig())  # the learning rate follows the model
 
 
 @dataclass(kw_only=True)
@@ -198,17 +201,31 @@ class TrainConfig:
     group_size: int = field(default=8, metadata={"help": "responses per prompt (G)", "ge": 1})
     seed: int = field(default=0, metadata={"help": "seed of data order, sampling and init"})
     model: str | None = field(
-        default=None, metadata={"help": "HF model folder (None: the shipped base model)"}
+        default=None,
+        metadata={"help": "HF model folder (None: the shipped base model)", "path": True},
     )
-    checkpoint_every: int = field(
-        default=20, metadata={"help": "checkpoint every N versions (0: at the end only)", "ge": 0}
+    checkpoint_every: int | Literal["off"] = field(
+        default=20,
+        metadata={
+            "help": "checkpoint every N versions and at the end (0: at the end only; off: "
+            "none, and a stopped or failed run cannot be resumed)",
+            "ge": 0,
+        },
     )
     checkpoint_keep: int = field(
-        default=3, metadata={"help": "newest checkpoints kept in the run folder (0: all)", "ge": 0}
+        default=3,
+        metadata={
+            "help": "newest checkpoints kept in the run folder (0: all); only the newest keeps "
+            "its optimizer state (twice the weights in float32), the one a resume reads",
+            "ge": 0,
+        },
     )
     resume: str | None = field(
         default=None,
-        metadata={"help": "checkpoint folder, or run folder (its newest), to continue from"},
+        metadata={
+            "help": "checkpoint folder, or run folder (its newest), to continue from",
+            "path": True,
+        },
     )
     wandb: bool = field(default=False, metadata={"help": "also log to Weights & Biases"})
     progress: bool = field(default=True, metadata={"help": "live progress display"})

@@ -2,21 +2,28 @@
 
 It never stalls rollout or training: versions are handed to it as they are published
 (`offer`), or, with `defer`, kept until the run ends so it takes no CPU from a timed run.
+Each result is appended to the run's evaluations.jsonl once it is seen finished, so a run
+stopped or killed later keeps it.
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.workload import eval_sampling
+from dorarl.record.evaluations import append_evaluation
 from dorarl.runtime.actors import actor_options
 from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.threads import ThreadPlan
 from dorarl.tasks import Task
+
+log = logging.getLogger(__name__)
 
 
 def start_evaluator(
@@ -36,11 +43,16 @@ def start_evaluator(
 
 
 class Evaluations:
-    """The run's evaluations by version: asked for as versions appear, gathered at the end."""
+    """The run's evaluations by version: asked for as versions appear, each appended to
+    `record` (the run's evaluations.jsonl) once seen finished, gathered at the end."""
 
-    def __init__(self, evaluator: Any, wanted: set[int], start: int, defer: bool) -> None:
-        self.evaluator, self.wanted, self.defer = evaluator, wanted, defer
+    def __init__(
+        self, evaluator: Any, wanted: set[int], start: int, defer: bool, record: Path
+    ) -> None:
+        self.evaluator, self.wanted, self.defer, self.record = evaluator, wanted, defer, record
+        self.recorded: set[int] = set()
         self.running: dict[int, ray.ObjectRef] = {}
+        self.told: set[int] = set()  # versions whose results were looked at
         self.deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights
         if not defer:
             self.running[start] = evaluator.evaluate.remote(None, start)
@@ -61,7 +73,7 @@ class Evaluations:
         refs = list(self.running.values())
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         done = set(ready)
-        return {v: ray.get(ref) for v, ref in self.running.items() if ref in done}
+        return self._seen({v: ray.get(ref) for v, ref in self.running.items() if ref in done})
 
     def all(self) -> dict[int, dict[str, Any]]:
         """Every wanted evaluation, waiting for them (the deferred ones run now)."""
@@ -69,4 +81,31 @@ class Evaluations:
             self.running = {
                 v: self.evaluator.evaluate.remote(w, v) for v, w in self.deferred.items()
             }
-        return {v: ray.get(ref) for v, ref in self.running.items()}
+        return self._seen({v: ray.get(ref) for v, ref in self.running.items()})
+
+    def _seen(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """`results`, each new one appended to the record and its failed episodes told."""
+        return self._told(self._recorded(results))
+
+    def _recorded(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """`results`, each appended to the record the first time it is seen."""
+        for version in sorted(results.keys() - self.recorded):
+            append_evaluation(self.record, results[version])
+            self.recorded.add(version)
+        return results
+
+    def _told(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """`results`, once one line has told each new one's failed episodes (the evaluator
+        is a Ray actor, whose own log lines do not reach the terminal)."""
+        for version, result in sorted(results.items()):
+            if result.get("env_errors") and version not in self.told:
+                log.warning(
+                    "evaluation of v%d: %d of %d episodes ended by their environment (reward "
+                    "0), the first with: %s",
+                    version,
+                    result["env_errors"],
+                    result["n"],
+                    result.get("env_error", "?"),
+                )
+            self.told.add(version)
+        return results

@@ -1,8 +1,9 @@
-"""Held-out evaluation of a training run: which versions, and their rows in metrics.jsonl.
+"""Held-out evaluation of a training run: which versions, and how a result joins the steps.
 
 The base (or resumed) version, every `eval.every`-th after it and the last are evaluated;
-at the end each result joins the metrics row of the step that made its version (the first
-row carries the start's), and the reward curve is drawn.
+each result is a row of evaluations.jsonl (dorarl.record.evaluations) as it finishes. A
+result joins the metrics row of the step that made its version (the first row carries the
+start's): TensorBoard shows it at that step. At the end the reward curve is drawn.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.jobs.config import TrainConfig
+from dorarl.record.evaluations import read_evaluations, row_evaluations, sampled_scores
 from dorarl.report.run_curve import read_curve
+from dorarl.run_layout import RunFolder
 
 
 def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
@@ -24,23 +27,52 @@ def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
 
 
 def finish_outputs(out_dir: Path, evals: dict[int, dict[str, Any]], title: str) -> list[dict]:
-    """Merge evaluations into metrics.jsonl, then draw the curve and fill TensorBoard."""
-    path = out_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Draw the reward curve of the run's metrics and evaluations files; returns the
+    TensorBoard rows of `evals` (this segment's evaluations) at the steps they join."""
+    run = RunFolder(out_dir)
+    rows = _rows(run.metrics)
     if not rows:  # stopped before its first step
-        return rows
-    for row in rows:
-        _attach_eval(row, evals, first_step=rows[0]["step"])
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        return []
     from dorarl.report.plots import plot_training_curve  # matplotlib: only once a run ends
 
-    plot_training_curve(read_curve(out_dir), out_dir / "reward_curve.png", title=title)
+    plot_training_curve(read_curve(out_dir), run.reward_curve, title=title)
+    return eval_scalars(rows, evals)
+
+
+def eval_scalars(
+    rows: list[dict[str, Any]], evals: dict[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The TensorBoard rows of `evals`: each one's scalars at the step of the metrics row
+    (of `rows`, the run's history) it joins."""
+    scalars = []
+    for row in rows:
+        joined = dict(row)
+        if _attach_eval(joined, evals, first_step=rows[0]["step"]) is not None:
+            scalars.append({"step": row["step"], **eval_fields(joined)})
+    return scalars
+
+
+def with_evaluations(out_dir: Path) -> list[dict[str, Any]]:
+    """The run's metrics rows, each with the evaluation it joins (`eval_*` keys), as a
+    reader of one table wants them; older run folders' rows carry theirs already."""
+    run = RunFolder(out_dir)
+    rows = _rows(run.metrics)
+    evals = row_evaluations(rows) | read_evaluations(run.evaluations)
+    for row in rows:
+        _attach_eval(row, evals, first_step=rows[0]["step"])
     return rows
 
 
-def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_step: int) -> None:
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _attach_eval(
+    row: dict[str, Any], evals: dict[int, dict[str, Any]], first_step: int
+) -> int | None:
     """The first row carries the evaluation of the version it started from (the base model,
-    or a resumed checkpoint); other rows that of the version they made."""
+    or a resumed checkpoint); other rows that of the version they made. Returns the version
+    attached (None: none of `evals` is the row's)."""
     start = row["step"] == first_step and row.get("version") in evals
     version = row["version"] if start else row.get("new_version")
     result = evals.get(version)
@@ -48,11 +80,8 @@ def _attach_eval(row: dict[str, Any], evals: dict[int, dict[str, Any]], first_st
         row["eval_accuracy"] = result["accuracy"]
         row.update({f"eval_{key}": value for key, value in sampled_scores(result).items()})
         row["eval_version"] = version
-
-
-def sampled_scores(result: dict[str, Any]) -> dict[str, float]:
-    """An evaluation's mean@k and pass@j (present with eval.samples = k > 0)."""
-    return {k: v for k, v in result.items() if k.startswith(("mean@", "pass@"))}
+        return version
+    return None
 
 
 def eval_fields(row: dict[str, Any]) -> dict[str, float]:
@@ -75,10 +104,3 @@ def format_scores(result: dict[str, Any]) -> str:
     """'0.500' greedy only; '0.500 mean@4 0.375 pass@4 0.750' when it sampled."""
     scores = "".join(f" {key} {value:.3f}" for key, value in headline_scores(result).items())
     return f"{result['accuracy']:.3f}{scores}"
-
-
-def sampled_eval_summary(ordered: list[dict[str, Any]]) -> dict[str, Any]:
-    """summary.json's sampled scores, {"eval_sampled": {version: {"mean@k": .., ..}}}, when
-    the evaluations sampled (eval.samples > 0); nothing otherwise."""
-    sampled = {str(r["version"]): sampled_scores(r) for r in ordered if sampled_scores(r)}
-    return {"eval_sampled": sampled} if sampled else {}

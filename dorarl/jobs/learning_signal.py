@@ -1,7 +1,8 @@
 """Warnings for a run that cannot learn: steps whose groups all have zero advantage, and
 rewards that stay 0 for every response after the first steps. Each says where to read the
 prompts, answers and responses: the run's trajectories.jsonl with record.text=true, else
-how to turn that on.
+how to turn that on. A step whose every episode its environment's failure ended stops the
+run (`check_episodes`): it would train on reward 0 and the next steps fail alike.
 
 GRPO's advantage is a response's reward minus its group's mean, so a group whose G
 responses all got the same reward gives no gradient; a step made only of such groups
@@ -16,6 +17,9 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dorarl.data import Group
+from dorarl.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -72,3 +76,21 @@ class LearningSignal:
             return []
         self.warned_at[kind] = self.steps
         return [message]
+
+
+class EnvFailed(UserInputError):
+    """Every episode of a step ended by its environment's failure; one line, exit 2."""
+
+
+def check_episodes(step: int, groups: list[Group], key: str = "task.env") -> None:
+    """Raise EnvFailed when the environment (`key`: task.env, or task.agent) failed every
+    episode the step trained on."""
+    episodes = [s for g in groups for s in g.samples if s.turns]
+    errors = [s.reward_error for s in episodes if s.reward_error is not None]
+    if not episodes or len(errors) < len(episodes):
+        return
+    raise EnvFailed(
+        f"{key}: the environment failed every episode of step {step} ({len(errors)} of "
+        f"{len(episodes)}), the first with: {errors[0]}; the run stopped (trajectories.jsonl "
+        f"has each episode's error)"
+    )

@@ -96,6 +96,8 @@ class TrainProgress:
         )
         if row.get("filtered_groups"):
             text += f"  filtered {row['filtered_groups']}"
+        if row.get("env_errors"):
+            text += f"  env errors {row['env_errors']}"
         if evaluations:
             last = max(evaluations)
             text += f"  eval v{last}: {format_scores(evaluations[last])}"

@@ -3,10 +3,11 @@
 A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
 again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what happens at each new
 version (a periodic checkpoint before the controller hears of it; after it, the
-evaluation, scalars and progress of the step), and its end (the final checkpoint,
-evaluations merged into metrics.jsonl, this segment's summary, then the whole run's
-summary and trace rebuilt from its segments: dorarl.record.segments). Evaluation runs in its own actor on the versions it
-is asked for, so it never stalls rollout or training; with `defer_eval` it runs after
+evaluation, scalars and progress of the step), and its end (the final checkpoint, the
+reward curve, this segment's summary, then the whole run's summary and trace rebuilt from
+its segments and its evaluations: dorarl.record.segments). Evaluation runs in its own
+actor on the versions it is asked for, so it never stalls rollout or training (each result
+is appended to evaluations.jsonl as it finishes); with `defer_eval` it runs after
 training, so it takes no CPU from a timed run either. `pace` turns on device emulation
 (dorarl.record.pacing) for the engines and the trainer.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +36,18 @@ from dorarl.jobs.engine_plan import (
     model_spec,
 )
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
-from dorarl.jobs.evaluation import eval_fields, eval_versions, finish_outputs, sampled_eval_summary
-from dorarl.jobs.learning_signal import LearningSignal
+from dorarl.jobs.evaluation import eval_versions, finish_outputs
+from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
+from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.segments import end_segment, eval_ends, open_segment, write_run_records
+from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
+from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.placement import PlacedActors, check_fits, plan_placement
@@ -74,6 +77,9 @@ def run_ray(
     task = build_task(config, folder)  # bad data stops the run before any file is written
     spec, where = model_spec(folder)
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
+    config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
+    for line in chosen:
+        print(line)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     _init_ray(config)
@@ -96,7 +102,7 @@ def run_ray(
 def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     """Write the worker's full error to the run folder; one line on what failed and how to
     go on from the newest checkpoint."""
-    details = out_dir / "failure.txt"
+    details = RunFolder(out_dir).failure
     details.write_text(f"{exc}\n\n{exc.detail}\n")
     try:
         newest = find_checkpoint(out_dir)
@@ -201,30 +207,33 @@ def _run(
     """Run this segment; returns the whole run's summary."""
     plan = _plan(config, point, out_dir, segment, task, actors)
     start = plan.controller.initial_version
-    evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval)
+    record = RunFolder(out_dir).evaluations
+    evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval, record)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
+    checkpoints = Checkpoints.of(config, out_dir)
+    episodes_key = "task.agent" if config.task.agent is not None else "task.env"
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
         # the hooks run once the runtime runs: `runtime` is bound by then
         runtime = RayRuntime(
             plan,
-            on_step=_step_hook(lambda: runtime, evals, scalars, progress),
-            on_publish=lambda version: _periodic_checkpoint(config, runtime, out_dir, version),
+            on_step=_step_hook(lambda: runtime, evals, scalars, progress, episodes_key),
+            on_publish=lambda version: checkpoints.periodic(runtime, version),
             should_stop=stop.requested if stop is not None else None,
         )
         summary = run_segment(runtime, out_dir, segment)
-        results = _gather(runtime, evals, progress)
+        results = _gather(runtime, evals, progress, checkpoints.off)
     final = runtime.driver.controller.resume_state()  # no step in flight once the run finished
-    _checkpoint(runtime, out_dir, final, config.checkpoint_keep, wait=True)
+    checkpoints.final(runtime, final)
     title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
-        if "eval_accuracy" in row:
-            scalars.log({"step": row["step"], **eval_fields(row)})
+        scalars.log(row)
     scalars.close()
     if runtime.driver.stopped and stop is not None:
         version = runtime.trainer_client.published
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=version)
-        summary["resume_command"] = resume_command(out_dir)
-    return _final_summary(out_dir, segment, summary, results, runtime)
+        if checkpoints.resumable():
+            summary["resume_command"] = resume_command(out_dir)
+    return _final_summary(out_dir, segment, summary, runtime)
 
 
 def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
@@ -232,7 +241,7 @@ def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, 
     (an abort's is not: its books may be mid-update, and it leaves at once)."""
     try:
         return runtime.run()
-    except WorkerFailed:
+    except (WorkerFailed, EnvFailed):
         _record_failure(runtime, out_dir, segment)
         raise
 
@@ -241,6 +250,7 @@ def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
     try:
         summary = runtime.recorder.close(runtime.now())
         summary["reward_errors"] = runtime.rollout.reward_errors
+        summary["env_errors"] = runtime.rollout.env_errors
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
     except Exception:  # the worker's failure is what must reach the user, not this one
@@ -268,7 +278,7 @@ def _plan(
         rollout_settings(config, task),
         actors.workers,
         actors.trainer,
-        restarts=actors.restarts(config, out_dir / "checkpoints"),
+        restarts=actors.restarts(config, RunFolder(out_dir).checkpoints),
         transport=config.weights.spec(
             config.engine.device, config.trainer.device, config.engine.dtype
         ),
@@ -284,9 +294,11 @@ def _step_hook(
     evals: Evaluations,
     scalars: ScalarLogger,
     progress: TrainProgress,
+    episodes_key: str,
 ) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
-    warn when it cannot learn (`runtime_of()`: the runtime the hook is given to)."""
+    warn when it cannot learn, stop when its environment (`episodes_key`) failed every
+    episode of it (`runtime_of()`: the runtime the hook is given to)."""
     signal = LearningSignal()
 
     def on_step(row: dict[str, Any], groups: list) -> None:
@@ -298,64 +310,107 @@ def _step_hook(
         signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)
         progress.update(row, evals.finished())
+        check_episodes(row["step"], groups, episodes_key)
 
     return on_step
 
 
 def _gather(
-    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress
+    runtime: RayRuntime, evals: Evaluations, progress: TrainProgress, no_checkpoint: bool
 ) -> dict[int, dict[str, Any]]:
     """The evaluations: all of them, or a stopped run's finished ones (none waited for)."""
     if runtime.driver.stopped:
         version = runtime.trainer_client.published
-        progress.note(f"stopped: writing the checkpoint of version {version}")
+        writing = "" if no_checkpoint else f": writing the checkpoint of version {version}"
+        progress.note(f"stopped{writing}")
         return evals.finished()
-    progress.note("final evaluation and checkpoint")
+    progress.note("final evaluation" + ("" if no_checkpoint else " and checkpoint"))
     return evals.all()
 
 
 # ---- checkpoints -------------------------------------------------------------------------
-def _periodic_checkpoint(
-    config: TrainConfig, runtime: RayRuntime, out_dir: Path, version: int
-) -> None:
-    """Every `checkpoint_every` versions, before the controller hears of `version` (its data
-    position is the checkpoint's). The last version is saved at the end, and so is the one
-    a stop ends at: once, not rewritten (a rewrite gains nothing, and a trainer restored
-    from a checkpoint pruned since copies its tokenizer files from there: none)."""
-    every = config.checkpoint_every
-    if runtime.driver.should_stop() or not every or version % every or version >= config.steps:
-        return
-    position = runtime.driver.controller.resume_state()
-    _checkpoint(runtime, out_dir, position, config.checkpoint_keep)
+@dataclass
+class Checkpoints:
+    """The run's checkpoint writes: every `checkpoint_every` versions and at the end (or
+    none: `off`), each reported in one line once written (path, size on disk, seconds)."""
 
+    every: int | str  # checkpoint_every
+    keep: int
+    steps: int
+    out_dir: Path
+    pending: list[Any] = field(default_factory=list)  # writes not yet reported
 
-def _checkpoint(
-    runtime: RayRuntime, out_dir: Path, position: dict[str, Any], keep: int, wait: bool = False
-) -> None:
-    """Queue a checkpoint of the published version, with the data position to resume at
-    (through the runtime, which replays it on a new trainer if this one dies first)."""
-    version = runtime.trainer_client.published
-    assert position["version"] == version, f"data position of v{position['version']} for v{version}"
-    folder = out_dir / "checkpoints" / f"version_{version:05d}"
-    ref = runtime.trainer_client.save_checkpoint(folder, position, keep)
-    if wait:
-        ray.get(ref)
+    @classmethod
+    def of(cls, config: TrainConfig, out_dir: Path) -> Checkpoints:
+        return cls(config.checkpoint_every, config.checkpoint_keep, config.steps, out_dir)
+
+    @property
+    def off(self) -> bool:
+        return self.every == "off"
+
+    def periodic_due(self, version: int, stopping: bool) -> bool:
+        """Whether `version` gets a periodic checkpoint. The last version is saved at the
+        end, and so is the one a stop ends at: once, not rewritten (a rewrite gains nothing,
+        and a trainer restored from a checkpoint pruned since copies its tokenizer files
+        from there: none)."""
+        every = self.every
+        if self.off or stopping or not every or version >= self.steps:
+            return False
+        return version % every == 0
+
+    def periodic(self, runtime: RayRuntime, version: int) -> None:
+        """Before the controller hears of `version` (its data position is the checkpoint's)."""
+        self.report(wait=False)
+        if self.periodic_due(version, runtime.driver.should_stop()):
+            self.pending.append(self._write(runtime, runtime.driver.controller.resume_state()))
+
+    def final(self, runtime: RayRuntime, position: dict[str, Any]) -> None:
+        """The end's checkpoint (none when off), waited for, and every write reported; the
+        run has ended, so a failure of this one is the run's."""
+        self.report(wait=True)
+        if not self.off:
+            print(ray.get(self._write(runtime, position)).line())
+
+    def _write(self, runtime: RayRuntime, position: dict[str, Any]) -> ray.ObjectRef:
+        """Queue a checkpoint of the published version, with the data position to resume
+        at (through the runtime, which replays it on a new trainer if this one dies first)."""
+        version = runtime.trainer_client.published
+        assert position["version"] == version, f"data position of v{position['version']}"
+        folder = RunFolder(self.out_dir).checkpoint(version)
+        return runtime.trainer_client.save_checkpoint(folder, position, self.keep)
+
+    def report(self, wait: bool) -> None:
+        """One line for each periodic write finished (with `wait`: for each, once finished).
+        One the trainer died in was made again by trainer recovery as the run went on."""
+        if not self.pending:
+            return
+        timeout = None if wait else 0
+        done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=timeout)
+        for ref in done:
+            try:
+                print(ray.get(ref).line())
+            except ray.exceptions.RayError:
+                log.warning("a checkpoint write died with its trainer; trainer recovery redid it")
+
+    def resumable(self) -> bool:
+        """Whether the run folder holds a checkpoint to resume from."""
+        try:
+            find_checkpoint(self.out_dir)
+        except ConfigError:
+            return False
+        return True
 
 
 def _final_summary(
     out_dir: Path,
     segment: Path,
     summary: dict[str, Any],
-    evals: dict[int, dict[str, Any]],
     runtime: RayRuntime,
 ) -> dict[str, Any]:
-    """Write the segment's summary, with its evaluations; returns the whole run's."""
-    ordered = [evals[v] for v in sorted(evals)]
+    """Write the segment's summary; returns the whole run's (with the run's evaluations)."""
     summary = dict(summary)
     summary["reward_errors"] = runtime.rollout.reward_errors
-    summary["eval"] = {str(r["version"]): r["accuracy"] for r in ordered}
-    summary.update(eval_ends({r["version"]: r["accuracy"] for r in ordered}))
-    summary.update(sampled_eval_summary(ordered))
+    summary["env_errors"] = runtime.rollout.env_errors
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
     ended = "stopped" if runtime.driver.stopped else "finished"

@@ -14,9 +14,7 @@ from typing import Any
 
 from dorarl.config import ConfigError
 from dorarl.errors import RunComplete
-
-CHECKPOINTS = "checkpoints"
-STATE_FILE = "trainer_state.json"  # dorarl.trainer.checkpoint's; not imported here (torch)
+from dorarl.run_layout import CHECKPOINT_NAMES, STATE_FILE, RunFolder, version_folders
 
 
 @dataclass(frozen=True)
@@ -37,17 +35,16 @@ class ResumePoint:
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """The checkpoint `path` names: itself, or the newest under `path`/checkpoints."""
-    from dorarl.trainer.checkpoint import version_folders
-
+    """The checkpoint `path` names: itself, or the newest of the run folder `path`."""
     path = Path(path)
     if (path / STATE_FILE).is_file():
         return path
-    found = version_folders(path / CHECKPOINTS)
+    checkpoints = RunFolder(path).checkpoints
+    found = version_folders(checkpoints)
     if not found:
         raise ConfigError(
             f"resume: {path} is neither a checkpoint (no {STATE_FILE}) nor a run folder with "
-            f"{CHECKPOINTS}/version_*"
+            f"{checkpoints.name}/{CHECKPOINT_NAMES}"
         )
     return found[-1]
 

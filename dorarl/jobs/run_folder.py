@@ -1,11 +1,13 @@
 """The run folder: which one a run writes to, and one consistent history when a run resumes.
 
-`--out` must be a new or empty folder, or the run that `resume=` continues. `resume=` naming
-a run folder (or a checkpoint inside one) takes that run's config.json as its config and that
-folder as its output, so `dorarl train resume=RUN_DIR` alone finishes the run. Resumed into
-its own folder from version V, everything logged after V (metrics and trajectory rows,
-TensorBoard, newer checkpoints, the records of segments that started at V or later) is
-moved to `rolled_back/`, so the files read as one history.
+`--out` must be a new or empty folder, or the run that `resume=` continues. config.json
+holds the run's settings with its paths absolute, so a resume reads them wherever it starts.
+`resume=` naming a run folder (or a checkpoint inside one) takes that run's config.json as
+its config and that folder as its output, so `dorarl train resume=RUN_DIR` alone finishes
+the run. Resumed into its own folder from version V, everything logged after V (metrics,
+trajectory and evaluation rows, TensorBoard, newer checkpoints, the records of segments that
+started at V or later) is moved to `rolled_back/`, so the files read as one history. The
+folder's layout is dorarl.run_layout's.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dorarl.config import ConfigError, to_dict
-from dorarl.jobs.resume import CHECKPOINTS, STATE_FILE
+from dorarl.config import ConfigError, load_config, to_dict
+from dorarl.jobs.config import TrainConfig
+from dorarl.record.evaluations import read_evaluations
 from dorarl.record.segments import roll_back_segments
-
-CONFIG_FILE = "config.json"
-ROLLED_BACK = "rolled_back"
+from dorarl.run_layout import (
+    STATE_FILE,
+    RunFolder,
+    checkpoint_entries,
+    checkpoint_version_strict,
+    run_of_checkpoint,
+)
 
 
 def resume_command(out_dir: Path) -> str:
@@ -36,10 +43,10 @@ def run_of(resume: str | None) -> Path | None:
     if not resume:
         return None
     path = Path(resume)
-    if (path / CONFIG_FILE).is_file() and not (path / STATE_FILE).is_file():
+    if RunFolder(path).config.is_file() and not (path / STATE_FILE).is_file():
         return path
-    run = path.parent.parent
-    if path.parent.name == CHECKPOINTS and (run / CONFIG_FILE).is_file():
+    run = run_of_checkpoint(path)
+    if run is not None and RunFolder(run).config.is_file():
         return run
     return None
 
@@ -60,12 +67,23 @@ def config_source(config_path: str | None, overrides: list[str]) -> str | None:
     run = run_of(resume_value(overrides))
     if run is None:
         return config_path
+    config_file = RunFolder(run).config
     if config_path is not None:
         raise ConfigError(
-            f"--config: resume={run} continues that run with its own {CONFIG_FILE}; give "
-            "changes as key=value instead of a config file"
+            f"--config: resume={run} continues that run with its own {config_file.name}; "
+            "give changes as key=value instead of a config file"
         )
-    return str(run / CONFIG_FILE)
+    return str(config_file)
+
+
+def load_run_config(config_path: str | None, overrides: list[str]) -> TrainConfig:
+    """The config of `dorarl train`: `--config` (or the resumed run's config.json) with the
+    overrides. Relative paths in `--config` resolve against its folder; a run's config.json
+    records the paths its run used, absolute, or relative as that run read them: against
+    the working directory."""
+    source = config_source(config_path, overrides)
+    recorded = run_of(resume_value(overrides)) is not None
+    return load_config(TrainConfig, source, overrides, paths_from=Path.cwd() if recorded else None)
 
 
 def choose_out(out: str | None, resume: str | None, mode: str) -> Path:
@@ -92,31 +110,36 @@ def choose_out(out: str | None, resume: str | None, mode: str) -> Path:
 def open_run_folder(out_dir: Path, config: Any, resume_version: int | None) -> None:
     """Create the folder and write config.json; resumed in its own folder at version V, move
     what was logged after V aside first."""
+    run = RunFolder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if resume_version is not None and (out_dir / "metrics.jsonl").is_file():
+    if resume_version is not None and run.metrics.is_file():
         roll_back(out_dir, resume_version)
     # to_dict leaves derived keys out: the file loads back as the run's config
-    (out_dir / CONFIG_FILE).write_text(json.dumps(to_dict(config), indent=2) + "\n")
+    run.config.write_text(json.dumps(to_dict(config), indent=2) + "\n")
 
 
 def roll_back(out_dir: Path, version: int) -> dict[str, int]:
     """Move everything of versions after `version` to rolled_back/: metrics rows of steps
-    that made a later version, trajectory rows trained at `version` or later, newer
-    checkpoints, the segments whose every step made one; TensorBoard is rebuilt from the
-    rows kept. Returns what moved, by kind."""
-    aside = out_dir / ROLLED_BACK
+    that made a later version, trajectory rows trained at `version` or later, evaluations
+    of later versions, newer checkpoints, the segments whose every step made one;
+    TensorBoard is rebuilt from the rows kept. Returns what moved, by kind (evaluations:
+    when the run has them)."""
+    run = RunFolder(out_dir)
+    aside = run.rolled_back
     moved = {
-        "metrics": _split_rows(
-            out_dir / "metrics.jsonl", aside, lambda r: r["new_version"] <= version
-        ),
+        "metrics": _split_rows(run.metrics, aside.root, lambda r: r["new_version"] <= version),
         "trajectories": _split_rows(
-            out_dir / "trajectories.jsonl", aside, lambda r: _history_version(r) < version
+            run.trajectories, aside.root, lambda r: _history_version(r) < version
         ),
-        "checkpoints": _move_newer_checkpoints(out_dir / CHECKPOINTS, aside, version),
-        "segments": roll_back_segments(out_dir, aside, version),
+        "checkpoints": _move_newer_checkpoints(run, aside, version),
+        "segments": roll_back_segments(out_dir, aside.root, version),
     }
-    if moved["metrics"] and (out_dir / "tensorboard").is_dir():
-        _rebuild_tensorboard(out_dir, aside)
+    if run.evaluations.is_file():  # a run that evaluated
+        moved["evaluations"] = _split_rows(
+            run.evaluations, aside.root, lambda r: r["version"] <= version
+        )
+    if (moved["metrics"] or moved.get("evaluations")) and run.tensorboard.is_dir():
+        _rebuild_tensorboard(run)
     return moved
 
 
@@ -144,16 +167,14 @@ def _split_rows(path: Path, aside: Path, keep: Any) -> int:
     return len(dropped)
 
 
-def _move_newer_checkpoints(parent: Path, aside: Path, version: int) -> int:
-    from dorarl.trainer.checkpoint import VERSION_FOLDER
-
+def _move_newer_checkpoints(run: RunFolder, aside: RunFolder, version: int) -> int:
     newer = [
         path
-        for path in (parent.glob("version_*") if parent.is_dir() else [])
-        if (match := VERSION_FOLDER.fullmatch(path.name)) and int(match.group(1)) > version
+        for path in checkpoint_entries(run.checkpoints)
+        if (found := checkpoint_version_strict(path)) is not None and found > version
     ]
     for path in newer:
-        dest = aside / CHECKPOINTS / path.name
+        dest = aside.checkpoints / path.name
         if dest.exists():
             shutil.rmtree(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -161,15 +182,18 @@ def _move_newer_checkpoints(parent: Path, aside: Path, version: int) -> int:
     return len(newer)
 
 
-def _rebuild_tensorboard(out_dir: Path, aside: Path) -> None:
-    """TensorBoard shows what metrics.jsonl holds: the old event files go aside, the kept
-    rows are written again."""
+def _rebuild_tensorboard(run: RunFolder) -> None:
+    """TensorBoard shows what metrics.jsonl and evaluations.jsonl hold: the old event files
+    go aside, the kept rows are written again (each evaluation at the step that made its
+    version)."""
+    from dorarl.jobs.evaluation import eval_scalars
     from dorarl.report.tensorboard import ScalarLogger
 
-    dest = aside / f"tensorboard-{time.strftime('%Y%m%d-%H%M%S')}"
-    (out_dir / "tensorboard").rename(dest)
-    logger = ScalarLogger(out_dir)
-    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
-        if line.strip():
-            logger.log(json.loads(line))
+    aside = run.rolled_back
+    aside.root.mkdir(exist_ok=True)
+    run.tensorboard.rename(aside.root / f"{run.tensorboard.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    rows = [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
+    logger = ScalarLogger(run.root)
+    for row in rows + eval_scalars(rows, read_evaluations(run.evaluations)):
+        logger.log(row)
     logger.close()

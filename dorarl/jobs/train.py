@@ -2,10 +2,11 @@
 for the whole run), start the runtime, write the run folder.
 
 Usage: dorarl train [--config FILE] [--out DIR] [key=value ...]; `--help` lists every key
-(and imports no torch, Ray or transformers, so it answers at once). The run folder holds
-config.json, metrics.jsonl, trajectories.jsonl, summary.json, trace.json, reward_curve.png,
-tensorboard/, checkpoints/ and segments/ (each process's own summary and trace; summary.json
-and trace.json are the whole run's). Ctrl-C stops a run cleanly; `resume=RUN_DIR` continues it.
+(and imports no torch, Ray or transformers, so it answers at once). The run folder
+(dorarl.run_layout) holds config.json, metrics.jsonl, trajectories.jsonl, evaluations.jsonl,
+summary.json, trace.json, reward_curve.png, tensorboard/, checkpoints/ and segments/ (each
+process's own summary and trace; summary.json and trace.json are the whole run's). Ctrl-C
+stops a run cleanly; `resume=RUN_DIR` continues it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dorarl.config import ConfigError, describe, load_config, to_yaml
+from dorarl.config import ConfigError, describe, to_yaml
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint, check_work_left, read_resume_point
-from dorarl.jobs.run_folder import choose_out, config_source, open_run_folder, resume_command
+from dorarl.jobs.run_folder import choose_out, load_run_config, open_run_folder, resume_command
 from dorarl.runtime.placement import plan_placement
 
 log = logging.getLogger(__name__)
@@ -30,16 +31,15 @@ def main(argv: list[str]) -> int:
         print(_help())
         return 0
     args = _parse_args(argv)
-    config_path, out, overrides = args.config, args.out, args.overrides
-    config = load_config(TrainConfig, config_source(config_path, overrides), overrides)
+    config = load_run_config(args.config, args.overrides)
     point = resume_point(config)
     if args.print_config:
-        print(to_yaml(config), end="")
+        print(printed_config(config, point), end="")
         return 0
     if args.print_placement is not None:
         print("\n".join(_placement_lines(config, point, args.print_placement)))
         return 0
-    out_dir = choose_out(out, config.resume, config.mode)
+    out_dir = choose_out(args.out, config.resume, config.mode)
     _setup_logging()
     if config.runtime == "sim":
         from dorarl.jobs.sim_run import run_sim
@@ -61,6 +61,25 @@ def resume_point(config: TrainConfig) -> ResumePoint | None:
     return point
 
 
+def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
+    """The settings as YAML, once what a run reads is checked (the model folder, its
+    tokenizer, the data files, the env class; a problem: one line, exit 2); a setting left
+    to the model says what it comes to for this one."""
+    if config.runtime != "ray":
+        return to_yaml(config)
+    from dorarl.jobs.engine_plan import model_folder
+    from dorarl.jobs.model_defaults import default_lr, rate
+    from dorarl.jobs.workload import check_inputs
+
+    folder = model_folder(config, point)
+    check_inputs(config, folder)
+    notes = {}
+    if config.trainer.lr is None:
+        chosen = default_lr(folder, point)
+        notes["trainer.lr"] = f"by the model: {rate(chosen.value)} here ({chosen.why})"
+    return to_yaml(config, notes)
+
+
 def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path) -> int:
     """Run on Ray; SIGINT/SIGTERM stop it after the step in flight (exit 128 + signal), a
     second one aborts at once (exit 130); either way one line says how to resume."""
@@ -76,8 +95,11 @@ def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path)
     _print_summary(summary, out_dir)
     if stop.requested():
         version = summary.get("stopped_at_version")
-        print(f"stopped by {stop.name} at version {version}; continue the run with:")
-        print(f"  {resume_command(out_dir)}")
+        if "resume_command" in summary:
+            print(f"stopped by {stop.name} at version {version}; continue the run with:")
+            print(f"  {summary['resume_command']}")
+        else:  # checkpoint_every=off: nothing to continue from
+            print(f"stopped by {stop.name} at version {version}; {_how_to_resume(out_dir)}")
         return stop.exit_code
     return 0 if summary.get("dropped_total", 0) == 0 else 1
 
@@ -101,7 +123,7 @@ def _how_to_resume(out_dir: Path) -> str:
     try:
         newest = find_checkpoint(out_dir)
     except ConfigError:
-        return f"no checkpoint in {out_dir} yet to resume from"
+        return f"no checkpoint in {out_dir} to resume from"
     return f"resume from {newest.name} with: {resume_command(out_dir)}"
 
 
@@ -162,7 +184,8 @@ def _help() -> str:
         "       dorarl train --print-config [--config FILE] [key=value ...]",
         "       dorarl train --print-placement GPUS [--config FILE] [key=value ...]",
         "",
-        "--print-config prints the resolved settings as YAML (a file --config reads back);",
+        "--print-config checks what a run reads (model folder, tokenizer, data files, env",
+        "class) and prints the resolved settings as YAML (a file --config reads back);",
         "--print-placement prints the GPU shares the actors would ask for on a node with",
         "GPUS GPUs, and each engine's KV budget in its share (of ray.gpu_memory_gb, else",
         "of this machine's GPU). Neither starts anything.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dorarl.data import Sample
 from dorarl.engine.model_spec import read_hf_config, spec_from_hf
@@ -21,13 +22,33 @@ from dorarl.tasks.agent import AgentTask, load_agent
 from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
+from dorarl.tasks.model_files import load_tokenizer
 
 
 def check_model_folder(model_folder: str) -> None:
     """Raise UserInputError unless the engine supports the folder's model (the trainer,
     transformers' own class for it, loads anything the engine does)."""
+    if not Path(model_folder).is_dir():
+        raise UserInputError(f"model: no folder {model_folder}")
     where = str(Path(model_folder) / "config.json")
     spec_from_hf(read_hf_config(model_folder), where)
+
+
+def check_inputs(config: TrainConfig, model_folder: str) -> None:
+    """What a run reads, checked without reading the data or starting anything: the model
+    folder (a model the engine runs, its tokenizer), the data files, the env class or agent."""
+    check_model_folder(model_folder)
+    load_tokenizer(model_folder)
+    section = config.task
+    if section.env is not None:
+        load_env_class(section.env)
+    if section.agent is not None:
+        load_agent(section.agent)
+    if section.name != "jsonl":
+        return
+    for key, path in (("task.path", section.path), ("task.eval_path", section.eval_path)):
+        if path is not None and not Path(path).is_file():
+            raise UserInputError(f"{key}: no such data file {path}")
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
@@ -51,12 +72,10 @@ def _named_task(config: TrainConfig, model_folder: str) -> Task:
     check_model_folder(model_folder)
     section = config.task
     if section.name == "multiturn_sum":
-        from transformers import AutoTokenizer
-
         return make_task(
             "multiturn_sum",
             seed=config.seed,
-            tokenizer=AutoTokenizer.from_pretrained(model_folder),
+            tokenizer=load_tokenizer(model_folder)[0],
             latency_s=section.env_latency_s,
             timeout_s=section.env_timeout_s,
             max_turns=section.max_turns,
@@ -88,10 +107,7 @@ def _named_task(config: TrainConfig, model_folder: str) -> Task:
             max_model_len=config.engine.max_model_len,
             **({"max_new_tokens": cap} if cap else {}),
         )
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_folder)
-    return make_task(section.name, seed=config.seed, tokenizer=tokenizer)
+    return make_task(section.name, seed=config.seed, tokenizer=load_tokenizer(model_folder)[0])
 
 
 def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:
@@ -109,16 +125,49 @@ def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:
     )
 
 
-def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, str]]:
-    """A sample's prompt, reference answer and response (up to its stop token) as text."""
+def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, Any]]:
+    """A sample's prompt, reference answer and response (up to its stop token) as text; an
+    episode's prompt as the model saw it (system prompt, chat template and first observation
+    included) and each of its turns: the model's reply, then the observation after it."""
     prompts = {p.prompt_id: p for p in task.train_prompts()}
 
-    def texts(sample: Sample) -> dict[str, str]:
+    def texts(sample: Sample) -> dict[str, Any]:
         prompt = prompts[sample.prompt_id]
+        if sample.turns:
+            seen = _decoded(task, sample.prompt_ids)
+            return {
+                "prompt": seen,
+                "answer": prompt.answer,
+                "turn_texts": episode_turns(task, sample),
+            }
         response = task.response_text(sample.response_ids)
         return {"prompt": prompt.text, "answer": prompt.answer, "response": response}
 
     return texts
+
+
+def episode_turns(task: Task, sample: Sample) -> list[dict[str, str]]:
+    """An episode's turns as text, cut where its tokens change hands (`sample.observed`
+    marks the environment's): {"reply": what the model sampled, stop token included,
+    "observation": what it was shown next ("" after the last turn)}."""
+    runs: list[tuple[bool, list[int]]] = []
+    for token, observed in zip(sample.response_ids, sample.observed, strict=True):
+        if runs and runs[-1][0] == observed:
+            runs[-1][1].append(token)
+        else:
+            runs.append((observed, [token]))
+    turns: list[dict[str, str]] = []
+    for observed, ids in runs:
+        if observed and turns:
+            turns[-1]["observation"] = _decoded(task, ids)
+        else:
+            turns.append({"reply": _decoded(task, ids), "observation": ""})
+    return turns
+
+
+def _decoded(task: Task, ids: list[int]) -> str:
+    """Token ids as the model reads them: special tokens (the template's) kept."""
+    return task.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def eval_sampling(config: TrainConfig) -> EvalSampling:

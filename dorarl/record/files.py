@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.record.trace import TraceBuilder
+from dorarl.run_layout import RunFolder
 
 
 class RunFiles:
@@ -26,9 +27,10 @@ class RunFiles:
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             how = "a" if append else "w"
-            self._metrics = open(self.out_dir / "metrics.jsonl", how)  # noqa: SIM115
+            run = RunFolder(self.out_dir)
+            self._metrics = open(run.metrics, how)  # noqa: SIM115
             if trajectories:
-                self._trajectories = open(self.out_dir / "trajectories.jsonl", how)  # noqa: SIM115
+                self._trajectories = open(run.trajectories, how)  # noqa: SIM115
 
     @property
     def writes_trajectories(self) -> bool:
@@ -49,6 +51,7 @@ class RunFiles:
                 f.close()
         if self.records_dir is None:
             return
-        (self.records_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        records = RunFolder(self.records_dir)  # a segment's records: the same names
+        records.summary.write_text(json.dumps(summary, indent=2) + "\n")
         if trace is not None:
-            trace.write(self.records_dir / "trace.json")
+            trace.write(records.trace)

@@ -28,6 +28,7 @@ from dorarl.record.groups import GroupAccount
 from dorarl.record.slots import SlotUsage
 from dorarl.record.trace import MIGRATION_TID, TRAINER_PID, TraceBuilder, instance_pid
 from dorarl.record.versions import VersionLanes
+from dorarl.run_layout import RunFolder
 
 # Every overhead kind a runtime may report. A runtime reports only those it measures (it
 # builds its Recorder with `overhead_kinds`): the Ray runtime has no free_cache step (see
@@ -127,7 +128,7 @@ class Recorder:
         or None when none does."""
         if self.texts is None or not self.files.writes_trajectories:
             return None
-        return self.files.out_dir / "trajectories.jsonl"
+        return RunFolder(self.files.out_dir).trajectories
 
     # ---- inputs --------------------------------------------------------------------------
     def observe(self, event: ev.Event, commands: Sequence[cmd.Command]) -> None:
@@ -338,6 +339,7 @@ class Recorder:
                 "migrations": sample.migrations,
                 "offloads": sample.offloads,
             }
+            | ({"error": sample.reward_error} if sample.reward_error is not None else {})
             | (_turns(sample) if sample.turns else {})
             | (self.texts(sample) if self.texts is not None else {})
         )

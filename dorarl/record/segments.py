@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.engine.outputs import prefix_hit_rate
+from dorarl.record.evaluations import read_evaluations, sampled_eval_summary
 from dorarl.record.pacing import PaceStats
 from dorarl.record.trace import marker, read_events, shifted, write_events
+from dorarl.run_layout import SEGMENT_START_FILE as START_FILE
+from dorarl.run_layout import SUMMARY_FILE, TRACE_FILE, RunFolder
 
-SEGMENTS = "segments"
-START_FILE = "segment.json"
-SUMMARY_FILE = "summary.json"
-TRACE_FILE = "trace.json"
 KILLED = "killed"  # how a segment ended that never wrote its summary (the others write it)
 
 
@@ -94,9 +93,9 @@ class Segment:
 # ---- a segment's records -----------------------------------------------------------------
 def open_segment(out_dir: Path, start_version: int, instances: int, slots: int) -> Path:
     """The folder of a new segment of the run in `out_dir`, its start recorded."""
-    parent = out_dir / SEGMENTS
-    index = 1 + max((int(p.name) for p in _folders(parent)), default=-1)
-    folder = parent / f"{index:03d}"
+    run = RunFolder(out_dir)
+    index = 1 + max((int(p.name) for p in _folders(run.segments)), default=-1)
+    folder = run.segment(index)
     folder.mkdir(parents=True)
     start = {"start_version": start_version, "opened_at": time.time()}
     start |= {"instances": instances, "slots": slots}
@@ -112,11 +111,12 @@ def end_segment(folder: Path, summary: dict[str, Any], ended: str, started_at: f
 
 def roll_back_segments(out_dir: Path, aside: Path, version: int) -> int:
     """Move the segments that started at `version` or later (every step of theirs made a
-    version after it) to aside/segments/; returns how many moved."""
+    version after it) to the segments of `aside` (a rolled-back run folder); returns how
+    many moved."""
     moved = 0
-    for folder in _folders(out_dir / SEGMENTS):
+    for folder in _folders(RunFolder(out_dir).segments):
         if _start(folder)["start_version"] >= version:
-            dest = _free(aside / SEGMENTS / folder.name)
+            dest = _free(RunFolder(aside).segments / folder.name)
             dest.parent.mkdir(parents=True, exist_ok=True)
             folder.rename(dest)
             moved += 1
@@ -125,7 +125,7 @@ def roll_back_segments(out_dir: Path, aside: Path, version: int) -> int:
 
 def read_segments(out_dir: Path, rows: Sequence[dict[str, Any]]) -> list[Segment]:
     """The run's segments in order, each with its rows of the history `rows`."""
-    folders = _folders(out_dir / SEGMENTS)
+    folders = _folders(RunFolder(out_dir).segments)
     starts = [_start(f) for f in folders]
     bounds = [s["start_version"] for s in starts[1:]] + [float("inf")] * bool(starts)
     segments = []
@@ -150,12 +150,14 @@ def run_times(segments: Sequence[Segment]) -> list[float]:
 
 # ---- the whole run -----------------------------------------------------------------------
 def write_run_records(out_dir: Path) -> dict[str, Any]:
-    """Rebuild out_dir/summary.json and trace.json from the segments; returns the summary."""
-    segments = read_segments(out_dir, _rows(out_dir / "metrics.jsonl"))
-    summary = run_summary(segments)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    """Rebuild the run's summary.json and trace.json from the segments and its evaluations;
+    returns the summary."""
+    run = RunFolder(out_dir)
+    segments = read_segments(out_dir, _rows(run.metrics))
+    summary = run_summary(segments, read_evaluations(run.evaluations))
+    run.summary.write_text(json.dumps(summary, indent=2) + "\n")
     if any((s.folder / TRACE_FILE).is_file() for s in segments):
-        write_events(out_dir / TRACE_FILE, run_trace(segments))
+        write_events(run.trace, run_trace(segments))
     return summary
 
 
@@ -166,7 +168,7 @@ LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
 # rolled-back work included.
 SUMMED = ("dispatched", "completed", "consumed", "filtered")
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
-          "replay_mismatches", "reward_errors")  # fmt: skip
+          "replay_mismatches", "reward_errors", "env_errors")  # fmt: skip
 
 
 def _engine_setups(segments: Sequence[Segment]) -> dict[str, Any]:
@@ -183,15 +185,18 @@ def _engine_setups(segments: Sequence[Segment]) -> dict[str, Any]:
     return {"engines": reported[-1].summary["engines"], "fast_path_fallbacks": fallbacks}
 
 
-def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
+def run_summary(
+    segments: Sequence[Segment], evaluations: dict[int, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """The whole run's summary. Per field: mode and K from the newest segment's summary;
     `LAST` from the last segment's; `SUMMED`, drops and `FAULTS` summed over the segments'
     summaries; steps, tokens, step times, staleness, migrations, offloads and re-prefill
     recomputed from the history's rows, which hold each kept step once; wall time summed
     over the segments' run times (`Segment.wall_time_s`), and the throughput, slot
-    utilization and overhead shares taken over it; evaluations from each segment's summary,
-    for the versions the history keeps of it (a later segment's result of the same version
-    wins: the resumed start is evaluated again); the engines' set-ups and fast-path
+    utilization and overhead shares taken over it; `evaluations` (the run's
+    evaluations.jsonl, by version) of the versions the history keeps, over those a run
+    folder written before that file carries in its segments' summaries; the engines'
+    set-ups and fast-path
     fallbacks (`_engine_setups`); plus each segment's line (`segments`)."""
     rows = [r for s in segments for r in s.rows]
     own = [s.summary for s in segments if s.summary is not None]
@@ -221,7 +226,7 @@ def run_summary(segments: Sequence[Segment]) -> dict[str, Any]:
     summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
     summary |= _prefill(rows)
     summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}
-    summary |= _evaluations(segments)
+    summary |= _evaluations(segments, evaluations or {})
     pace = _pace([s["pace"] for s in own if "pace" in s])
     return summary | ({"pace": pace} if pace else {}) | {"segments": [s.entry() for s in segments]}
 
@@ -258,7 +263,12 @@ def _staleness(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
     return {str(s): total[s] for s in sorted(total)}
 
 
-def _evaluations(segments: Sequence[Segment]) -> dict[str, Any]:
+def _evaluations(
+    segments: Sequence[Segment], evaluations: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """The run summary's evaluations: per segment, of the versions the history keeps of it
+    (a later segment's result of the same version wins: the resumed start is evaluated
+    again); the evaluations file's over the segments' summaries' (older run folders)."""
     accuracy: dict[int, float] = {}
     sampled: dict[int, dict[str, float]] = {}
     for s in segments:
@@ -266,6 +276,10 @@ def _evaluations(segments: Sequence[Segment]) -> dict[str, Any]:
         kept = range(s.start_version, s.end_version + 1)
         accuracy |= {int(v): a for v, a in own.get("eval", {}).items() if int(v) in kept}
         sampled |= {int(v): x for v, x in own.get("eval_sampled", {}).items() if int(v) in kept}
+    kept = {v for s in segments for v in range(s.start_version, s.end_version + 1)}
+    results = [r for v, r in evaluations.items() if v in kept]
+    accuracy |= {int(r["version"]): r["accuracy"] for r in results}
+    sampled |= {int(v): x for v, x in sampled_eval_summary(results).get("eval_sampled", {}).items()}
     out: dict[str, Any] = {"eval": {str(v): accuracy[v] for v in sorted(accuracy)}}
     out |= eval_ends(accuracy)
     if sampled:

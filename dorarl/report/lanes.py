@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dorarl.record.trace import TRAINER_PID
 from dorarl.report.timeline import plot_timeline
+from dorarl.run_layout import RunFolder
 
 MAX_LANES = 64
 
@@ -33,6 +34,6 @@ def plot_lanes(trace: Path, out: Path, slots: int, title: str, limit: int = MAX_
     kept = [e for e in events if e.get("pid", TRAINER_PID) in keep]
     shown = f"{len(keep) - 1} of {len(pids)} instances" if len(pids) > limit else ""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
+        path = RunFolder(Path(tmp)).trace  # the kept lanes as a trace of their own
         path.write_text(json.dumps({"traceEvents": kept}))
         return plot_timeline(path, out, slots, title=f"{title} {shown}".strip())

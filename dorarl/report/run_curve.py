@@ -13,44 +13,46 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dorarl.record.evaluations import read_evaluations, row_evaluations, sampled_scores
 from dorarl.record.segments import read_segments, run_times
-
-SAMPLED = ("eval_mean@", "eval_pass@")
-"""A metrics row's scores of a sampled evaluation (eval.samples = k > 0) beside greedy accuracy."""
+from dorarl.run_layout import RunFolder
 
 
 def read_curve(run_dir: Path) -> dict[str, Any]:
-    """The curve of the history the run folder keeps (a resumed run's kept steps)."""
-    rows = [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
+    """The curve of the history the run folder keeps (a resumed run's kept steps), with its
+    evaluations.jsonl (or, in a run folder written before that file, the evaluations its
+    metrics rows carry)."""
+    run = RunFolder(run_dir)
+    rows = [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
+    evals = row_evaluations(rows) | read_evaluations(run.evaluations)
     segments = read_segments(run_dir, rows)
     if segments:  # a run folder of dorarl train; the simulator's has one clock
         rows = [r for s in segments for r in s.rows]
         times = run_times(segments)
     else:
         times = [r["time_s"] for r in rows]
-    return curve_of(rows, times)
+    return curve_of(rows, times, evals)
 
 
-def curve_of(rows: list[dict[str, Any]], times: list[float]) -> dict[str, Any]:
+def curve_of(
+    rows: list[dict[str, Any]], times: list[float], evals: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
     """Per step (metrics rows, `times` on the run's clock): the version it made, its reward;
-    per evaluated version: its scores and the time it was made."""
-    start = rows[0]["new_version"] - 1 if rows else 0  # a run resumed into a new folder: later
+    per evaluated version (`evals`, of the versions the history made): its scores and the
+    time it was made."""
+    # a run resumed into a new folder starts later; each step makes the next version
+    start = rows[0]["new_version"] - 1 if rows else 0
     made_at = {start: 0.0} | {r["new_version"]: t for r, t in zip(rows, times, strict=True)}
-    evals = sorted({r["eval_version"]: _scores(r) for r in rows if "eval_version" in r}.items())
+    kept = sorted((v, _scores(e)) for v, e in evals.items() if v in made_at)
     return {
         "steps": [r["new_version"] for r in rows],
         "time_s": times,
         "reward_mean": [r["reward_mean"] for r in rows],
-        "eval": [{"version": v, "time_s": made_at[v], **scores} for v, scores in evals],
+        "eval": [{"version": v, "time_s": made_at[v], **scores} for v, scores in kept],
         "wall_time_s": times[-1] if times else 0.0,
     }
 
 
-def _scores(row: dict[str, Any]) -> dict[str, float]:
-    """A row's evaluation: greedy `accuracy`, and mean@k and pass@j when it sampled."""
-    sampled = {k.removeprefix("eval_"): v for k, v in row.items() if k.startswith(SAMPLED)}
-    return {"accuracy": row["eval_accuracy"], **sampled}
+def _scores(result: dict[str, Any]) -> dict[str, float]:
+    """An evaluation's greedy `accuracy`, and mean@k and pass@j when it sampled."""
+    return {"accuracy": result["accuracy"], **sampled_scores(result)}

@@ -7,6 +7,8 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from dorarl.run_layout import RunFolder
+
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +30,7 @@ class ScalarLogger:
     def __init__(self, out_dir: str | Path, use_wandb: bool = False, run_name: str = "") -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+        self._tb = SummaryWriter(log_dir=str(RunFolder(out_dir).tensorboard))
         self._wandb = _start_wandb(run_name) if use_wandb else None
 
     def log(self, row: dict[str, Any]) -> None:

@@ -70,7 +70,8 @@ class Episodes:
         self.loop = loop or EnvLoop()
         self._live: dict[str, _Live] = {}
         self._incarnations: dict[str, int] = {}
-        self.env_errors = 0
+        self.env_errors = 0  # episodes an environment's failure ended
+        self.first_error: str | None = None
 
     def begin(self, request_id: str, prompt: Prompt) -> list[int]:
         """A fresh env for the request; the ids of its first turn's prompt."""
@@ -113,10 +114,25 @@ class Episodes:
         if reason is not None:
             live.state.end(reason)
         if live.state.error is not None:
-            self.env_errors += 1
-            log.warning("episode %s ended by its environment: %s", request_id, live.state.error)
+            self._count_error(request_id, live.state.error)
         assert live.last is not None, f"{request_id}: no turn ended yet"
         return live.state, live.last
+
+    def _count_error(self, request_id: str, error: str) -> None:
+        """Count an episode its environment ended; the first is told in one line, the
+        others only counted (env_errors in the step rows, the progress line, summary.json):
+        a broken environment fails every episode, and a line each would bury the run's."""
+        self.env_errors += 1
+        if self.first_error is None:
+            self.first_error = error
+            log.warning(
+                "episode %s ended by its environment (reward 0): %s; further ones are counted "
+                "in env_errors (metrics.jsonl, summary.json) and their trajectory rows",
+                request_id,
+                error,
+            )
+        else:
+            log.debug("episode %s ended by its environment: %s", request_id, error)
 
     @property
     def pending(self) -> int:

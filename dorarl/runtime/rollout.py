@@ -42,6 +42,10 @@ class RolloutPlan:
         # A multi-turn task: each request is an episode, its reward the environment's.
         self.episodes = Episodes(task) if getattr(task, "multi_turn", False) else None
 
+    @property
+    def env_errors(self) -> int:
+        return self.episodes.env_errors if self.episodes is not None else 0
+
     def prompt(self, prompt_index: int) -> Prompt:
         return self.prompts[prompt_index % len(self.prompts)]
 

@@ -121,6 +121,7 @@ class TrainerClient:
     def _step_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
         metrics["reward_errors"] = self.plan.reward_errors
+        metrics["env_errors"] = self.plan.env_errors
         if "train_paced_s" in metrics:
             train = PaceStats()
             train.record(metrics["train_compute_s"], metrics["train_paced_s"])

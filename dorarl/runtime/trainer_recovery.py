@@ -46,11 +46,11 @@ from typing import Any
 import ray
 
 from dorarl.record import Recorder
+from dorarl.run_layout import checkpoint_version, version_folders
 from dorarl.runtime.calls import DEATHS, Call, CallTable, ReplayCall, TrainerCall
 from dorarl.runtime.trainer_client import TrainerClient
 from dorarl.runtime.trainer_group import RankDied
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
-from dorarl.trainer.checkpoint import checkpoint_version, version_folders
 
 log = logging.getLogger(__name__)
 

@@ -153,11 +153,17 @@ class TrainerWorker:
         # Not yet told: a replacement asked for a version it replays before its first publish.
         return self.serving.wait_s if self.serving is not None else endpoints.MADE_WAIT_S
 
-    def save_checkpoint(self, folder: str, extra_state: dict[str, Any], keep: int = 0) -> str:
-        """Write a checkpoint, then delete all but the newest `keep` beside it (0: keep all)."""
+    def save_checkpoint(
+        self, folder: str, extra_state: dict[str, Any], keep: int = 0
+    ) -> ckpt.SavedCheckpoint:
+        """Write a checkpoint, then delete all but the newest `keep` beside it (0: keep all)
+        and the optimizer state of all but the newest (a resume reads the newest)."""
+        started = time.perf_counter()
         written = self._save(Path(folder), extra_state)
         ckpt.prune(written.parent, keep)
-        return str(written)
+        ckpt.drop_older_optimizer_state(written.parent)
+        seconds = time.perf_counter() - started
+        return ckpt.SavedCheckpoint(str(written), ckpt.folder_bytes(written), seconds)
 
     def _train(self, groups: list[Group]) -> dict[str, Any]:
         return self.trainer.train_step(groups)

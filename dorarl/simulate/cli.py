@@ -38,6 +38,7 @@ from dorarl.controller import MODES, ControllerConfig
 from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
 from dorarl.report.lanes import plot_lanes
+from dorarl.run_layout import RunFolder
 from dorarl.simulate.config import SimulateConfig
 from dorarl.simulate.presets import PRESETS, check_bars, reference_consistency
 from dorarl.simulate.runs import mode_controller, run_named
@@ -198,15 +199,15 @@ def _timelines(cfg: SimulateConfig, results: dict[str, dict], out: Path) -> list
         return []
     slots = cfg.controller.slots
     return [
-        str(plot_lanes(out / name / "trace.json", out / f"timeline_{name}.png", slots, name))
+        str(plot_lanes(RunFolder(out / name).trace, out / f"timeline_{name}.png", slots, name))
         for name in results
-        if (out / name / "trace.json").exists()
+        if RunFolder(out / name).trace.exists()
     ]
 
 
 def measured_imbalance(run: str | Path) -> float:
     """The mean `moe_imbalance` (busiest expert over the mean, per step) of a run's steps."""
-    path = Path(run) / "metrics.jsonl"
+    path = RunFolder(run).metrics
     if not path.is_file():
         raise ConfigError(f"--expert-imbalance-from: {path} does not exist")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

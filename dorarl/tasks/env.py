@@ -16,8 +16,12 @@ token ids, versions and KV are the runtime's business.
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dorarl.errors import UserInputError
@@ -92,17 +96,51 @@ class ChatEnv(ABC):
 
 
 def load_env_class(spec: str, key: str = "task.env") -> type[Env] | type[ChatEnv]:
-    """`package.module:ClassName` -> the class, checked; one line naming `key` otherwise."""
+    """`package.module:ClassName` -> the class, checked; one line naming `key` otherwise.
+
+    The module is looked up on the Python path and in the working directory (the `dorarl`
+    command's own path does not hold it; Ray's workers get the driver's working directory
+    on theirs)."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise UserInputError(f"{key}: expected 'module:Class', got {spec!r}")
+    _import_from_working_directory()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UserInputError(f"{key}: cannot import module {module_name!r} ({exc})") from None
+        where = f"the Python path or {os.getcwd()}"
+        raise UserInputError(
+            f"{key}: cannot import module {module_name!r} from {where} ({exc})"
+        ) from None
     cls = getattr(module, class_name, None)
+    if cls is None:
+        found = env_classes(module)
+        listed = (
+            f"its environments: {', '.join(found)}" if found else "it defines no Env or ChatEnv"
+        )
+        raise UserInputError(f"{key}: module {module_name!r} has no {class_name!r} ({listed})")
     if not isinstance(cls, type) or not issubclass(cls, Env | ChatEnv):
         raise UserInputError(
             f"{key}: {spec!r} is not a subclass of dorarl.tasks.env.Env or ChatEnv (reset, step)"
         )
     return cls
+
+
+def env_classes(module: ModuleType) -> list[str]:
+    """The names of the concrete Env and ChatEnv subclasses a module defines or imports."""
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and issubclass(value, Env | ChatEnv)
+        and value not in (Env, ChatEnv)
+        and not inspect.isabstract(value)
+    )
+
+
+def _import_from_working_directory() -> None:
+    """Put the working directory on the import path, after what is there (a module of the
+    working directory never shadows an installed one)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)

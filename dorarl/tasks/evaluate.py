@@ -74,12 +74,15 @@ def _evaluate_episodes(engine: Any, task: Any, prompts: list[Prompt]) -> dict[st
     )
     results = list(run_episodes(engine, task, prompts, params).values())
     n = max(len(results), 1)
+    errors = [e.error for e, _ in results if e.error is not None]
     return {
         "accuracy": sum(e.reward >= 1.0 for e, _ in results) / n,
         "n": len(results),
         "mean_len": sum(len(out.output_ids) for _, out in results) / n,
         "mean_turns": sum(len(e.turns) for e, _ in results) / n,
         "reward_errors": sum(e.error is not None for e, _ in results),
+        "env_errors": len(errors),
+        **({"env_error": errors[0]} if errors else {}),
     }
 
 

@@ -10,6 +10,9 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from dorarl.errors import UserInputError
 from dorarl.tasks.assets import shipped_base_model
 
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+"""A fast tokenizer's file, or a slow one's vocabulary (vocab.json goes with merges.txt)."""
+
 
 def load_tokenizer(
     source: str | Path | PreTrainedTokenizerBase | None,
@@ -21,7 +24,21 @@ def load_tokenizer(
     try:
         return AutoTokenizer.from_pretrained(str(folder)), folder
     except (OSError, ValueError) as exc:
-        raise UserInputError(f"{folder}: cannot load a tokenizer ({exc})") from None
+        missing = missing_tokenizer_files(folder)
+        reason = missing or " ".join(str(exc).split())  # transformers' own: several lines
+        raise UserInputError(f"{folder}: cannot load a tokenizer: {reason}") from None
+
+
+def missing_tokenizer_files(folder: Path) -> str | None:
+    """The tokenizer files a model folder lacks, in words; None when it has a vocabulary
+    (another tokenizer's file, sentencepiece's *.model or tiktoken's, counts as one)."""
+    vocabularies = [*VOCABULARY_FILES, "*.model", "*.tiktoken"]
+    if any(any(folder.glob(pattern)) for pattern in vocabularies):
+        return None
+    lacks = f"none of {', '.join(VOCABULARY_FILES)}"
+    if not (folder / "tokenizer_config.json").is_file():
+        lacks = f"no tokenizer_config.json and {lacks}"
+    return f"{lacks}; copy the tokenizer files from the folder its weights came from"
 
 
 def stop_ids(tokenizer: PreTrainedTokenizerBase, model_dir: Path | None) -> list[int]:

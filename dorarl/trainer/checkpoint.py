@@ -2,20 +2,24 @@
 
 A checkpoint folder is a Hugging Face model folder (config, model.safetensors, generation
 config, tokenizer files) plus `optimizer.safetensors`, `rng.safetensors` and
-`trainer_state.json`. Invariants: nothing is ever read with torch.load/pickle; a folder is
-written under a temporary name and renamed into place, so a crash never leaves a
-half-written checkpoint under the final name, and a crash at any point of a write leaves
-the previous complete checkpoint readable (a rewrite's displaced copy, `NAME.old`, stands
-for `NAME` until the new one is in place; see `write_atomically`).
+`trainer_state.json`. The optimizer state (twice the weights, in float32) is kept only where
+a resume reads it: once a newer checkpoint is complete, the older ones beside it drop theirs
+(`drop_older_optimizer_state`; their trainer_state.json then says `"optimizer": null`, and a
+resume from one starts a fresh optimizer). Invariants: nothing is ever read with
+torch.load/pickle; a folder is written under a temporary name and renamed into place, so a
+crash never leaves a half-written checkpoint under the final name, and a crash at any point
+of a write leaves the previous complete checkpoint readable (a rewrite's displaced copy,
+`NAME.old`, stands for `NAME` until the new one is in place; see `write_atomically`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
-import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dorarl.errors import UserInputError
+from dorarl.run_layout import STATE_FILE, unfinished_writes, version_folders
 
-STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 TOKENIZER_FILES = (
@@ -215,31 +219,54 @@ def read_state(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-VERSION_FOLDER = re.compile(r"version_(\d+)")
-DISPLACED = re.compile(r"version_(\d+)\.old")
+def has_optimizer_state(folder: Path) -> bool:
+    """Whether a checkpoint holds its optimizer state (False once a newer one took it)."""
+    return read_state(folder).get("optimizer") is not None
 
 
-def checkpoint_version(path: Path) -> int | None:
-    """N for a checkpoint folder `version_N` (or its displaced copy `version_N.old`)."""
-    match = VERSION_FOLDER.fullmatch(path.name) or DISPLACED.fullmatch(path.name)
-    return int(match.group(1)) if match else None
+def drop_optimizer_state(folder: Path) -> None:
+    """Delete a checkpoint's optimizer state, the state file first (atomically, so a crash
+    midway leaves a checkpoint that says it has none, never one that lies)."""
+    from dorarl.trainer import shards
+
+    state = read_state(folder)
+    if state.get("optimizer") is not None:
+        state["optimizer"] = None
+        tmp = Path(folder) / f"{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, Path(folder) / STATE_FILE)
+    (Path(folder) / OPTIMIZER_FILE).unlink(missing_ok=True)
+    shutil.rmtree(Path(folder) / shards.SHARDS_DIR, ignore_errors=True)
 
 
-def version_folders(parent: Path) -> list[Path]:
-    """Complete checkpoints under `parent` (version_N with a state file), oldest first. A
-    .tmp is never one; a .old is, when a rewrite died before its version_N was back."""
-    found: dict[int, Path] = {}
-    for path in sorted(Path(parent).glob("version_*")):  # version_N sorts before its .old
-        version = checkpoint_version(path)
-        if version is not None and version not in found and (path / STATE_FILE).is_file():
-            found[version] = path
-    return [found[v] for v in sorted(found)]
+def drop_older_optimizer_state(parent: Path) -> list[Path]:
+    """Drop the optimizer state of every complete checkpoint under `parent` but the newest."""
+    older = [path for path in version_folders(parent)[:-1] if has_optimizer_state(path)]
+    for path in older:
+        drop_optimizer_state(path)
+    return older
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A checkpoint written: where, its size on disk, and the seconds its write took."""
+
+    path: str
+    bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        return f"checkpoint: {self.path} ({self.bytes / 1e9:.2f} GB, {self.seconds:.1f}s)"
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
 
 
 def prune(parent: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` checkpoints under `parent` (keep <= 0: none), and
     the `.tmp` folders of writes that died (the only writer calls this after its own)."""
-    for leftover in Path(parent).glob("version_*.tmp"):
+    for leftover in unfinished_writes(parent):
         shutil.rmtree(leftover)
     if keep <= 0:
         return []

@@ -186,7 +186,15 @@ class MoeConfig:
 
 @dataclass(kw_only=True)
 class TrainerConfig:
-    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate", "gt": 0})
+    lr: float | None = field(
+        default=1e-6,
+        metadata={
+            "help": "AdamW learning rate (None: by the model, in dorarl train: 2e-4 for the "
+            "shipped base; for a model folder 1e-5 under 1B parameters, 1e-6 from 1B up; a "
+            "resumed checkpoint's own)",
+            "gt": 0,
+        },
+    )
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -258,7 +266,8 @@ class TrainerConfig:
         default="cpu", metadata={"help": "torch device: cpu, or cuda (the GPU Ray assigns)"}
     )
     reference_path: str | None = field(
-        default=None, metadata={"help": "frozen reference for the KL (default: the initial model)"}
+        default=None,
+        metadata={"help": "frozen reference for the KL (default: the initial model)", "path": True},
     )
     loss: LossConfig = field(default_factory=LossConfig)
     moe: MoeConfig = field(default_factory=MoeConfig)

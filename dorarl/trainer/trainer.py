@@ -80,6 +80,8 @@ class Trainer:
         adapter_dir: str | Path | None = None,
     ):
         config.validate()
+        if config.lr is None:  # `dorarl train` chooses it by the model (jobs/model_defaults.py)
+            raise ValueError("TrainerConfig.lr: None is for dorarl train to choose; give a rate")
         self.config = config
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -181,7 +183,10 @@ class Trainer:
         )
         trainer.tokenizer_files = ckpt.read_tokenizer_files(folder) or trainer.tokenizer_files
         trainer.optimizer_steps = state["optimizer_steps"]
-        trainer._restore_optimizer(folder, state["optimizer"])
+        if state["optimizer"] is not None:
+            trainer._restore_optimizer(folder, state["optimizer"])
+        else:  # an older checkpoint: the newer one beside it took the optimizer state
+            log.warning("%s holds no optimizer state: AdamW starts afresh", folder)
         trainer._apply_hyperparameters()
         ckpt.restore_rng(ckpt.load_tensors(folder / ckpt.RNG_FILE), state["rng"])
         log.info("resumed %s at version %d", folder, trainer.version)

@@ -37,8 +37,8 @@ def bounded_leaves(cls: type, prefix: str = "") -> list[tuple[str, type, dict[st
         if dataclasses.is_dataclass(ftype):
             found += bounded_leaves(ftype, f"{prefix}{f.name}.")
         elif declared_bounds(f.metadata):
-            if get_origin(ftype) in (typing.Union, types.UnionType):  # an optional: its type
-                (ftype,) = [a for a in get_args(ftype) if a is not type(None)]
+            if get_origin(ftype) in (typing.Union, types.UnionType):  # its bounded type
+                (ftype,) = [a for a in get_args(ftype) if a in (int, float)]
             found.append((f"{prefix}{f.name}", ftype, declared_bounds(f.metadata)))
     return found
 

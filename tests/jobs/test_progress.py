@@ -1,5 +1,6 @@
 """Progress: staleness as a short histogram, an ETA, plain lines when not on a terminal, the
-newest evaluation (with mean@k and pass@k when it sampled)."""
+newest evaluation (with mean@k and pass@k when it sampled), the episodes an environment
+failed."""
 
 import io
 
@@ -41,6 +42,15 @@ def test_a_sampled_evaluation_shows_mean_and_pass_at_k():
         progress.update(_row(2), {0: {"version": 0, "accuracy": 0.1}, 2: sampled})
     (line,) = out.getvalue().splitlines()
     assert line.endswith("eval v2: 0.500 mean@4 0.375 pass@4 0.750")
+
+
+def test_episodes_an_environment_failed_are_counted_in_the_line():
+    out = io.StringIO()
+    with TrainProgress(2, console=Console(file=out, width=200)) as progress:
+        progress.update(_row(1) | {"env_errors": 0}, {})
+        progress.update(_row(2) | {"env_errors": 7}, {})
+    first, second = out.getvalue().splitlines()
+    assert "env errors" not in first and "  env errors 7" in second
 
 
 def test_progress_false_prints_nothing():

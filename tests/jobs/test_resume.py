@@ -109,7 +109,10 @@ def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_mod
     # from the run folder itself (its newest checkpoint, v3), into it: metrics continue, and
     # keeping two checkpoints prunes the older ones
     resumed = [f"resume={first}", "steps=4", "checkpoint_keep=2", "--out", str(first)]
+    history = {name: (first / name).read_bytes() for name in ("metrics.jsonl", "evaluations.jsonl")}
     assert train_main([*args, *resumed]) == 0
+    for name, earlier in history.items():  # appended to, never rewritten
+        assert (first / name).read_bytes().startswith(earlier), name
     metrics = _lines(first / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     kept = sorted(p.name for p in (first / "checkpoints").iterdir())
@@ -117,6 +120,7 @@ def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_mod
     # its summary and trace are the whole run's: both segments, every step once
     summary = json.loads((first / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["dropped_total"] == 0
+    assert {"0", "3", "4"} <= set(summary["eval"])  # from evaluations.jsonl, by version
     assert summary["consumed_tokens"] == sum(m["consumed_tokens"] for m in metrics)
     segments = summary["segments"]
     assert [(s["start_version"], s["end_version"], s["ended"]) for s in segments] == [

@@ -146,3 +146,14 @@ def test_roll_back_keeps_groups_filtered_before_the_checkpoint(tmp_path):
     assert [t["filtered_step"] for t in kept] == [0, 1, 2, 3]
     aside = [t for t in _lines(run / "rolled_back" / "trajectories.jsonl") if t.get("filtered")]
     assert [t["filtered_step"] for t in aside] == [4, 5]
+
+
+def test_roll_back_moves_later_evaluations_aside_and_tensorboard_keeps_the_rest(tmp_path):
+    run = _run_folder(tmp_path / "run", versions=6)
+    evaluations = [{"version": v, "accuracy": v / 10} for v in (0, 2, 4, 6)]
+    (run / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evaluations))
+    assert roll_back(run, 4)["evaluations"] == 1
+    assert [r["version"] for r in _lines(run / "evaluations.jsonl")] == [0, 2, 4]
+    assert [r["version"] for r in _lines(run / "rolled_back" / "evaluations.jsonl")] == [6]
+    # each kept evaluation at the step that made its version (v0: the first step's start)
+    assert _tensorboard_steps(run, "eval_accuracy") == [0, 1, 3]

@@ -208,7 +208,8 @@ def test_eval_samples_sample_at_the_runs_settings():
 
 
 def test_sampled_scores_reach_the_metrics_rows_and_the_summary():
-    from dorarl.jobs.evaluation import _attach_eval, eval_fields, sampled_eval_summary
+    from dorarl.jobs.evaluation import _attach_eval, eval_fields
+    from dorarl.record.evaluations import sampled_eval_summary
 
     evals = {0: {"version": 0, "accuracy": 0.25, "mean@4": 0.3, "pass@2": 0.4, "pass@4": 0.5}}
     row = {"step": 0, "version": 0, "new_version": 1}
@@ -272,4 +273,56 @@ def test_print_placement_shows_each_engines_kv_budget(tmp_path, capsys):
     assert cli_main(["train", *gpu_1, *long, "ray.gpu_memory_gb=24"]) == 0
     assert "engine0: does not fit: 0.3333 of 24.0 GB (8.00 GB) cannot hold" in (
         capsys.readouterr().out
+    )
+
+
+def _without_tokenizer(tmp_path, model_dir):
+    """A model folder whose weights came without their tokenizer files."""
+    folder = tmp_path / "no_tokenizer"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (model_dir / name).is_file():
+            (folder / name).write_bytes((model_dir / name).read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["task.env=nomodule_xyz:X"], "task.env: cannot import module 'nomodule_xyz'"),
+        (["task.agent=nomodule_xyz:f"], "task.agent: cannot import module 'nomodule_xyz'"),
+        (["task.env=dorarl.tasks.multiturn_sum:Nope"],
+         "task.env: module 'dorarl.tasks.multiturn_sum' has no 'Nope' (its environments: "
+         "MultiTurnSumEnv)"),
+        (["model=/nonexistent/model"], "model: no folder /nonexistent/model"),
+        (["task.name=jsonl", "task.path=/nonexistent/train.jsonl"],
+         "task.path: no such data file /nonexistent/train.jsonl"),
+    ],
+)  # fmt: skip
+def test_print_config_checks_what_a_run_reads(capsys, args, needle):
+    rc, err = _err(capsys, "--print-config", *args)
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"dorarl: error: {needle}"), err
+
+
+def test_a_model_folder_without_tokenizer_files_says_which_are_missing(
+    tmp_path, capsys, tiny_model_dir
+):
+    folder = _without_tokenizer(tmp_path, tiny_model_dir)
+    for args in (["--print-config"], ["--out", str(tmp_path / "run")]):
+        rc, err = _err(capsys, f"model={folder}", *args)
+        assert rc == 2 and len(err) == 1, err
+        assert err[0].startswith(f"dorarl: error: {folder}: cannot load a tokenizer: no ")
+        assert "tokenizer.json" in err[0] and "sentencepiece" not in err[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_print_config_says_what_the_rate_comes_to_for_the_model(capsys, tiny_model_dir, tmp_path):
+    assert cli_main(["train", "--print-config", f"model={tiny_model_dir}"]) == 0
+    printed = capsys.readouterr().out
+    (line,) = [line for line in printed.splitlines() if line.startswith("  lr:")]  # trainer.lr
+    assert line.startswith("  lr: null  # by the model: 1e-5 here (the default for a model")
+    path = tmp_path / "printed.yaml"
+    path.write_text(printed)  # the comment aside, it reads back as the same config
+    assert load_config(TrainConfig, path) == load_config(
+        TrainConfig, None, [f"model={tiny_model_dir}"]
     )

@@ -10,6 +10,7 @@ from tiny_model import gsm8k_rows, save_family_model
 
 from dorarl.cli import main as cli_main
 from dorarl.engine import Engine, EngineConfig
+from dorarl.jobs.evaluation import with_evaluations
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +35,7 @@ def test_qwen2_folder_trains_on_gsm8k_rows_through_the_chat_template(tmp_path):
     assert summary["steps"] == 3 and summary["dropped_total"] == 0 and len(metrics) == 3
     assert summary["reward_errors"] == 0
     assert set(summary["eval_sampled"]) == {"0", "3"}
+    metrics = with_evaluations(out)  # evaluations.jsonl joined to the steps, by version
     for row in (metrics[0], metrics[-1]):
         assert {"eval_accuracy", "eval_mean@2", "eval_pass@2"} <= set(row)
     assert all(m["response_len_max"] <= 32 for m in metrics)

@@ -43,6 +43,7 @@ def _segment(out, start, steps, *, stale=0, close=True, fallbacks=()):
     if close:
         summary = rec.close(2.0 * steps + 0.5)
         summary["eval"] = {str(start): 0.1 * start, str(start + steps): 0.1 * (start + steps)}
+        summary["env_errors"] = steps  # as the runtime adds it: one failed episode a step
         end_segment(folder, summary, "stopped" if start == 0 else "finished", EPOCH + 10 * start)
     return folder  # killed: what it leaves are the metrics rows it flushed, step by step
 
@@ -66,6 +67,7 @@ def test_summary_and_trace_of_a_stopped_then_resumed_run_cover_both_segments(tmp
     assert summary["mean_step_time_s"] == 2.0 and summary["rollout_only_share"] == 0.5
     assert summary["staleness"] == {"0": 2, "1": 3}
     assert summary["eval"] == {"0": 0.0, "2": 0.2, "5": 0.5}
+    assert summary["env_errors"] == 5  # the segments' failed episodes, summed
     assert (summary["eval_accuracy_first"], summary["eval_accuracy_last"]) == (0.0, 0.5)
     assert (summary["eval_version_first"], summary["eval_version_last"]) == (0, 5)
     ends = [
@@ -147,3 +149,19 @@ def test_the_runs_summary_keeps_its_engines_and_every_segments_fast_path_fallbac
     summary = write_run_records(tmp_path)
     assert summary["engines"] == {"0": {"attention": "torch", "fast_path_fallbacks": []}}
     assert summary["fast_path_fallbacks"] == [{"segment": 0, "instance": 0, **fell_back}]
+
+
+def test_the_runs_evaluations_come_from_its_evaluations_file_joined_by_version(tmp_path):
+    for start, steps in ((0, 2), (2, 2)):
+        folder = _segment(tmp_path, start, steps)
+        own = json.loads((folder / "summary.json").read_text())
+        del own["eval"]  # a segment's summary holds no evaluations: the run's file does
+        (folder / "summary.json").write_text(json.dumps(own))
+    rows = [{"version": 0, "accuracy": 0.1}, {"version": 2, "accuracy": 0.2, "mean@2": 0.3},
+            {"version": 2, "accuracy": 0.4, "mean@2": 0.5},  # the resumed start, again
+            {"version": 4, "accuracy": 0.6}, {"version": 9, "accuracy": 0.9}]  # fmt: skip
+    (tmp_path / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = write_run_records(tmp_path)
+    assert summary["eval"] == {"0": 0.1, "2": 0.4, "4": 0.6}  # v9: not in the history
+    assert summary["eval_sampled"] == {"2": {"mean@2": 0.5}}
+    assert (summary["eval_version_last"], summary["eval_accuracy_last"]) == (4, 0.6)

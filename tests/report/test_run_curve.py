@@ -41,12 +41,15 @@ def test_the_reward_curve_and_the_compare_plot_draw_each_point_at_the_same_versi
     from matplotlib.axes import Axes
 
     from dorarl.jobs.evaluation import finish_outputs
+    from dorarl.record.evaluations import append_evaluation
     from dorarl.report.convergence_plot import plot_convergence
 
     rows = [{"step": i, "version": i, "new_version": i + 1, "time_s": float(i + 1),
              "reward_mean": 0.1 * (i + 1)} for i in range(3)]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = {v: {"version": v, "accuracy": a} for v, a in ((0, 0.1), (2, 0.4), (3, 0.6))}
+    for result in evals.values():  # as the evaluator's results finish during the run
+        append_evaluation(tmp_path / "evaluations.jsonl", result)
     drawn, plot = [], Axes.plot
 
     def spy(ax, *args, **kwargs):  # the (x, y) of every line either figure draws

@@ -75,13 +75,58 @@ class FlakyEnv(Env):
         return EnvStep("", 1.0 if response else 0.0, True)
 
 
-def test_a_user_env_that_raises_ends_its_episodes_and_nothing_is_lost(tmp_path, monkeypatch):
-    # As a user would: the env's module is on the path of the driver and of Ray's workers
-    # (the evaluator plays episodes too).
+class DownEnv(Env):
+    """Its tool is down: every episode's first step raises."""
+
+    async def reset(self, prompt):
+        return " go"
+
+    async def step(self, response):
+        raise RuntimeError("the tool is down")
+
+
+def _env_on_path(monkeypatch) -> None:
+    """As a user would: the env's module is on the path of the driver and of Ray's workers
+    (the evaluator plays episodes too)."""
     path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)
-    summary, trajectories, _ = _run(
-        tmp_path, "steps=2", "eval.every=0", f"task.env={__name__}:FlakyEnv"
+
+
+def test_a_user_env_that_raises_ends_its_episodes_and_nothing_is_lost(
+    tmp_path, monkeypatch, caplog
+):
+    _env_on_path(monkeypatch)
+    summary, trajectories, metrics = _run(
+        tmp_path, "steps=2", "eval.every=0", f"task.env={__name__}:FlakyEnv", "record.text=true"
     )
     _audit(summary, trajectories, k=1)
     assert all(t["turns"] == 1 for t in trajectories)
+    failed = [t for t in trajectories if "error" in t]
+    assert failed and all(
+        t["error"] == "step raised RuntimeError: the tool is down" for t in failed
+    )
+    assert summary["env_errors"] >= len(failed) and summary["reward_errors"] == 0
+    assert metrics[-1]["env_errors"] == summary["env_errors"]
+    told = [r for r in caplog.records if "ended by its environment" in r.getMessage()]
+    # One line for training's first, one for each evaluation's (v0, the last): not one each.
+    assert 1 <= len(told) <= 3 < summary["env_errors"]
+    for t in trajectories:  # the prompt as the model saw it, each turn's reply in full
+        assert t["prompt"] and len(t["turn_texts"]) == 1 and t["turn_texts"][0]["reply"]
+
+
+def test_an_env_that_fails_every_episode_of_a_step_stops_the_run_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    from dorarl.cli import main as cli_main
+
+    _env_on_path(monkeypatch)
+    out = tmp_path / "run"
+    args = [*COMMON, "steps=3", "eval.every=0", f"task.env={__name__}:DownEnv", "--out", str(out)]
+    assert cli_main(["train", *args]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dorarl:")]
+    assert err == [err[0]] and err[0].startswith(
+        "dorarl: error: task.env: the environment failed every episode of step 0"
+    )
+    assert "the first with: step raised RuntimeError: the tool is down" in err[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["env_errors"] >= 4 and summary["steps"] == 1

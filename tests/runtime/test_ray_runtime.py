@@ -9,6 +9,7 @@ import ray
 from dorarl.config import load_config
 from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.evaluation import with_evaluations
 from dorarl.jobs.ray_run import run_ray, run_segment
 from dorarl.jobs.train import main as train_main
 from dorarl.jobs.workload import build_task, rollout_settings
@@ -20,6 +21,8 @@ from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts, _descri
 
 pytestmark = pytest.mark.slow
 
+DIRECT_LR = "trainer.lr=2e-4"
+"""A runtime driven directly is given its rate (run_ray chooses one by the model)."""
 COMMON = [
     "instances=3",
     "tbs=4",
@@ -106,6 +109,7 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     assert sum(m["overhead_s"]["load_balance"] for m in metrics) > 0
     migrated = [t for t in trajectories if t["migrations"] > 0]
     assert all(isinstance(t["behavior_version"], int) for t in migrated)
+    metrics = with_evaluations(out)  # evaluations.jsonl joined to the steps, by version
     assert metrics[0]["eval_accuracy"] is not None and metrics[-1]["eval_accuracy"] is not None
     assert (out / "reward_curve.png").exists()
     assert list((out / "checkpoints").iterdir())
@@ -183,7 +187,7 @@ def _dora_k1_runtime(
     are replaced."""
     folder = str(model_dir)
     overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", "steps=8", *extra]
-    config = load_config(TrainConfig, overrides=overrides)
+    config = load_config(TrainConfig, overrides=[*overrides, DIRECT_LR])
     task = build_task(config, folder)
     engine = EngineSpec(folder, config.engine)
     workers, trainer = start_workers(

@@ -7,7 +7,7 @@ import pytest
 import ray
 from hypothesis import given
 from hypothesis import strategies as st
-from test_ray_runtime import COMMON, _check_invariants, _read
+from test_ray_runtime import COMMON, DIRECT_LR, _check_invariants, _read
 
 from dorarl.config import load_config
 from dorarl.data import Group
@@ -111,7 +111,7 @@ def _runtime(
     With `kill_at`, the trainer dies when it publishes that version, before its checkpoint
     is queued (so the checkpoint is certainly unwritten); the dead actor joins `killed`."""  # fmt: skip
     folder = str(model_dir)
-    overrides = [f"model={folder}", *COMMON, "mode=dora", "K=1", f"steps={steps}"]
+    overrides = [f"model={folder}", *COMMON, DIRECT_LR, "mode=dora", "K=1", f"steps={steps}"]
     config = load_config(TrainConfig, overrides=overrides)
     task = build_task(config, folder)
     engine, trainer_spec = EngineSpec(folder, config.engine), TrainerSpec(folder, config.trainer)

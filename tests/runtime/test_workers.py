@@ -39,8 +39,10 @@ def _generate(worker: EngineWorker, rid: str) -> list[int]:
 
 def test_engine_reset_restores_base_weights_and_drops_requests(tiny_model_dir):
     dev = DeviceModel(decode_step_s=1e-4)
-    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64),
-                          pace=dev)  # fmt: skip
+    # the cache off: both rows prefill the same prompt in the first step (with it, the
+    # second waits for the first's prompt blocks)
+    config = EngineConfig(max_num_seqs=2, max_model_len=64, prefix_cache="off")
+    worker = EngineWorker(0, str(tiny_model_dir), config, pace=dev)
     fresh = _generate(worker, "a")
     noisy = {k: v + 0.5 * torch.randn_like(v) for k, v in worker.weights().items()}
     worker.load_weights(noisy, version=3)
@@ -97,6 +99,26 @@ def test_trainer_reset_restores_base_weights_version_and_optimizer(tiny_model_di
     assert metrics["version"] == 1.0  # a fresh optimizer step, numbered from the base
 
 
+def test_a_checkpoint_write_reports_its_size_and_leaves_the_optimizer_to_the_newest(
+    tiny_model_dir, tmp_path
+):
+    from dorarl.trainer.checkpoint import OPTIMIZER_FILE, folder_bytes, has_optimizer_state
+
+    worker = TrainerWorker(str(tiny_model_dir), TrainerConfig(lr=1e-2))
+    checkpoints = tmp_path / "checkpoints"
+    written = [
+        worker.save_checkpoint(str(checkpoints / f"version_{v:05d}"), {}, 2) for v in (1, 2, 3)
+    ]
+    assert [w.path for w in written] == [str(checkpoints / f"version_{v:05d}") for v in (1, 2, 3)]
+    newest, older = checkpoints / "version_00003", checkpoints / "version_00002"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["version_00002", "version_00003"]
+    assert has_optimizer_state(newest) and (newest / OPTIMIZER_FILE).is_file()
+    assert not has_optimizer_state(older) and not (older / OPTIMIZER_FILE).exists()
+    assert written[-1].bytes == folder_bytes(newest) > folder_bytes(older) > 0
+    line = written[-1].line()
+    assert line.startswith(f"checkpoint: {newest} (") and line.endswith("s)") and " GB, " in line
+
+
 def test_a_new_trainer_asked_for_a_version_it_has_not_made_yet_waits_for_it(tiny_model_dir):
     """A replacement trainer is asked (export_weights, on its weights thread) for the versions
     it replays before its first publish: it waits for them instead of refusing."""
@@ -137,8 +159,10 @@ def test_an_actor_on_cuda_without_a_plan_asks_ray_for_one_gpu():
 
 def test_a_paced_step_lasts_the_device_time_of_the_work_the_engine_reports(tiny_model_dir):
     dev = DeviceModel(decode_step_s=1e-3, prefill_token_s=1e-4, kv_token_s=1e-5)
-    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64),
-                          pace=dev)  # fmt: skip
+    # the cache off: both rows prefill the same prompt in the first step (with it, the
+    # second waits for the first's prompt blocks)
+    config = EngineConfig(max_num_seqs=2, max_model_len=64, prefix_cache="off")
+    worker = EngineWorker(0, str(tiny_model_dir), config, pace=dev)
     params = SamplingParams(max_new_tokens=3, temperature=0.0, stop_token_ids=[])
     worker.add([NewRequest(r, PROMPT, params) for r in ("a", "b")])
     charged = []

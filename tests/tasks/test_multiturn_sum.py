@@ -137,6 +137,19 @@ def test_the_shipped_multiturn_base_plays_episodes_through_the_engine(task):
     assert not engine.has_unfinished() and engine.stats().kv_blocks_used == 0
 
 
+def test_an_evaluation_counts_and_names_the_episodes_its_environment_failed():
+    from dorarl.engine import Engine, EngineConfig
+    from dorarl.tasks.assets import shipped_base_model
+    from dorarl.tasks.evaluate import evaluate
+
+    failing = make_task("multiturn_sum", seed=0)
+    failing.make_env = _Raises  # every episode's first step raises
+    engine = Engine.from_pretrained(shipped_base_model("multiturn_sum"), EngineConfig())
+    result = evaluate(engine, failing, max_prompts=4)
+    assert result["env_errors"] == result["n"] == 4 and result["accuracy"] == 0.0
+    assert result["env_error"] == "step raised RuntimeError: tool down"
+
+
 def test_each_turn_records_how_the_engine_ended_it(task):
     from dorarl.engine import Engine, EngineConfig, SamplingParams
     from dorarl.tasks.assets import shipped_base_model

@@ -191,3 +191,39 @@ def test_checkpoints_keep_the_tokenizer_after_the_folder_resumed_from_is_pruned(
     tokenizer = AutoTokenizer.from_pretrained(newest)
     assert tokenizer.decode(tokenizer("12+3")["input_ids"]).replace(" ", "").endswith("12+3")
     assert again.tokenizer_files == first.tokenizer_files != {}
+
+
+def test_an_older_checkpoint_drops_its_optimizer_state_and_resumes_with_a_fresh_one(
+    tiny_model_dir, tmp_path, make_groups, caplog
+):
+    from dorarl.trainer import checkpoint as ckpt
+
+    trainer = Trainer.from_pretrained(tiny_model_dir, _config())
+    trainer.train_step(make_groups(seed=1))
+    older = trainer.save_checkpoint(tmp_path / "version_00001")
+    trainer.train_step(make_groups(seed=2, version=1))
+    newest = trainer.save_checkpoint(tmp_path / "version_00002")
+    assert ckpt.drop_older_optimizer_state(tmp_path) == [older]
+    assert ckpt.drop_older_optimizer_state(tmp_path) == []  # done once
+    assert not (older / ckpt.OPTIMIZER_FILE).exists() and (newest / ckpt.OPTIMIZER_FILE).is_file()
+    assert json.loads((older / ckpt.STATE_FILE).read_text())["optimizer"] is None
+
+    exact, _ = Trainer.resume(newest, _config())
+    _assert_same_optimizer(trainer, exact)
+    with caplog.at_level("WARNING"):
+        fresh, _ = Trainer.resume(older, _config())
+    assert "holds no optimizer state: AdamW starts afresh" in caplog.text
+    assert fresh.version == 1 and fresh.optimizer_steps == 1 and not fresh.optimizer.state
+    assert fresh.train_step(make_groups(seed=3, version=1))["update_applied"] == 1.0
+
+
+def test_dropping_a_sharded_checkpoints_optimizer_state_takes_its_shards(tmp_path):
+    from dorarl.trainer import checkpoint as ckpt
+
+    folder = tmp_path / "version_00004"
+    (folder / "shards").mkdir(parents=True)
+    (folder / "shards" / "rank0.safetensors").write_bytes(b"x")
+    (folder / ckpt.STATE_FILE).write_text(json.dumps({"version": 4, "optimizer": {"a": 1}}))
+    ckpt.drop_optimizer_state(folder)
+    assert not (folder / "shards").exists() and not ckpt.has_optimizer_state(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [ckpt.STATE_FILE]

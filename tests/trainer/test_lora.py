@@ -177,7 +177,8 @@ def test_a_target_the_model_lacks_names_the_key(base_dir):
 
 
 def test_the_default_is_full_weight_training(base_dir):
-    config = load_config(TrainConfig).trainer
+    # The rate is dorarl train's to choose by the model (trainer.lr unset); given here.
+    config = load_config(TrainConfig, overrides=["trainer.lr=2e-4"]).trainer
     assert config.lora.rank == 0 and not config.lora.enabled
     trainer = Trainer.from_pretrained(base_dir, config)
     assert trainer.peft is None and all(p.requires_grad for p in trainer.model.parameters())

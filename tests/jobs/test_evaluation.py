@@ -1,0 +1,48 @@
+"""A run's evaluations are rows of evaluations.jsonl appended as they finish: the end of a
+run never rewrites metrics.jsonl, and every reader joins the two by version."""
+
+import json
+
+from dorarl.jobs.evaluation import finish_outputs
+from dorarl.report.run_curve import read_curve
+
+
+def _steps(path, n):
+    rows = [{"step": i, "version": i, "new_version": i + 1, "time_s": float(i + 1),
+             "reward_mean": 0.1 * i} for i in range(n)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_an_evaluation_finishing_after_its_step_appends_and_rewrites_no_metrics(tmp_path):
+    metrics, evaluations = tmp_path / "metrics.jsonl", tmp_path / "evaluations.jsonl"
+    _steps(metrics, 3)
+    evals = {0: {"version": 0, "accuracy": 0.25, "mean@4": 0.3, "pass@4": 0.5},
+             3: {"version": 3, "accuracy": 0.75, "mean@4": 0.6, "pass@4": 1.0}}  # fmt: skip
+    before = metrics.read_bytes()
+    evaluations.write_text(json.dumps(evals[0]) + "\n")  # v0's finished during the run
+    early = evaluations.read_bytes()
+    evaluations.write_text(early.decode() + json.dumps(evals[3]) + "\n")  # v3's after it
+    scalars = finish_outputs(tmp_path, evals, title="dora")  # the run ends
+    assert metrics.read_bytes() == before  # never rewritten
+    assert evaluations.read_bytes().startswith(early)
+    assert scalars == [
+        {"step": 0, "eval_accuracy": 0.25, "eval_mean@4": 0.3, "eval_pass@4": 0.5},
+        {"step": 2, "eval_accuracy": 0.75, "eval_mean@4": 0.6, "eval_pass@4": 1.0},
+    ]  # TensorBoard's: each at the step that made its version (v0: the first step's start)
+    assert [(p["version"], p["time_s"], p["accuracy"]) for p in read_curve(tmp_path)["eval"]] == [
+        (0, 0.0, 0.25),
+        (3, 3.0, 0.75),
+    ]
+    from dorarl.jobs.evaluation import with_evaluations  # one table's reader
+
+    joined = with_evaluations(tmp_path)
+    assert (joined[0]["eval_version"], joined[2]["eval_pass@4"]) == (0, 1.0)
+    assert "eval_accuracy" not in joined[1]
+
+
+def test_a_resumed_start_evaluated_again_wins_over_its_first_result(tmp_path):
+    _steps(tmp_path / "metrics.jsonl", 2)
+    rows = [{"version": 0, "accuracy": 0.1}, {"version": 2, "accuracy": 0.2},
+            {"version": 2, "accuracy": 0.3}]  # fmt: skip
+    (tmp_path / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [p["accuracy"] for p in read_curve(tmp_path)["eval"]] == [0.1, 0.3]
