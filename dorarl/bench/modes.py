@@ -40,13 +40,12 @@ from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.data.lengths import LengthDist, length_stats
 from dorarl.engine import EngineConfig
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.recorder import Recorder
 from dorarl.report.figures import mode_figures, paced_reliably
 from dorarl.report.timeline import plot_throughput, plot_timeline
 from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, start_workers
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.ray_runtime import RayRuntime, RolloutSettings
+from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.assets import shipped_base_model
 from dorarl.trainer import TrainerConfig
@@ -212,14 +211,6 @@ def run_mode(
     workers, trainer = actors
     ray.get([actor.reset.remote() for actor in [*workers, trainer]])
     controller = cfg.controller(mode, k)
-    recorder = Recorder(
-        out / name,
-        mode=mode,
-        k=controller.effective_K,
-        num_instances=cfg.instances,
-        slots_per_instance=cfg.slots,
-        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
-    )
     multi = cfg.workload.multi_turn
     rollout = RolloutSettings(
         temperature=1.0,
@@ -228,13 +219,15 @@ def run_mode(
         seed=cfg.seed,
         forced_lengths=None if multi else cfg.workload.dist(),
     )
-    runtime = RayRuntime(
-        controller, task, rollout, workers, trainer, recorder, steps_per_call=cfg.steps_per_call
-    )
+    plan = RayRunPlan(
+        controller, task, rollout, workers, trainer,
+        steps_per_call=cfg.steps_per_call, out_dir=out / name,
+    )  # fmt: skip
+    runtime = RayRuntime(plan)
     with load_window() as window:
         summary = runtime.run()
     load = [window.start[0], window.end[0]]
-    return summary | {"load_avg_1min": load}, recorder.steps
+    return summary | {"load_avg_1min": load}, runtime.recorder.steps
 
 
 # ---- the whole bench ---------------------------------------------------------------------

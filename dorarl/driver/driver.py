@@ -58,17 +58,17 @@ class Driver:
         self,
         config: ControllerConfig,
         recorder: Recorder,
-        executor: Executor,
+        executor: Callable[[Driver], Executor],
         clock: Callable[[], float],
         *,
         lengths: LengthDist | None = None,
         seed: int = 0,
         observers: Sequence[Observer] = (),
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.config = config
         self.controller = Controller(config)
         self.recorder = recorder
-        self.executor = executor
         self.now = clock  # seconds since the run started, the runtime's clock
         self.lengths, self.seed = lengths, seed  # forced response lengths, if any
         self.requests = RequestTable(config.instances)
@@ -76,8 +76,11 @@ class Driver:
         self.observers = list(observers)
         # polled by the loop: once true, nothing new is dispatched, the training step in
         # flight (if any) finishes and the run ends there (`stopped`)
-        self.should_stop: Callable[[], bool] = lambda: False
+        self.should_stop: Callable[[], bool] = should_stop or _never
         self.finished = self.stopped = False
+        # last: the runtime's machinery, made with this driver (its books are ready), which
+        # it answers to; no command reaches it before `start`
+        self.executor = executor(self)
         self._execute = self._command_table()
 
     # ---- the loop ------------------------------------------------------------------------
@@ -160,17 +163,17 @@ class Driver:
 
     # ---- commands ------------------------------------------------------------------------
     def _command_table(self) -> dict[type, Callable[[Any], None]]:
-        ex = self.executor
+        rollout, set_timer = self.executor.rollout, self.executor.set_timer
         return {
             Dispatch: self._dispatch,
-            LoadWeights: ex.load_weights,
+            LoadWeights: rollout.load_weights,
             Migrate: self._migrate,
             Interrupt: self._interrupt,
             Resume: self._resume,
-            Offload: ex.offload,
+            Offload: rollout.offload,
             Train: self._train,
             FilterGroup: self._filter,
-            SetTimer: lambda c: ex.set_timer(c.at),
+            SetTimer: lambda c: set_timer(c.at),
             Finish: self._finish,
         }
 
@@ -181,7 +184,7 @@ class Driver:
         specs = [self._spec(c, s, group.target_lengths[s]) for s in c.sample_indices]
         for spec in specs:
             self.requests.start(spec, c.instance_id)
-        self.executor.dispatch(c, specs)
+        self.executor.rollout.dispatch(c, specs)
 
     def _targets(self, group_id: int) -> list[int | None]:
         if self.groups.is_open(group_id):
@@ -200,19 +203,19 @@ class Driver:
         for rid in c.request_ids:
             if self.requests.live(rid):
                 self.requests.moving(rid)
-        self.executor.migrate(c)
+        self.executor.rollout.migrate(c)
 
     def _interrupt(self, c: Interrupt) -> None:
         for rid in c.request_ids:
             if self.requests.live(rid):
                 self.requests.park(rid)
-        self.executor.interrupt(c)
+        self.executor.rollout.interrupt(c)
 
     def _resume(self, c: Resume) -> None:
         for rid in c.request_ids:
             if self.requests.live(rid):
                 self.requests.place(rid, c.instance_id)
-        self.executor.resume(c)
+        self.executor.rollout.resume(c)
 
     def _train(self, c: Train) -> None:
         groups = [self.groups.take(gid) for gid in c.group_ids]
@@ -227,6 +230,10 @@ class Driver:
     def _finish(self, c: Finish) -> None:
         log.info("run finished at %.1fs: %s", self.now(), c.reason)
         self.finished = True
+
+
+def _never() -> bool:
+    return False
 
 
 def request_seed(seed: int, group_id: int, sample_index: int) -> int:

@@ -1,15 +1,19 @@
 """What a runtime supplies to the driver: how to carry out each command on its machinery.
 
 The driver decides nothing and executes nothing itself: for every command the controller
-returns it updates its own bookkeeping (requests, groups) and calls the executor, which
-performs the command on its engines and trainer (Ray actors, cost-model instances, ...).
-An executor answers later through the driver (`Driver.sample_done`, `migration_done`,
-`train_done`, `deliver`), from its own event source, with the events each command
-obliges (`dorarl.controller.commands`).
+returns it updates its own bookkeeping (requests, groups) and hands the command to the
+runtime's `Executor`: rollout commands to its engines (`Rollout`), Train to its trainer,
+SetTimer to its event source. The executor answers later through the driver
+(`Driver.sample_done`, `migration_done`, `train_done`, `deliver`), from its own event
+source, with the events each command obliges (`dorarl.controller.commands`). The driver
+makes its executor with itself (`Driver(..., executor=make)`: `make(driver)`), so the
+machinery has the driver it answers to from the start.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from dorarl.controller import Dispatch, Interrupt, LoadWeights, Migrate, Offload, Resume
@@ -17,7 +21,9 @@ from dorarl.data import Group
 from dorarl.driver.requests import RequestSpec
 
 
-class Executor(Protocol):
+class Rollout(Protocol):
+    """The engines' side: every command naming an instance."""
+
     def dispatch(self, command: Dispatch, requests: list[RequestSpec]) -> None:
         """Start `requests` (the command's samples, with their seeds and target lengths)."""
 
@@ -33,9 +39,14 @@ class Executor(Protocol):
 
     def offload(self, command: Offload) -> None: ...
 
-    def train(self, version: int, groups: list[Group]) -> None:
-        """Train `version` on `groups` (complete, in the Train's order); answer
-        `Driver.train_done`."""
 
-    def set_timer(self, at: float) -> None:
-        """Deliver `Timer` at or after `at`."""
+@dataclass(frozen=True)
+class Executor:
+    """Where the driver sends the commands it does not keep to itself."""
+
+    rollout: Rollout
+    train: Callable[[int, list[Group]], None]
+    """Train a version on its groups (complete, in the Train's order); answer
+    `Driver.train_done`."""
+    set_timer: Callable[[float], None]
+    """Deliver `Timer` at or after the time given."""

@@ -1,14 +1,14 @@
 """`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
 
 A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
-again), its runtime (`RayRuntime`), what happens at each new version (a periodic
-checkpoint before the controller hears of it; after it, the evaluation, scalars and
-progress of the step), and its end (the final checkpoint, the reward curve, this segment's
-summary, then the whole run's summary and trace rebuilt from its segments and its
-evaluations: dorarl.record.segments). Evaluation runs in its own actor on the versions it
-is asked for, so it never stalls rollout or training (each result is appended to
-evaluations.jsonl as it finishes); with `defer_eval` it runs after training, so it takes
-no CPU from a timed run either. `pace` turns on device emulation
+again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what happens at each new
+version (a periodic checkpoint before the controller hears of it; after it, the
+evaluation, scalars and progress of the step), and its end (the final checkpoint, the
+reward curve, this segment's summary, then the whole run's summary and trace rebuilt from
+its segments and its evaluations: dorarl.record.segments). Evaluation runs in its own
+actor on the versions it is asked for, so it never stalls rollout or training (each result
+is appended to evaluations.jsonl as it finishes); with `defer_eval` it runs after
+training, so it takes no CPU from a timed run either. `pace` turns on device emulation
 (dorarl.record.pacing) for the engines and the trainer.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,6 @@ from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
-from dorarl.record import Recorder
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
@@ -51,8 +51,9 @@ from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.placement import PlacedActors, check_fits, plan_placement
-from dorarl.runtime.ray_runtime import RayRuntime
+from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
 from dorarl.runtime.threads import share_threads
+from dorarl.runtime.trainer_client import StepHook
 from dorarl.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,16 @@ class RayActors:
         """A new trainer from `checkpoint`, or from where this run started (None)."""
         return spawn_trainer(self.trainer_spec.restored(checkpoint), self.pace, self.placed)
 
+    def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
+        """Replacing dead actors with these, within the config's budgets."""
+        return Restarts(
+            engines=config.ray.max_engine_restarts,
+            respawn_engine=self.respawn_engine,
+            trainer=config.ray.max_trainer_restarts,
+            respawn_trainer=self.respawn_trainer,
+            checkpoints=checkpoints,
+        )
+
 
 # ---- the run -----------------------------------------------------------------------------
 def _run(
@@ -194,28 +205,32 @@ def _run(
     stop: StopRequest | None,
 ) -> dict[str, Any]:
     """Run this segment; returns the whole run's summary."""
-    runtime = _runtime(config, point, out_dir, segment, task, actors)
-    start = runtime.controller.config.initial_version
+    plan = _plan(config, point, out_dir, segment, task, actors)
+    start = plan.controller.initial_version
     record = RunFolder(out_dir).evaluations
     evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval, record)
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     checkpoints = Checkpoints.of(config, out_dir)
-    runtime.on_publish = lambda version: checkpoints.periodic(runtime, version)
-    if stop is not None:
-        runtime.should_stop = stop.requested
+    episodes_key = "task.agent" if config.task.agent is not None else "task.env"
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-        episodes_key = "task.agent" if config.task.agent is not None else "task.env"
-        runtime.on_step = _step_hook(runtime, evals, scalars, progress, episodes_key)
+        # the hooks run once the runtime runs: `runtime` is bound by then
+        runtime = RayRuntime(
+            plan,
+            on_step=_step_hook(lambda: runtime, evals, scalars, progress, episodes_key),
+            on_publish=lambda version: checkpoints.periodic(runtime, version),
+            should_stop=stop.requested if stop is not None else None,
+        )
         summary = run_segment(runtime, out_dir, segment)
         results = _gather(runtime, evals, progress, checkpoints.off)
-    final = runtime.controller.resume_state()  # no step in flight once the run finished
+    final = runtime.driver.controller.resume_state()  # no step in flight once the run finished
     checkpoints.final(runtime, final)
-    title = f"{config.mode} (K={runtime.controller.config.effective_K})"
+    title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         scalars.log(row)
     scalars.close()
-    if runtime.stopped and stop is not None:
-        summary = dict(summary, stopped_by=stop.name, stopped_at_version=runtime.published)
+    if runtime.driver.stopped and stop is not None:
+        version = runtime.trainer_client.published
+        summary = dict(summary, stopped_by=stop.name, stopped_at_version=version)
         if checkpoints.resumable():
             summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, segment, summary, runtime)
@@ -234,8 +249,8 @@ def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, 
 def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
     try:
         summary = runtime.recorder.close(runtime.now())
-        summary["reward_errors"] = runtime.reward_errors
-        summary["env_errors"] = runtime.env_errors
+        summary["reward_errors"] = runtime.rollout.reward_errors
+        summary["env_errors"] = runtime.rollout.env_errors
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
     except Exception:  # the worker's failure is what must reach the user, not this one
@@ -247,62 +262,52 @@ def _clock_started(runtime: RayRuntime) -> float:
     return time.time() - runtime.now()
 
 
-def _runtime(
+def _plan(
     config: TrainConfig,
     point: ResumePoint | None,
     out_dir: Path,
     segment: Path,
     task: Task,
     actors: RayActors,
-) -> RayRuntime:
-    controller = config.controller_config(point)
-    recorder = Recorder(
-        out_dir,
-        mode=config.mode,
-        k=controller.effective_K,
-        num_instances=config.instances,
-        slots_per_instance=config.engine.max_num_seqs,
-        first_version=controller.initial_version,
-        overhead_kinds=RayRuntime.OVERHEAD_KINDS,
-        texts=trajectory_texts(task) if config.record.text else None,
-        records_dir=segment,
-    )
-    return RayRuntime(
-        controller,
+) -> RayRunPlan:
+    """This segment's run on `actors`, recorded in `out_dir` (its summary and trace in
+    `segment`)."""
+    return RayRunPlan(
+        config.controller_config(point),
         task,
         rollout_settings(config, task),
         actors.workers,
         actors.trainer,
-        recorder,
-        respawn=actors.respawn_engine,
-        max_restarts=config.ray.max_engine_restarts,
-        respawn_trainer=actors.respawn_trainer,
-        max_trainer_restarts=config.ray.max_trainer_restarts,
-        checkpoints=RunFolder(out_dir).checkpoints,
-        max_model_len=config.engine.max_model_len,
+        restarts=actors.restarts(config, RunFolder(out_dir).checkpoints),
         transport=config.weights.spec(
             config.engine.device, config.trainer.device, config.engine.dtype
         ),
+        max_model_len=config.engine.max_model_len,
+        out_dir=out_dir,
+        records_dir=segment,
+        texts=trajectory_texts(task) if config.record.text else None,
     )
 
 
 def _step_hook(
-    runtime: RayRuntime,
+    runtime_of: Callable[[], RayRuntime],
     evals: Evaluations,
     scalars: ScalarLogger,
     progress: TrainProgress,
     episodes_key: str,
-):  # noqa: ANN202 (the runtime's StepHook)
+) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
     warn when it cannot learn, stop when its environment (`episodes_key`) failed every
-    episode of it."""
-    signal = LearningSignal(texts_at=runtime.recorder.texts_path)
+    episode of it (`runtime_of()`: the runtime the hook is given to)."""
+    signal = LearningSignal()
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
+        runtime = runtime_of()
         if version in evals.wanted:  # a copy of the weights only for a version evaluated
-            evals.offer(version, runtime.weights_of(version))
+            evals.offer(version, runtime.weights.trainer_copy(version))
         scalars.log(row)
+        signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)
         progress.update(row, evals.finished())
         check_episodes(row["step"], groups, episodes_key)
@@ -314,10 +319,9 @@ def _gather(
     runtime: RayRuntime, evals: Evaluations, progress: TrainProgress, no_checkpoint: bool
 ) -> dict[int, dict[str, Any]]:
     """The evaluations: all of them, or a stopped run's finished ones (none waited for)."""
-    if runtime.stopped:
-        writing = (
-            "" if no_checkpoint else f": writing the checkpoint of version {runtime.published}"
-        )
+    if runtime.driver.stopped:
+        version = runtime.trainer_client.published
+        writing = "" if no_checkpoint else f": writing the checkpoint of version {version}"
         progress.note(f"stopped{writing}")
         return evals.finished()
     progress.note("final evaluation" + ("" if no_checkpoint else " and checkpoint"))
@@ -357,8 +361,8 @@ class Checkpoints:
     def periodic(self, runtime: RayRuntime, version: int) -> None:
         """Before the controller hears of `version` (its data position is the checkpoint's)."""
         self.report(wait=False)
-        if self.periodic_due(version, runtime.should_stop()):
-            self.pending.append(self._write(runtime, runtime.controller.resume_state()))
+        if self.periodic_due(version, runtime.driver.should_stop()):
+            self.pending.append(self._write(runtime, runtime.driver.controller.resume_state()))
 
     def final(self, runtime: RayRuntime, position: dict[str, Any]) -> None:
         """The end's checkpoint (none when off), waited for, and every write reported; the
@@ -370,10 +374,10 @@ class Checkpoints:
     def _write(self, runtime: RayRuntime, position: dict[str, Any]) -> ray.ObjectRef:
         """Queue a checkpoint of the published version, with the data position to resume
         at (through the runtime, which replays it on a new trainer if this one dies first)."""
-        version = runtime.published
+        version = runtime.trainer_client.published
         assert position["version"] == version, f"data position of v{position['version']}"
         folder = RunFolder(self.out_dir).checkpoint(version)
-        return runtime.save_checkpoint(folder, position, self.keep)
+        return runtime.trainer_client.save_checkpoint(folder, position, self.keep)
 
     def report(self, wait: bool) -> None:
         """One line for each periodic write finished (with `wait`: for each, once finished).
@@ -405,10 +409,10 @@ def _final_summary(
 ) -> dict[str, Any]:
     """Write the segment's summary; returns the whole run's (with the run's evaluations)."""
     summary = dict(summary)
-    summary["reward_errors"] = runtime.reward_errors
-    summary["env_errors"] = runtime.env_errors
+    summary["reward_errors"] = runtime.rollout.reward_errors
+    summary["env_errors"] = runtime.rollout.env_errors
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
-    ended = "stopped" if runtime.stopped else "finished"
+    ended = "stopped" if runtime.driver.stopped else "finished"
     end_segment(segment, summary, ended, _clock_started(runtime))
     return write_run_records(out_dir)

@@ -1,24 +1,23 @@
 """The Ray runtime's remote calls in flight, each waiting for its answer.
 
-Every call whose result the runtime acts on is submitted here with its kind and what it
-needs to act (`args`), and the incarnation of each engine instance at submission
-(`generations`: an instance's number goes up each time a dead actor is replaced), so a
-result from a replaced actor is recognised as stale. `ready` gives results in submission
-order: an actor runs its calls in that order, but Ray orders nothing across actors.
+Every call whose result the runtime acts on is one record here, of its own type: what it
+is (a stepping burst, a weight load, a migration; a training step, a replayed one, a
+checkpoint write) with the fields its answer needs, its answer's reference, when it was
+sent, and the incarnation of each engine instance then (`generations`: an instance's
+number goes up each time a dead actor is replaced), so a result from a replaced actor is
+recognised as stale. `ready` gives results in submission order: an actor runs its calls
+in that order, but Ray orders nothing across actors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
-ENGINE_KINDS = ("run", "load", "migrate")
-"""Calls on engine actors: a stepping burst, a weight load, a migration (export + import)."""
-
-TRAINER_KINDS = ("train", "replay", "save")
-"""Calls on the trainer actor."""
+from dorarl.controller import TRAINER
+from dorarl.runtime.trainer_log import SaveCall, TrainCall
 
 DEATHS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 """What a call raises when its actor (or one its arguments came from) is gone."""
@@ -40,32 +39,152 @@ def lives(answer: ray.ObjectRef, wait_s: float = ANSWER_WAIT_S) -> bool:
     return True
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class Call:
-    kind: str
-    args: tuple[Any, ...]
+    """A remote call in flight: its answer `ref`, when it was sent (the runtime's clock),
+    and each engine instance's incarnation then."""
+
     ref: ray.ObjectRef
     started: float
-    seq: int
     generations: tuple[int, ...] = ()
+
+    @property
+    def worker(self) -> str:
+        """The worker it ran on and what it did, for error messages."""
+        raise NotImplementedError
+
+
+# ---- calls on engine actors --------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class EngineCall(Call):
+    @property
+    def lands_on(self) -> int:
+        """The instance whose actor answers it."""
+        raise NotImplementedError
+
+    @property
+    def engines(self) -> tuple[int, ...]:
+        """Every instance whose actor it needs."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RunCall(EngineCall):
+    """A stepping burst on instance `iid`."""
+
+    iid: int
+
+    @property
+    def lands_on(self) -> int:
+        return self.iid
+
+    @property
+    def engines(self) -> tuple[int, ...]:
+        return (self.iid,)
+
+    @property
+    def worker(self) -> str:
+        return f"engine instance {self.iid} (decoding)"
+
+
+@dataclass(frozen=True)
+class LoadCall(EngineCall):
+    """Instance `iid` loads `version` from `source`: TRAINER or a peer instance."""
+
+    iid: int
+    version: int
+    source: int
+
+    @property
+    def lands_on(self) -> int:
+        return self.iid
+
+    @property
+    def engines(self) -> tuple[int, ...]:
+        return (self.iid,) if self.source == TRAINER else (self.iid, self.source)
+
+    @property
+    def worker(self) -> str:
+        return f"engine instance {self.iid} (weight load)"
+
+
+@dataclass(frozen=True)
+class MigrateCall(EngineCall):
+    """Requests `request_ids` move from `src` to `dst`: the source's export gives the ids it
+    exported (`exported`) and their `snapshots`, which the destination imports; with
+    `parcel` their KV goes over the group, outside the snapshots."""
+
+    src: int
+    dst: int
+    request_ids: tuple[str, ...]
+    exported: ray.ObjectRef
+    snapshots: ray.ObjectRef
+    parcel: bool
+
+    @property
+    def lands_on(self) -> int:
+        return self.dst
+
+    @property
+    def engines(self) -> tuple[int, ...]:
+        return (self.src, self.dst)
+
+    @property
+    def worker(self) -> str:
+        return f"engine instance {self.src} or {self.dst} (request migration)"
+
+
+# ---- calls on the trainer actor ----------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class TrainerCall(Call):
+    pass
+
+
+@dataclass(frozen=True)
+class StepCall(TrainerCall):
+    """The training step `step`, whose TrainDone is to come; `weights`, the version it
+    makes, as the weight transport publishes it."""
+
+    step: TrainCall
+    weights: Any
+
+    @property
+    def worker(self) -> str:
+        return f"the trainer (training step {self.step.version})"
+
+
+@dataclass(frozen=True)
+class ReplayCall(TrainerCall):
+    """A step a dead trainer made (its TrainDone delivered), made again by its successor."""
+
+    step: TrainCall
+    weights: Any
+
+    @property
+    def worker(self) -> str:
+        return f"the trainer (training step {self.step.version})"
+
+
+@dataclass(frozen=True)
+class CheckpointCall(TrainerCall):
+    """The checkpoint write `save`."""
+
+    save: SaveCall
+
+    @property
+    def worker(self) -> str:
+        return f"the trainer (checkpoint of version {self.save.version})"
+
+
+C = TypeVar("C", bound=Call)
 
 
 class CallTable:
     def __init__(self) -> None:
-        self._calls: dict[ray.ObjectRef, Call] = {}
-        self._seq = 0
+        self._calls: dict[ray.ObjectRef, Call] = {}  # in submission order (dicts keep it)
 
-    def submit(
-        self,
-        ref: ray.ObjectRef,
-        kind: str,
-        args: tuple[Any, ...],
-        started: float,
-        generations: tuple[int, ...] = (),
-    ) -> Call:
-        self._seq += 1
-        call = self._calls[ref] = Call(kind, args, ref, started, self._seq, generations)
-        return call
+    def submit(self, call: Call) -> None:
+        self._calls[call.ref] = call
 
     def ready(self, timeout: float) -> list[ray.ObjectRef]:
         """Calls whose answer is in (a result or an error), in submission order; waits up to
@@ -74,20 +193,21 @@ class CallTable:
         ready, _ = ray.wait(refs, num_returns=1, timeout=timeout)
         if ready:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        return sorted(ready, key=lambda ref: self._calls[ref].seq)
+        answered = set(ready)
+        return [ref for ref in refs if ref in answered]
 
     def take(self, ref: ray.ObjectRef) -> Call | None:
         """The call of `ref`, out of the table; None if it was dropped meanwhile."""
         return self._calls.pop(ref, None)
 
-    def drop(self, kinds: tuple[str, ...]) -> None:
-        """Forget every call of `kinds` (a dead trainer's: all replayed by its successor)."""
-        for ref in [ref for ref, call in self._calls.items() if call.kind in kinds]:
+    def drop(self, kind: type[Call]) -> None:
+        """Forget every call of `kind` (a dead trainer's: all replayed by its successor)."""
+        for ref in [ref for ref, call in self._calls.items() if isinstance(call, kind)]:
             del self._calls[ref]
 
-    def of_kind(self, kind: str) -> list[Call]:
+    def of_kind(self, kind: type[C]) -> list[C]:
         """The calls of `kind` in flight, in submission order."""
-        return sorted((c for c in self._calls.values() if c.kind == kind), key=lambda c: c.seq)
+        return [call for call in self._calls.values() if isinstance(call, kind)]
 
     def __len__(self) -> int:
         return len(self._calls)

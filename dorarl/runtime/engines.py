@@ -26,15 +26,15 @@ relief sees it like any request there.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import ray
 
 from dorarl.controller import (
     TRAINER,
-    ControllerConfig,
     Dispatch,
     InstanceStats,
     Interrupt,
@@ -45,9 +45,8 @@ from dorarl.controller import (
     WeightsLoaded,
 )
 from dorarl.driver import Driver, RequestSpec
-from dorarl.record import Recorder
 from dorarl.record.pacing import PaceTally
-from dorarl.runtime.calls import Call, CallTable, lives
+from dorarl.runtime.calls import CallTable, EngineCall, LoadCall, MigrateCall, RunCall, lives
 from dorarl.runtime.engine_worker import RunReport, WeightsReport
 from dorarl.runtime.rollout import RolloutPlan
 from dorarl.runtime.weights import WeightTransport
@@ -59,23 +58,27 @@ STEPS_PER_CALL = 8
 
 
 class EngineFleet:
+    """The engine actors by instance id (`workers`: a replaced one is the new actor), the
+    executor of the driver's rollout commands."""
+
     def __init__(
         self,
+        driver: Driver,
         workers: Sequence[Any],
-        config: ControllerConfig,
         calls: CallTable,
         weights: WeightTransport,
         plan: RolloutPlan,
         pace: PaceTally,
-        clock: Callable[[], float],
+        *,
         steps_per_call: int = STEPS_PER_CALL,
         max_model_len: int = 1 << 30,
     ) -> None:
+        self.driver = driver  # where answers go; its clock is the runtime's
         self.workers = list(workers)
         self.generations = [0] * len(self.workers)  # incarnation of each instance's actor
-        self.config, self.calls, self.weights, self.plan = config, calls, weights, plan
-        self.pace, self.now, self.steps_per_call = pace, clock, steps_per_call
-        self.driver: Driver | None = None  # set by the runtime: where answers go
+        self.calls, self.weights, self.plan, self.pace = calls, weights, plan, pace
+        self.now, self.recorder = driver.now, driver.recorder
+        self.steps_per_call = steps_per_call
         self._running: dict[int, ray.ObjectRef] = {}  # instance -> its queued `run` call
         self._kv_above = [False] * len(self.workers)
         self._parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> its abort's result
@@ -84,15 +87,6 @@ class EngineFleet:
         # that is moving or interrupted, carried out where it lands or resumes.
         self._held_back: dict[str, tuple[list[int] | None, str | None]] = {}
         self.max_model_len = max_model_len
-
-    @property
-    def _driver(self) -> Driver:
-        assert self.driver is not None, "EngineFleet.driver is set by its runtime"
-        return self.driver
-
-    @property
-    def recorder(self) -> Recorder:
-        return self._driver.recorder
 
     # ---- commands (the driver's Executor, engine part) ----------------------------------
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
@@ -110,8 +104,9 @@ class EngineFleet:
         else:  # metadata through Ray, KV over the group (dorarl.runtime.kv_transfer)
             ids, snapshots = src.export_kv.options(num_returns=2).remote(list(c.request_ids))
             ref = dst.import_parcel.remote(snapshots, src, *route)
-        args = (c.src, c.dst, c.request_ids, ids, snapshots, route is not None)
-        self._submit(ref, "migrate", args)
+        parcel = route is not None
+        call = MigrateCall(c.src, c.dst, c.request_ids, ids, snapshots, parcel, **self._sent(ref))
+        self.calls.submit(call)
 
     def interrupt(self, c: Interrupt) -> None:
         aborted = self.workers[c.instance_id].abort.remote(list(c.request_ids))
@@ -142,7 +137,7 @@ class EngineFleet:
         if source == TRAINER:  # the trainer may serve it no more: then a peer that hosts it
             source = self.holder(version, avoid=iid)
         ref = self._carry(iid, version, source)
-        self._submit(ref, "load", (iid, version, source))
+        self.calls.submit(LoadCall(iid, version, source, **self._sent(ref)))
 
     def holder(self, version: int, avoid: int, live: bool = False) -> int:
         """Who can serve `version` to instance `avoid`: the trainer while it still serves it,
@@ -151,7 +146,7 @@ class EngineFleet:
         transport a dead trainer's copies died with it."""
         if self.weights.has(version):
             return TRAINER
-        for peer in self._driver.controller.hosts(version):
+        for peer in self.driver.controller.hosts(version):
             if peer != avoid and (not live or self.alive(peer)):
                 return peer
         raise RuntimeError(f"no live copy of version {version} to load on instance {avoid}")
@@ -161,18 +156,18 @@ class EngineFleet:
         reaches it (no answer: the controller never saw the instance go)."""
         self._carry(iid, version, source)
 
-    def reimport(self, call: Call) -> None:
+    def reimport(self, call: MigrateCall) -> None:
         """Land a migration's snapshots (they outlive their source) on the current actor of
         its destination; the call keeps its source's incarnation and start time. A parcel's
         KV the source still holds is taken from it; gone with it, the requests re-prefill."""
-        src, dst, rids, ids, snapshots, parcel = call.args
-        if parcel:  # the KV the source holds comes as a Ray object: the new actor is outside
-            ref = self.workers[dst].import_parcel.remote(snapshots, self.workers[src], -1, "store")
+        dst = self.workers[call.dst]
+        if call.parcel:  # the KV the source holds comes as a Ray object: the new actor is outside
+            ref = dst.import_parcel.remote(call.snapshots, self.workers[call.src], -1, "store")
         else:
-            ref = self.workers[dst].import_.remote(snapshots)
+            ref = dst.import_.remote(call.snapshots)
         generations = list(call.generations)
-        generations[dst] = self.generations[dst]
-        self.calls.submit(ref, "migrate", call.args, call.started, tuple(generations))
+        generations[call.dst] = self.generations[call.dst]
+        self.calls.submit(dataclasses.replace(call, ref=ref, generations=tuple(generations)))
 
     def replace(self, iid: int, actor: Any) -> None:
         """A new actor for instance `iid`: a new incarnation, nothing queued on it yet."""
@@ -185,46 +180,44 @@ class EngineFleet:
         """Whether instance `iid`'s actor lives (one busy with a long call does)."""
         return lives(self.workers[iid].stats.remote())
 
-    def stale(self, call: Call) -> bool:
+    def stale(self, call: EngineCall) -> bool:
         """Whether the actor `call`'s result landed on has been replaced since."""
-        lands_on = call.args[1] if call.kind == "migrate" else call.args[0]
-        return call.generations[lands_on] != self.generations[lands_on]
+        return call.generations[call.lands_on] != self.generations[call.lands_on]
 
     def keep_running(self, iid: int) -> None:
         """Keep one stepping call queued on every instance that holds requests."""
         if self._runnable(iid) > 0 and iid not in self._running:
             ref = self.workers[iid].run.remote(self.steps_per_call)
             self._running[iid] = ref
-            self._submit(ref, "run", (iid,))
+            self.calls.submit(RunCall(iid, **self._sent(ref)))
 
     def running_call(self, iid: int) -> ray.ObjectRef | None:
         """The stepping call queued on `iid`, if any."""
         return self._running.get(iid)
 
-    def run_ended(self, call: Call) -> None:
-        """`call` (a run) is answered: queue the next one if the instance still holds work."""
-        iid = call.args[0]
-        if self._running.get(iid) == call.ref:
-            del self._running[iid]
-        self.keep_running(iid)
+    def run_ended(self, call: RunCall) -> None:
+        """`call` is answered: queue the next one if the instance still holds work."""
+        if self._running.get(call.iid) == call.ref:
+            del self._running[call.iid]
+        self.keep_running(call.iid)
 
     # ---- answers -------------------------------------------------------------------------
-    def on_run(self, report: RunReport, call: Call) -> None:
+    def on_run(self, report: RunReport, call: RunCall) -> None:
         iid = report.instance_id
         if self._running.get(iid) == call.ref:
             del self._running[iid]
         if report.pace is not None:
             self.pace.add("engine", report.pace)
         for output in report.finished:
-            if not self._driver.requests.live(output.request_id):
+            if not self.driver.requests.live(output.request_id):
                 log.warning("instance %d finished %s twice: ignored", iid, output.request_id)
                 continue
             if output.waits_env:
                 self._turn_ended(output)
                 continue
-            sample = self.plan.sample(self._driver.requests.spec(output.request_id), output)
+            sample = self.plan.sample(self.driver.requests.spec(output.request_id), output)
             self.recorder.reprefill(output.reprefill_tokens)
-            self._driver.sample_done(iid, sample)
+            self.driver.sample_done(iid, sample)
         self.recorder.prefill(
             iid, report.prefill_tokens, report.saved_tokens, report.stats.kv_blocks_cached
         )
@@ -233,29 +226,27 @@ class EngineFleet:
 
     def _report_kv(self, iid: int, report: RunReport) -> None:
         usage = report.stats.kv_usage
-        above = usage >= self.config.orchestrator.kv_offload_threshold
+        above = usage >= self.driver.config.orchestrator.kv_offload_threshold
         if above != self._kv_above[iid]:
             self._kv_above[iid] = above
             stats = report.stats
-            self._driver.deliver(
-                InstanceStats(iid, stats.running, stats.waiting, usage, self.now())
-            )
+            self.driver.deliver(InstanceStats(iid, stats.running, stats.waiting, usage, self.now()))
 
-    def on_loaded(self, report: WeightsReport, call: Call) -> None:
+    def on_loaded(self, report: WeightsReport, call: LoadCall) -> None:
         self.recorder.overhead("load_balance", self.now() - call.started)
-        self._driver.deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
+        self.driver.deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
 
-    def on_migrated(self, landed: list[str], call: Call, source_lost: bool = False) -> None:
+    def on_migrated(self, landed: list[str], call: MigrateCall, source_lost: bool = False) -> None:
         """The migration's requests `landed` on its destination. When its source was
         replaced since (or its snapshots are lost), the requests it kept start again on
         the destination: their reports, if any, went with the dead actor."""
-        src, dst, rids = call.args[:3]
+        src, dst, rids = call.src, call.dst, call.request_ids
         if source_lost or call.generations[src] != self.generations[src]:
-            kept = [r for r in rids if self._driver.requests.live(r) and r not in set(landed)]
-            self.start(dst, [self._driver.requests.spec(r) for r in kept])
+            kept = [r for r in rids if self.driver.requests.live(r) and r not in set(landed)]
+            self.start(dst, [self.driver.requests.spec(r) for r in kept])
             landed = [*landed, *kept]
         self.recorder.overhead("request_transfer", self.now() - call.started)
-        self._driver.migration_done(src, dst, rids, landed)
+        self.driver.migration_done(src, dst, rids, landed)
         self._release_held_back(landed)
         self.keep_running(dst)
 
@@ -274,7 +265,7 @@ class EngineFleet:
         if self.plan.episodes is None:
             return
         for rid, ids in self.plan.episodes.ready():
-            if not self._driver.requests.live(rid) or rid not in self._env_waiting:
+            if not self.driver.requests.live(rid) or rid not in self._env_waiting:
                 continue
             last = self.plan.episodes.last_output(rid)
             if ids is not None and _tokens(last) + len(ids) + 1 > self.max_model_len:
@@ -286,7 +277,7 @@ class EngineFleet:
     def _release_held_back(self, request_ids) -> None:
         """Carry out the env's answers for requests that sit still on an instance now; one
         that is moving or interrupted gets its answer where it lands or resumes."""
-        requests = self._driver.requests
+        requests = self.driver.requests
         for rid in request_ids:
             if rid not in self._held_back or not requests.live(rid):
                 continue
@@ -305,15 +296,15 @@ class EngineFleet:
         assert self.plan.episodes is not None
         state, last = self.plan.episodes.finish(rid, reason)
         self.workers[iid].end.remote([rid])
-        sample = self.plan.sample(self._driver.requests.spec(rid), last, episode=state)
-        self._driver.sample_done(iid, sample)
+        sample = self.plan.sample(self.driver.requests.spec(rid), last, episode=state)
+        self.driver.sample_done(iid, sample)
 
     def _runnable(self, iid: int) -> int:
         """Requests on `iid` a stepping call can advance (not waiting for their env)."""
-        held = self._driver.requests.held(iid)
+        held = self.driver.requests.held(iid)
         if not self._env_waiting:
             return held
-        requests = self._driver.requests
+        requests = self.driver.requests
         waiting = sum(1 for r in self._env_waiting if requests.instance_of(r) == iid)
         return held - waiting
 
@@ -322,8 +313,9 @@ class EngineFleet:
         peer = None if source == TRAINER else self.workers[source]
         return self.weights.load(self.workers[iid], version, peer)
 
-    def _submit(self, ref: ray.ObjectRef, kind: str, args: tuple[Any, ...]) -> None:
-        self.calls.submit(ref, kind, args, self.now(), tuple(self.generations))
+    def _sent(self, ref: ray.ObjectRef) -> dict[str, Any]:
+        """What every engine call records: its answer, now, each instance's incarnation."""
+        return {"ref": ref, "started": self.now(), "generations": tuple(self.generations)}
 
 
 def _tokens(output) -> int:

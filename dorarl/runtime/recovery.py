@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from dorarl.driver import Driver
-from dorarl.runtime.calls import DEATHS, ENGINE_KINDS, Call
+from dorarl.runtime.calls import DEATHS, Call, EngineCall, LoadCall, MigrateCall, RunCall
 from dorarl.runtime.engines import EngineFleet
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,15 @@ class InstanceRecovery:
 
     def recoverable(self, call: Call, exc: Exception) -> bool:
         return (
-            call.kind in ENGINE_KINDS
+            isinstance(call, EngineCall)
             and isinstance(exc, DEATHS)
             and self.driver.config.mode != "partial_rollout"
         )
 
-    def on_failure(self, call: Call) -> bool:
+    def on_failure(self, call: EngineCall) -> bool:
         """Replace the dead engines the failed call involved and redo its effect; False when
         the restart budget is spent (the caller stops the run)."""
-        for iid in _engines_of(call):
+        for iid in call.engines:
             if call.generations[iid] == self.fleet.generations[iid] and not self.fleet.alive(iid):
                 if self.restarts >= self.max_restarts:
                     return False
@@ -69,17 +69,17 @@ class InstanceRecovery:
         self.redo(call)
         return True
 
-    def redo(self, call: Call) -> None:
+    def redo(self, call: EngineCall) -> None:
         """Redo the effect of `call`, which failed or was answered by a replaced actor."""
-        if call.kind == "run":
-            self.fleet.run_ended(call)
-        elif call.kind == "load":
-            iid, version, _ = call.args
-            self.fleet.load(iid, version, self._source(version, avoid=iid))
-        elif self._exported(call):
-            self.fleet.reimport(call)
-        else:
-            self.fleet.on_migrated([], call, source_lost=True)
+        match call:
+            case RunCall():
+                self.fleet.run_ended(call)
+            case LoadCall(iid=iid, version=version):
+                self.fleet.load(iid, version, self._source(version, avoid=iid))
+            case MigrateCall() if _exported(call):
+                self.fleet.reimport(call)
+            case MigrateCall():
+                self.fleet.on_migrated([], call, source_lost=True)
 
     # ---- steps ---------------------------------------------------------------------------
     def _restart(self, iid: int) -> None:
@@ -95,25 +95,16 @@ class InstanceRecovery:
         self.fleet.start(iid, requests)
         self.driver.recorder.restarted(iid, len(requests), self.driver.now())
 
-    def _exported(self, call: Call) -> bool:
-        """Whether the migration's export ran (its snapshots exist): blocks until the
-        source has run it, or raises for a source that died first."""
-        ids = call.args[3]
-        try:
-            ray.get(ids)
-        except ray.exceptions.RayError:
-            return False
-        return True
-
     def _source(self, version: int, avoid: int) -> int:
         """The trainer if it still serves `version`, else a live peer that hosts it."""
         return self.fleet.holder(version, avoid, live=True)
 
 
-def _engines_of(call: Call) -> list[int]:
-    if call.kind == "run":
-        return [call.args[0]]
-    if call.kind == "load":
-        iid, _, source = call.args
-        return [iid] if source < 0 else [iid, source]
-    return [call.args[0], call.args[1]]  # migrate: src, dst
+def _exported(call: MigrateCall) -> bool:
+    """Whether the migration's export ran (its snapshots exist): blocks until the source
+    has run it, or raises for a source that died first."""
+    try:
+        ray.get(call.exported)
+    except ray.exceptions.RayError:
+        return False
+    return True

@@ -3,10 +3,10 @@
 A training step is one call returning the step's metrics and the new version as the
 `WeightTransport` publishes it (which makes the call: `step`), so a version whose step
 finished always has weights to load. Every call that changes the trainer's state goes
-through `submit_train` or `submit_save` and, with trainer recovery on, into its log
-(dorarl.runtime.trainer_log), so a new trainer can replay it. `on_publish` runs before
-the controller hears of a new version (a checkpoint then has the right data position);
-`on_step` after, with the step's metrics row and its groups.
+through `submit_step` or `submit_save` and, with trainer recovery on, into its `log`
+(dorarl.runtime.trainer_log), so a new trainer can replay it; a completed checkpoint cuts
+the log. `on_publish` runs before the controller hears of a new version (a checkpoint then
+has the right data position); `on_step` after, with the step's metrics row and its groups.
 """
 
 from __future__ import annotations
@@ -21,32 +21,42 @@ from dorarl.controller import TrainDone
 from dorarl.data import Group
 from dorarl.driver import Driver
 from dorarl.record.pacing import PaceStats, PaceTally
-from dorarl.runtime.calls import CallTable, lives
+from dorarl.runtime.calls import CallTable, CheckpointCall, ReplayCall, StepCall, lives
 from dorarl.runtime.rollout import RolloutPlan
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.weights import WeightTransport
 
 StepHook = Callable[[dict[str, Any], list[Group]], None]
+"""Called after each step's TrainDone with its metrics row and its groups."""
+
+PublishHook = Callable[[int], None]
+"""Called with each new version before the controller hears of it."""
 
 
 class TrainerClient:
+    """The trainer actor (`actor`: a replaced one is the new actor) and the newest version
+    it made (`published`), the executor of the driver's Train."""
+
     def __init__(
         self,
+        driver: Driver,
         actor: Any,
-        version: int,
         calls: CallTable,
         weights: WeightTransport,
         plan: RolloutPlan,
         pace: PaceTally,
-        clock: Callable[[], float],
+        *,
+        log: TrainerLog | None = None,
+        on_step: StepHook | None = None,
+        on_publish: PublishHook | None = None,
     ) -> None:
+        self.driver = driver  # where answers go; its clock is the runtime's
         self.actor = actor
-        self.published = version  # newest version the trainer made
-        self.calls, self.weights, self.plan, self.pace, self.now = calls, weights, plan, pace, clock
-        self.log: TrainerLog | None = None  # set when trainer recovery is on
-        self.on_publish: Callable[[int], None] | None = None
-        self.on_step: StepHook | None = None
-        self.driver: Driver | None = None  # set by the runtime: where answers go
+        self.published = driver.config.initial_version  # newest version the trainer made
+        self.calls, self.weights, self.plan, self.pace = calls, weights, plan, pace
+        self.now = driver.now
+        self.log = log  # with trainer recovery: what a new trainer replays
+        self.on_step, self.on_publish = on_step, on_publish
 
     def start(self) -> None:
         """Wait for the actor, and serve its starting weights as the first version."""
@@ -65,13 +75,17 @@ class TrainerClient:
     # ---- calls ---------------------------------------------------------------------------
     def train(self, version: int, groups: list[Group]) -> None:
         """Execute a Train (logged first, so a new trainer can make it again)."""
+        step = TrainCall(version, groups)
         if self.log is not None:
-            self.log.record(TrainCall(version, groups))
-        self.submit_train(version, groups)
+            self.log.record(step)
+        self.submit_step(step)
 
-    def submit_train(self, version: int, groups: list[Group], kind: str = "train") -> None:
-        metrics, weights = self.weights.step(self.actor, groups)
-        self.calls.submit(metrics, kind, (version, groups, weights), self.now())
+    def submit_step(self, step: TrainCall, replay: bool = False) -> None:
+        """Send `step` to the trainer; a `replay` makes again a step whose TrainDone was
+        delivered already."""
+        metrics, weights = self.weights.step(self.actor, step.groups)
+        kind = ReplayCall if replay else StepCall
+        self.calls.submit(kind(step, weights, ref=metrics, started=self.now()))
 
     def save_checkpoint(
         self, folder: str | Path, position: dict[str, Any], keep: int
@@ -82,23 +96,27 @@ class TrainerClient:
             self.log.record(call)
         return self.submit_save(call)
 
-    def submit_save(self, call: SaveCall) -> ray.ObjectRef:
-        ref = self.actor.save_checkpoint.remote(call.folder, call.position, call.keep)
-        self.calls.submit(ref, "save", (call,), self.now())
+    def submit_save(self, save: SaveCall) -> ray.ObjectRef:
+        ref = self.actor.save_checkpoint.remote(save.folder, save.position, save.keep)
+        self.calls.submit(CheckpointCall(save, ref=ref, started=self.now()))
         return ref
 
     # ---- answers -------------------------------------------------------------------------
-    def on_trained(self, metrics: dict[str, Any], call: Any) -> None:
-        version, groups, weights = call.args
-        self.published = version + 1
-        self.weights.publish(self.published, weights)
-        driver = self._driver
-        driver.recorder.step_metrics(self._step_metrics(metrics))
+    def on_trained(self, metrics: dict[str, Any], call: StepCall) -> None:
+        self.published = call.step.version + 1
+        self.weights.publish(self.published, call.weights)
+        recorder = self.driver.recorder
+        recorder.step_metrics(self._step_metrics(metrics))
         if self.on_publish is not None:  # before the controller can queue the next step
             self.on_publish(self.published)
-        driver.train_done(TrainDone(self.published, self.now()))
+        self.driver.train_done(TrainDone(self.published, self.now()))
         if self.on_step is not None:
-            self.on_step(driver.recorder.steps[-1], groups)
+            self.on_step(recorder.steps[-1], call.step.groups)
+
+    def on_saved(self, path: str, call: CheckpointCall) -> None:
+        """A checkpoint is complete: a new trainer would start from it (or a newer one)."""
+        if self.log is not None:
+            self.log.durable(call.save.version)
 
     def _step_metrics(self, metrics: dict[str, Any]) -> dict[str, Any]:
         metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
@@ -111,8 +129,3 @@ class TrainerClient:
         if self.pace.paced:
             metrics |= self.pace.take_step()
         return metrics
-
-    @property
-    def _driver(self) -> Driver:
-        assert self.driver is not None, "TrainerClient.driver is set by its runtime"
-        return self.driver

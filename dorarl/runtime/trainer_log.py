@@ -32,7 +32,7 @@ class SaveCall:
     keep: int = 0
 
 
-TrainerCall = TrainCall | SaveCall
+Logged = TrainCall | SaveCall
 
 
 class TrainerLog:
@@ -40,9 +40,9 @@ class TrainerLog:
 
     def __init__(self, base: int) -> None:
         self.base = base
-        self.calls: list[TrainerCall] = []
+        self.calls: list[Logged] = []
 
-    def record(self, call: TrainerCall) -> None:
+    def record(self, call: Logged) -> None:
         self.calls.append(call)
 
     def durable(self, version: int) -> None:
@@ -52,13 +52,13 @@ class TrainerLog:
         self.base = version
         self.calls = [c for c in self.calls if not _contained_in(c, version)]
 
-    def since(self, version: int) -> list[TrainerCall]:
+    def since(self, version: int) -> list[Logged]:
         """The calls that bring a trainer restored at `version` back to the lost one's state."""
         if version < self.base:
             raise RuntimeError(f"trainer log starts at v{self.base}, cannot replay from v{version}")
         return [c for c in self.calls if not _contained_in(c, version)]
 
 
-def _contained_in(call: TrainerCall, version: int) -> bool:
+def _contained_in(call: Logged, version: int) -> bool:
     """Whether a checkpoint of `version` already reflects `call`."""
     return call.version < version if isinstance(call, TrainCall) else call.version <= version

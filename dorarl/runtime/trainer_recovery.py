@@ -47,7 +47,7 @@ import ray
 
 from dorarl.record import Recorder
 from dorarl.run_layout import checkpoint_version, version_folders
-from dorarl.runtime.calls import DEATHS, TRAINER_KINDS, Call, CallTable
+from dorarl.runtime.calls import DEATHS, Call, CallTable, ReplayCall, TrainerCall
 from dorarl.runtime.trainer_client import TrainerClient
 from dorarl.runtime.trainer_group import RankDied
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
@@ -99,22 +99,22 @@ class TrainerRecovery:
     def __init__(
         self,
         trainer: TrainerClient,
+        log: TrainerLog,
         calls: CallTable,
         recorder: Recorder,
         respawn: Callable[[str | None], Any],
         checkpoints: Path | None,
         max_restarts: int,
     ) -> None:
-        self.trainer, self.calls, self.recorder = trainer, calls, recorder
+        self.trainer, self.log, self.calls, self.recorder = trainer, log, calls, recorder
         self.respawn = respawn  # folder to restore (None: the run's start point) -> actor
         self.checkpoints = checkpoints
         self.max_restarts = max_restarts
         self.start = trainer.published
-        self.log = trainer.log = TrainerLog(self.start)
         self.restarts = 0
 
     def recoverable(self, call: Call, exc: Exception) -> bool:
-        return call.kind in TRAINER_KINDS and trainer_died(exc)
+        return isinstance(call, TrainerCall) and trainer_died(exc)
 
     def on_failure(self, call: Call) -> bool:
         """Replace the dead trainer and replay its calls; False when the budget is spent."""
@@ -122,7 +122,7 @@ class TrainerRecovery:
             return False
         self.restarts += 1
         _kill(self.trainer.actor)  # a process half-alive must not write on
-        self.calls.drop(TRAINER_KINDS)  # answers of the dead actor: all replayed below
+        self.calls.drop(TrainerCall)  # answers of the dead actor: all replayed below
         lowest = max(self.start, self.log.base)
         found = newest_checkpoint(self.checkpoints, lowest, self.trainer.published)
         version, folder = found if found else (self.log.base, None)
@@ -146,21 +146,17 @@ class TrainerRecovery:
             if isinstance(call, SaveCall):
                 self.trainer.submit_save(call)
             elif call.version < self.trainer.published:  # its TrainDone was delivered already
-                self.trainer.submit_train(call.version, call.groups, "replay")
+                self.trainer.submit_step(call, replay=True)
                 replayed += 1
             else:  # the step in flight when the trainer died
-                self.trainer.submit_train(call.version, call.groups, "train")
+                self.trainer.submit_step(call)
         self.recorder.trainer_restarted(version, replayed, self.trainer.now())
 
     # ---- answers of the replacement ------------------------------------------------------
-    def on_replayed(self, metrics: dict[str, Any], call: Call) -> None:
+    def on_replayed(self, metrics: dict[str, Any], call: ReplayCall) -> None:
         """A step of a dead trainer made again: its version's weights are the new trainer's."""
-        version, _, weights = call.args
-        self.trainer.weights.replace(version + 1, weights)
-        self.check_replay(version, metrics)
-
-    def on_saved(self, path: str, call: Call) -> None:
-        self.log.durable(call.args[0].version)
+        self.trainer.weights.replace(call.step.version + 1, call.weights)
+        self.check_replay(call.step.version, metrics)
 
     def check_replay(self, version: int, metrics: dict[str, Any]) -> None:
         """Compare a replayed step with the original (the recorder's row of `version`)."""

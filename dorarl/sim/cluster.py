@@ -59,13 +59,14 @@ class SimCluster:
         cost: CostModel,
         prompt_len: int,
         recorder: Recorder,
+        driver: Driver,
         rewards: RewardModel | None = None,
         seed: int = 0,
     ) -> None:
         self.config, self.cost, self.prompt_len = config, cost, prompt_len
         self.recorder = recorder
+        self.driver = driver  # where answers go
         self.rewards, self.seed = rewards or RewardModel(), seed
-        self.driver: Driver | None = None  # set by the runtime: where answers go
         threshold = config.orchestrator.kv_offload_threshold
         self.instances = [
             SimInstance(i, cost, config.slots, threshold) for i in range(config.instances)
@@ -95,12 +96,12 @@ class SimCluster:
             inst = self.instances[item.instance_id]
             inst.version, inst.ready = item.version, True
             inst.cached_prompts.clear()  # the old version's prefix blocks are freed
-            self._driver.deliver(item)
+            self.driver.deliver(item)
         elif isinstance(item, TrainDone):
             self.published = item.new_version
-            self._driver.train_done(item)
+            self.driver.train_done(item)
         else:
-            self._driver.deliver(item)
+            self.driver.deliver(item)
 
     def known_requests(self) -> set[str]:
         """Every request this machinery holds (running, offloaded, parked or in transit)."""
@@ -112,11 +113,6 @@ class SimCluster:
     def _reward(self, req: SimRequest) -> float:
         rewards = self.rewards.group_rewards(self.seed, req.group_id, self.config.group_size)
         return rewards[req.sample_index]
-
-    @property
-    def _driver(self) -> Driver:
-        assert self.driver is not None, "SimCluster.driver is set by its runtime"
-        return self.driver
 
     def _push(self, at: float, item: Any) -> None:
         if not isinstance(item, Timer):
@@ -137,7 +133,7 @@ class SimCluster:
         inst.advance(self.now)
         for req in inst.pop_finished():
             sample = sample_of(req, req.prompt_index, self._reward(req))
-            self._driver.sample_done(inst.instance_id, sample)
+            self.driver.sample_done(inst.instance_id, sample)
         self._kv_housekeeping(inst)
         self._touch(inst)
 
@@ -171,7 +167,7 @@ class SimCluster:
         dst.incoming -= len(arrival.request_ids)
         self._touch(dst)
         moved = arrival.request_ids
-        self._driver.migration_done(arrival.src, arrival.dst, moved, moved)
+        self.driver.migration_done(arrival.src, arrival.dst, moved, moved)
 
     # ---- commands (Executor) -------------------------------------------------------------
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:

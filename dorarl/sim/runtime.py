@@ -27,7 +27,7 @@ from dorarl.controller import (
     parse_request_id,
 )
 from dorarl.data.lengths import LengthDist
-from dorarl.driver import Driver, Observer
+from dorarl.driver import Driver, Executor, Observer
 from dorarl.record import Recorder
 from dorarl.sim.cluster import SimCluster
 from dorarl.sim.cost import CostModel
@@ -50,6 +50,8 @@ class RunResult:
 
 
 class SimRuntime:
+    cluster: SimCluster  # made by the driver's `executor` (it answers to the driver)
+
     def __init__(
         self,
         config: ControllerConfig,
@@ -78,21 +80,25 @@ class SimRuntime:
             trace=trace,
             first_version=config.initial_version,
         )
-        self.cluster = SimCluster(
-            config, cost, lengths.prompt_len, self.recorder, rewards=rewards, seed=seed
-        )
         self.watchdog = _Watchdog(watchdog_events, lambda: self.cluster.now)
         observers = [self.watchdog] + ([observer] if observer is not None else [])
+
+        def machinery(driver: Driver) -> Executor:
+            """The cluster, made with the driver it answers to: the driver's executor."""
+            self.cluster = SimCluster(
+                config, cost, lengths.prompt_len, self.recorder, driver, rewards=rewards, seed=seed
+            )
+            return Executor(self.cluster, self.cluster.train, self.cluster.set_timer)
+
         self.driver = Driver(
             config,
             self.recorder,
-            self.cluster,
+            machinery,
             lambda: self.cluster.now,
             lengths=lengths,
             seed=seed,
             observers=observers,
         )
-        self.cluster.driver = self.driver
 
     @property
     def controller(self) -> Controller:

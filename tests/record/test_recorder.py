@@ -205,14 +205,19 @@ def test_a_run_reports_only_the_overheads_it_measures(tmp_path):
                  overhead_kinds=("gc",))  # fmt: skip
 
 
-def test_the_ray_runtime_refuses_a_recorder_that_would_report_free_cache():
+def test_the_ray_runtimes_own_recorder_refuses_free_cache():
+    """The Ray runtime builds its Recorder with the overheads it measures (no actor is
+    reached before `start`, so none is needed here)."""
     from dorarl.controller import ControllerConfig
-    from dorarl.runtime.ray_runtime import RayRuntime
+    from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, RolloutSettings
+    from dorarl.tasks import make_task
 
     assert "free_cache" not in RayRuntime.OVERHEAD_KINDS
-    rec = Recorder(None, mode="dora", k=1, num_instances=1, slots_per_instance=1)
-    with pytest.raises(ValueError, match="overhead_kinds=RayRuntime.OVERHEAD_KINDS"):
-        RayRuntime(ControllerConfig(), None, None, [], None, rec)
+    task = make_task("running_sum", seed=0)
+    rec = RayRuntime(RayRunPlan(ControllerConfig(), task, RolloutSettings(), [], None)).recorder
+    assert rec.overhead_kinds == RayRuntime.OVERHEAD_KINDS
+    with pytest.raises(ValueError, match="'free_cache' is not measured by this run"):
+        rec.overhead("free_cache", 0.0)
 
 
 def test_the_engines_setups_and_their_fast_path_fallbacks_reach_the_summary(tmp_path):

@@ -15,6 +15,7 @@ import ray
 from test_ray_runtime import _check_invariants, _dora_k1_runtime, _read
 
 from dorarl.controller import Migrate
+from dorarl.runtime.calls import MigrateCall
 from dorarl.runtime.local_ray import start_local_ray
 
 pytestmark = pytest.mark.slow
@@ -57,17 +58,17 @@ def test_a_migration_into_a_dead_engine_that_fails_before_the_sources_report(
         burst = runtime.engines.running_call(0)
         done_on_source = _finished_by(burst)  # finished there; the runtime does not know yet
         assert done_on_source
-        _kill(runtime.workers[1])
+        _kill(runtime.engines.workers[1])
         runtime.driver.execute(Migrate((done_on_source[0],), src=0, dst=1))
-        (migration,) = runtime.calls.of_kind("migrate")
-        assert migration.args[-1] == (transport == "collective")  # KV kept out of the store
+        (migration,) = runtime.calls.of_kind(MigrateCall)
+        assert migration.parcel == (transport == "collective")  # KV kept out of the store
         with caplog.at_level(logging.WARNING):
             runtime.answer(migration.ref)  # the failed import first, as Ray may deliver it
             assert runtime.engines.generations == [0, 1]  # engine 1 was replaced
             runtime.answer(burst)  # then the source's report
             summary = runtime.run()
         # the source held the KV for the dead destination until the replacement took it
-        assert ray.get(runtime.workers[0].held_tickets.remote()) == 0
+        assert ray.get(runtime.engines.workers[0].held_tickets.remote()) == 0
     finally:
         ray.shutdown()
     assert summary["engine_restarts"] == 1 and summary["steps"] == 8
@@ -88,12 +89,13 @@ def test_an_import_that_landed_on_an_engine_replaced_since(tmp_path, tiny_model_
         burst = runtime.engines.running_call(0)
         ray.wait([burst])
         finished = set(_finished_by(burst))
-        moving = [r for r in runtime.controller.instance(0).requests if r not in finished][:1]
+        requests = runtime.driver.controller.instance(0).requests
+        moving = [r for r in requests if r not in finished][:1]
         assert moving
         runtime.driver.execute(Migrate(tuple(moving), src=0, dst=1))
-        (migration,) = runtime.calls.of_kind("migrate")
+        (migration,) = runtime.calls.of_kind(MigrateCall)
         assert ray.get(migration.ref) == moving  # landed on engine 1
-        _kill(runtime.workers[1])
+        _kill(runtime.engines.workers[1])
         with caplog.at_level(logging.WARNING):
             runtime.answer(runtime.engines.running_call(1))  # queued before the import: done
             doomed = runtime.engines.running_call(1)  # queued on the dead actor

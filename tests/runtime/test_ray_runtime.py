@@ -14,11 +14,10 @@ from dorarl.jobs.ray_run import run_ray, run_segment
 from dorarl.jobs.train import main as train_main
 from dorarl.jobs.workload import build_task, rollout_settings
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.recorder import Recorder
 from dorarl.record.segments import open_segment
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, start_workers
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.ray_runtime import RayRuntime, _describe
+from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts, _describe
 
 pytestmark = pytest.mark.slow
 
@@ -181,7 +180,7 @@ def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_
 
 
 def _dora_k1_runtime(
-    model_dir, out=None, pace=None, max_restarts=0, *extra, records_dir=None
+    model_dir, out=None, pace=None, max_restarts=0, *extra, records_dir=None, on_step=None
 ) -> RayRuntime:
     """dora K=1 for 8 steps on 3 engines (`extra` overrides change that), driven directly so
     a test can reach in mid-run (local Ray must be up); with `max_restarts`, dead engines
@@ -194,33 +193,34 @@ def _dora_k1_runtime(
     workers, trainer = start_workers(
         config.instances, engine, TrainerSpec(folder, config.trainer), pace
     )
-    recorder = Recorder(
-        out, mode="dora", k=1, num_instances=config.instances, slots_per_instance=8,
-        overhead_kinds=RayRuntime.OVERHEAD_KINDS, records_dir=records_dir,
-    )  # fmt: skip
-    devices = (config.engine.device, config.trainer.device)
-    transport = config.weights.spec(*devices, config.engine.dtype)
-    return RayRuntime(
+    restarts = Restarts(
+        engines=max_restarts, respawn_engine=lambda i: spawn_engine(i, engine, pace)
+    )
+    transport = config.weights.spec(
+        config.engine.device, config.trainer.device, config.engine.dtype
+    )
+    plan = RayRunPlan(
         config.controller_config(None), task, rollout_settings(config, task), workers, trainer,
-        recorder, respawn=lambda i: spawn_engine(i, engine, pace),
-        max_restarts=max_restarts, transport=transport,
+        restarts=restarts, transport=transport, out_dir=out, records_dir=records_dir,
     )  # fmt: skip
+    return RayRuntime(plan, on_step=on_step)
 
 
 def test_a_dead_engine_stops_the_run_naming_it(tmp_path, tiny_model_dir):
     start_local_ray(num_cpus=2)
     try:
         segment = open_segment(tmp_path, 0, instances=3, slots=8)
-        runtime = _dora_k1_runtime(tiny_model_dir, tmp_path, records_dir=segment)
 
         def kill_instance_1(row, groups):
             if row["step"] == 1:
-                ray.kill(runtime.workers[1])
+                ray.kill(runtime.engines.workers[1])
 
-        runtime.on_step = kill_instance_1
+        runtime = _dora_k1_runtime(
+            tiny_model_dir, tmp_path, records_dir=segment, on_step=kill_instance_1
+        )
         with pytest.raises(WorkerFailed, match=r"^engine instance 1 \(.*\) failed: ActorDied"):
             run_segment(runtime, tmp_path, segment)
-        assert runtime.controller.counts()["steps_done"] < 8
+        assert runtime.driver.controller.counts()["steps_done"] < 8
     finally:
         ray.shutdown()
     # the failed segment is recorded as such, and the run's summary and trace with it
@@ -253,15 +253,14 @@ def test_a_dead_engine_is_replaced_and_the_run_completes(
     try:
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
         transport = f"weights.transport={transport}"  # collective: the replacement is outside
-        runtime = _dora_k1_runtime(tiny_model_dir, out, pace, 2, transport)
         killed = []
 
         def kill_once(row, groups):
             if row["step"] == 2 and not killed:
-                killed.append(runtime.workers[victim])
-                ray.kill(runtime.workers[victim])
+                killed.append(runtime.engines.workers[victim])
+                ray.kill(runtime.engines.workers[victim])
 
-        runtime.on_step = kill_once
+        runtime = _dora_k1_runtime(tiny_model_dir, out, pace, 2, transport, on_step=kill_once)
         summary = runtime.run()
     finally:
         ray.shutdown()

@@ -15,7 +15,6 @@ from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.workload import build_task, rollout_settings
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.recorder import Recorder
 from dorarl.runtime.actors import (
     EngineSpec,
     TrainerSpec,
@@ -24,7 +23,7 @@ from dorarl.runtime.actors import (
     start_workers,
 )
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.ray_runtime import RayRuntime
+from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
 from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.trainer_recovery import newest_checkpoint
 from dorarl.runtime.weights_config import TransportSpec
@@ -104,6 +103,7 @@ def _runtime(
     killed=None,
     kill_at=None,
     transport="object_store",
+    on_step=None,
 ) -> RayRuntime:
     """dora K=1 on 3 engines, driven directly so a test can kill actors mid-run; checkpoints
     every `every` versions under out/checkpoints, as `dorarl train` writes them. The first
@@ -116,8 +116,6 @@ def _runtime(
     task = build_task(config, folder)
     engine, trainer_spec = EngineSpec(folder, config.engine), TrainerSpec(folder, config.trainer)
     workers, trainer = start_workers(3, engine, trainer_spec, pace)
-    recorder = Recorder(out, mode="dora", k=1, num_instances=3, slots_per_instance=8,
-                        overhead_kinds=RayRuntime.OVERHEAD_KINDS)  # fmt: skip
     replacements = []
 
     def respawn_trainer(ckpt):
@@ -126,23 +124,26 @@ def _runtime(
             ray.kill(replacements[-1])
         return replacements[-1]
 
-    runtime = RayRuntime(
+    restarts = Restarts(
+        engines=2, respawn_engine=lambda i: spawn_engine(i, engine, pace),
+        trainer=trainer_restarts, respawn_trainer=respawn_trainer,
+        checkpoints=out / "checkpoints",
+    )  # fmt: skip
+    plan = RayRunPlan(
         config.controller_config(None), task, rollout_settings(config, task), workers, trainer,
-        recorder, respawn=lambda i: spawn_engine(i, engine, pace), max_restarts=2,
-        respawn_trainer=respawn_trainer,
-        max_trainer_restarts=trainer_restarts, checkpoints=out / "checkpoints",
-        transport=TransportSpec(kind=transport),
+        restarts=restarts, transport=TransportSpec(kind=transport), out_dir=out,
     )  # fmt: skip
 
     def on_publish(version):
+        trainer = runtime.trainer_client
         if version == kill_at and not killed:
-            killed.append(runtime.trainer)
-            _kill_and_wait(runtime.trainer)
+            killed.append(trainer.actor)
+            _kill_and_wait(trainer.actor)
         if version % every == 0 and version < steps:
-            position = runtime.controller.resume_state()
-            runtime.save_checkpoint(out / "checkpoints" / f"version_{version:05d}", position, 0)
+            position = runtime.driver.controller.resume_state()
+            trainer.save_checkpoint(out / "checkpoints" / f"version_{version:05d}", position, 0)
 
-    runtime.on_publish = on_publish
+    runtime = RayRuntime(plan, on_step=on_step, on_publish=on_publish)
     return runtime
 
 
@@ -172,11 +173,11 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
         runtime = _runtime(tiny_model_dir, out, pace, trainer_restarts=2, doomed_replacements=1,
                            killed=killed, kill_at=4, transport=transport)  # fmt: skip
         summary = runtime.run()
-        ray.get(runtime.save_checkpoint(out / "checkpoints" / "version_00008",
-                                        runtime.controller.resume_state(), 0))  # fmt: skip
+        ray.get(runtime.trainer_client.save_checkpoint(out / "checkpoints" / "version_00008",
+                runtime.driver.controller.resume_state(), 0))  # fmt: skip
     finally:
         ray.shutdown()
-    assert killed and runtime.trainer is not killed[0]
+    assert killed and runtime.trainer_client.actor is not killed[0]
     assert summary["steps"] == 8 and summary["trainer_restarts"] == 2
     assert summary["replayed_steps"] == 2 * 2  # v2 -> v3 -> v4 made again, twice
     assert summary["replay_mismatches"] == 0  # CPU training is deterministic: same versions
@@ -191,13 +192,12 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
 def test_a_dead_trainer_stops_the_run_when_restarts_are_off(tmp_path, tiny_model_dir):
     start_local_ray(num_cpus=2)
     try:
-        runtime = _runtime(tiny_model_dir, tmp_path / "run", None, trainer_restarts=0)
 
         def kill(row, groups):
             if row["step"] == 1:
-                ray.kill(runtime.trainer)
+                ray.kill(runtime.trainer_client.actor)
 
-        runtime.on_step = kill
+        runtime = _runtime(tiny_model_dir, tmp_path / "run", None, trainer_restarts=0, on_step=kill)
         with pytest.raises(WorkerFailed, match=r"^the trainer \(.*\) failed: ActorDied"):
             runtime.run()
     finally:
