@@ -19,7 +19,7 @@ stage 150 "bench engine-device --device cuda --shape qwen2.5-7b --quick" python3
 keep "$work/qwen2.5-7b/engine.json" engine-qwen2.5-7b.json
 keep "$work/qwen2.5-7b/engine.partial.json" engine-qwen2.5-7b.partial.json
 stage 60 "kv migration between two engine actors (test)" python3 -m pytest -q \
-  -p no:cacheprovider -rs tests/runtime/test_kv_transfer_cuda.py
+  -p no:cacheprovider -rs tests/runtime/transfer/test_kv_transfer_cuda.py
 stage 120 "bench migration" python3 -m dorarl.cli bench migration --device cuda \
   --shape qwen2-0.5b --out "$work/actor-migration"
 keep "$work/actor-migration/actor_migration.json" actor_migration.json

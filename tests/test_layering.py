@@ -79,7 +79,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def part_of(module: str) -> str:
-    """The top-level part a module belongs to ('dorarl.runtime.recovery' -> 'runtime')."""
+    """The top-level part a module belongs to ('dorarl.runtime.recovery.engine_recovery' -> 'runtime')."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "dorarl"
 

@@ -39,9 +39,9 @@ from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
-from dorarl.runtime.engine_worker import EngineWorker, NewRequest
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weight_group import GroupAddress, open_store, route
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
+from dorarl.runtime.transfer.weight_group import GroupAddress, open_store, route
+from dorarl.runtime.workers.engine_worker import EngineWorker, NewRequest
 from dorarl.sim.cost import kv_bytes_per_token
 
 CONTENDERS = ("object_store", "collective", "reprefill")

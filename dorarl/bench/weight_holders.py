@@ -3,7 +3,7 @@ as the trainer does and sinks that load them as engines do, through the same end
 
 They hold named tensors of a model's shape instead of a trainer and an engine, so a
 0.5B-parameter bench fits this machine's memory; every byte still goes through the
-runtime's own transports (dorarl.runtime.weights, dorarl.runtime.collective) and their
+runtime's own transports (dorarl.runtime.transfer.weights, dorarl.runtime.transfer.collective) and their
 endpoint functions, verified against the sender's manifest on every load.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from dorarl.bench.clock import process_cpu_s
-from dorarl.runtime import weight_endpoints as endpoints
-from dorarl.runtime.weight_endpoints import ServedVersions, WeightServing
-from dorarl.runtime.weight_group import (
+from dorarl.runtime.transfer import weight_endpoints as endpoints
+from dorarl.runtime.transfer.weight_endpoints import ServedVersions, WeightServing
+from dorarl.runtime.transfer.weight_group import (
     GroupAddress,
     Member,
     WeightGroup,
@@ -24,7 +24,7 @@ from dorarl.runtime.weight_group import (
     open_store,
     own_host,
 )
-from dorarl.runtime.weight_layout import Manifest, WeightsRefused
+from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], dtype: str, seed: int) -> dict:

@@ -31,9 +31,9 @@ from dorarl.bench.weight_holders import SinkHolder, SourceHolder
 from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.transports import make_transport
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.transfer.transports import make_transport
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
+from dorarl.runtime.transfer.weights_config import TransportSpec
 
 TRANSPORTS = ("object_store", "collective")
 MIN_PARAMS = 16_000_000

@@ -108,7 +108,7 @@ class KVCache:
     ) -> torch.Tensor:
         """A request's KV as a snapshot tensor `[2, layers, kv_heads, num_tokens, dim]`: on
         the CPU (pinned on cuda), or with `to_host=False` on this device (a transfer device to
-        device: dorarl.runtime.kv_transfer)."""
+        device: dorarl.runtime.transfer.kv_transfer)."""
         blocks = self.pool.index_select(2, self._index(device_blocks))
         tokens = self._to_tokens(blocks, num_tokens)
         return self.host_copy(tokens) if to_host else tokens

@@ -19,7 +19,7 @@ from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.ray_config import RayConfig
-from dorarl.runtime.weights_config import WeightsConfig
+from dorarl.runtime.transfer.weights_config import WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
 
 

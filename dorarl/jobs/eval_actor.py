@@ -18,9 +18,9 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.workload import eval_sampling
 from dorarl.record.evaluations import append_evaluation
 from dorarl.runtime.actors import actor_options
-from dorarl.runtime.eval_worker import EvalWorker
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.threads import ThreadPlan
+from dorarl.runtime.workers.eval_worker import EvalWorker
 from dorarl.tasks import Task
 
 log = logging.getLogger(__name__)

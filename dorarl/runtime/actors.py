@@ -16,10 +16,10 @@ import ray
 
 from dorarl.engine import EngineConfig
 from dorarl.record.pacing import DeviceModel
-from dorarl.runtime.engine_worker import EngineWorker
 from dorarl.runtime.placement import PlacedActors
-from dorarl.runtime.trainer_worker import TrainerWorker
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
+from dorarl.runtime.workers.engine_worker import EngineWorker
+from dorarl.runtime.workers.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig
 
 
@@ -70,7 +70,7 @@ def spawn_trainer(
     options = actor_options("trainer", spec.config.device, placed)
     worker, ranks = TrainerWorker, {}
     if spec.config.world_size > 1:
-        from dorarl.runtime.trainer_group import TrainerGroupWorker  # torch.distributed
+        from dorarl.runtime.workers.trainer_group import TrainerGroupWorker  # torch.distributed
 
         worker = TrainerGroupWorker
         ranks = {"rank_resources": placed.plan.resources_of("trainer_rank1") if placed else {}}
@@ -98,7 +98,7 @@ def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[
     the actor's only visible one, so `cuda` means it), none otherwise. CPU work is not
     reserved: instances share cores, which the benchmarks' pacing accounts for. Every actor
     has a `weights` concurrency group of one thread for weight sends
-    (dorarl.runtime.weight_endpoints)."""
+    (dorarl.runtime.transfer.weight_endpoints)."""
     return {**_resources(actor, device, placed), "concurrency_groups": {WEIGHTS_GROUP: 1}}
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import ray
 
 from dorarl.controller import TRAINER
-from dorarl.runtime.trainer_log import SaveCall, TrainCall
+from dorarl.runtime.recovery.trainer_log import SaveCall, TrainCall
 
 DEATHS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
 """What a call raises when its actor (or one its arguments came from) is gone."""

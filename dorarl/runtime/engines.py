@@ -8,7 +8,7 @@ crossings of the threshold (`InstanceStats`) and paced-compute figures. Weights 
 through the `WeightTransport`; a migration is an export on its source whose snapshots an
 import on its destination takes, by reference. With the collective transport the snapshots'
 KV stays out of them: the destination's import fetches it over the group from the source
-(`WeightTransport.kv_route`, dorarl.runtime.kv_transfer).
+(`WeightTransport.kv_route`, dorarl.runtime.transfer.kv_transfer).
 
 Each instance has an incarnation (`generations`), raised when recovery replaces its dead
 actor. A call's answer counts only if the actor it lands on is the incarnation it was
@@ -47,9 +47,9 @@ from dorarl.controller import (
 from dorarl.driver import Driver, RequestSpec
 from dorarl.record.pacing import PaceTally
 from dorarl.runtime.calls import CallTable, EngineCall, LoadCall, MigrateCall, RunCall, lives
-from dorarl.runtime.engine_worker import RunReport, WeightsReport
 from dorarl.runtime.rollout import RolloutPlan
-from dorarl.runtime.weights import WeightTransport
+from dorarl.runtime.transfer.weights import WeightTransport
+from dorarl.runtime.workers.engine_worker import RunReport, WeightsReport
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class EngineFleet:
         if route is None:  # snapshots and KV pickled through the object store
             ids, snapshots = src.export.options(num_returns=2).remote(list(c.request_ids))
             ref = dst.import_.remote(snapshots)
-        else:  # metadata through Ray, KV over the group (dorarl.runtime.kv_transfer)
+        else:  # metadata through Ray, KV over the group (dorarl.runtime.transfer.kv_transfer)
             ids, snapshots = src.export_kv.options(num_returns=2).remote(list(c.request_ids))
             ref = dst.import_parcel.remote(snapshots, src, *route)
         parcel = route is not None

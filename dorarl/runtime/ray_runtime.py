@@ -1,15 +1,15 @@
 """Ray runtime: the driver's commands executed by engine actors and a trainer actor.
 
 A run is a `RayRunPlan`; `RayRuntime` builds its parts from it, each with what it needs:
-its `Recorder`, the weights' transport (`transport` says which, dorarl.runtime.weights),
+its `Recorder`, the weights' transport (`transport` says which, dorarl.runtime.transfer.weights),
 and the `Driver` (controller, recorder and the run's books, exactly as in the simulator),
 which makes its executors with itself, so they answer to it: `EngineFleet` for rollout
 commands, `TrainerClient` for training. Its event source is a loop over `ray.wait` on the
 calls in flight (`CallTable`) and the controller's timers. It adds no policy: it places,
 moves, interrupts and trains what it is told. Paced workers (device emulation) report
 real compute against device time; every step's metrics carry both (`pace_engine`,
-`pace_train`). A dead engine is replaced (dorarl.runtime.recovery), and so is a dead
-trainer (dorarl.runtime.trainer_recovery).
+`pace_train`). A dead engine is replaced (dorarl.runtime.recovery.engine_recovery), and so is a dead
+trainer (dorarl.runtime.recovery.trainer_recovery).
 
 Jobs and tests use its parts: `driver` (the controller, `should_stop`, `stopped`),
 `engines` (the engine actors), `trainer_client` (the trainer actor, the `published`
@@ -51,14 +51,14 @@ from dorarl.runtime.calls import (
     TrainerCall,
 )
 from dorarl.runtime.engines import STEPS_PER_CALL, EngineFleet
-from dorarl.runtime.recovery import InstanceRecovery
+from dorarl.runtime.recovery.engine_recovery import InstanceRecovery
+from dorarl.runtime.recovery.trainer_log import TrainerLog
+from dorarl.runtime.recovery.trainer_recovery import TrainerRecovery
 from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
 from dorarl.runtime.trainer_client import PublishHook, StepHook, TrainerClient
-from dorarl.runtime.trainer_log import TrainerLog
-from dorarl.runtime.trainer_recovery import TrainerRecovery
-from dorarl.runtime.transports import make_transport
-from dorarl.runtime.weights import WeightTransport
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.transfer.transports import make_transport
+from dorarl.runtime.transfer.weights import WeightTransport
+from dorarl.runtime.transfer.weights_config import TransportSpec
 from dorarl.tasks import Task
 
 __all__ = ["STEPS_PER_CALL", "RayRunPlan", "RayRuntime", "Restarts", "RolloutSettings"]

@@ -14,8 +14,8 @@ from dorarl.data import Sample
 from dorarl.data.lengths import LengthDist
 from dorarl.driver import RequestSpec
 from dorarl.engine import RequestOutput, SamplingParams
-from dorarl.runtime.engine_worker import NewRequest
 from dorarl.runtime.episodes import Episodes
+from dorarl.runtime.workers.engine_worker import NewRequest
 from dorarl.tasks import Prompt, Task, score
 from dorarl.tasks.episodes import EpisodeState
 

@@ -4,7 +4,7 @@ A training step is one call returning the step's metrics and the new version as 
 `WeightTransport` publishes it (which makes the call: `step`), so a version whose step
 finished always has weights to load. Every call that changes the trainer's state goes
 through `submit_step` or `submit_save` and, with trainer recovery on, into its `log`
-(dorarl.runtime.trainer_log), so a new trainer can replay it; a completed checkpoint cuts
+(dorarl.runtime.recovery.trainer_log), so a new trainer can replay it; a completed checkpoint cuts
 the log. `on_publish` runs before the controller hears of a new version (a checkpoint then
 has the right data position); `on_step` after, with the step's metrics row and its groups.
 """
@@ -22,9 +22,9 @@ from dorarl.data import Group
 from dorarl.driver import Driver
 from dorarl.record.pacing import PaceStats, PaceTally
 from dorarl.runtime.calls import CallTable, CheckpointCall, ReplayCall, StepCall, lives
+from dorarl.runtime.recovery.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.rollout import RolloutPlan
-from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
-from dorarl.runtime.weights import WeightTransport
+from dorarl.runtime.transfer.weights import WeightTransport
 
 StepHook = Callable[[dict[str, Any], list[Group]], None]
 """Called after each step's TrainDone with its metrics row and its groups."""

@@ -10,8 +10,8 @@ from dorarl.config import ConfigError
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
-from dorarl.runtime.engine_worker import EngineWorker, NewRequest
-from dorarl.runtime.trainer_worker import TrainerWorker
+from dorarl.runtime.workers.engine_worker import EngineWorker, NewRequest
+from dorarl.runtime.workers.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig
 
 

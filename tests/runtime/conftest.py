@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from dorarl.runtime.weight_group import GroupAddress, WeightGroup, open_store
+from dorarl.runtime.transfer.weight_group import GroupAddress, WeightGroup, open_store
 
 
 @pytest.fixture(scope="module")

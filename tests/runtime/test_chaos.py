@@ -16,7 +16,7 @@ import pytest
 from test_ray_runtime import COMMON, _read
 
 from dorarl.jobs.train import main as train_main
-from dorarl.runtime.weights_config import WeightsConfig
+from dorarl.runtime.transfer.weights_config import WeightsConfig
 
 pytestmark = pytest.mark.slow
 

@@ -70,7 +70,7 @@ def _form_the_runs_groups() -> list:
     @ray.remote(num_cpus=0)
     class Member:
         def host_weights(self) -> tuple[str, int]:
-            from dorarl.runtime.weight_group import open_store, own_host
+            from dorarl.runtime.transfer.weight_group import open_store, own_host
 
             self.store, port = open_store(own_host(loopback=True), 30.0)
             return "127.0.0.1", port
@@ -78,7 +78,7 @@ def _form_the_runs_groups() -> list:
         def join_weights(self, address, rank: int) -> int:
             import torch
 
-            from dorarl.runtime.weight_group import WeightGroup
+            from dorarl.runtime.transfer.weight_group import WeightGroup
 
             store = self.store if rank == 0 else None
             self.weights = WeightGroup(address, rank, torch.device("cpu"), store)
@@ -98,7 +98,7 @@ def _form_the_runs_groups() -> list:
             self.group = join_group(rank, 2, store, "127.0.0.1", "cpu")
             return rank
 
-    from dorarl.runtime.weight_group import GroupAddress
+    from dorarl.runtime.transfer.weight_group import GroupAddress
 
     members = [Member.remote(), Member.remote()]
     host, port = ray.get(members[0].host_weights.remote())

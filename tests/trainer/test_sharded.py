@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import _make_groups  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 
-from dorarl.runtime.weight_layout import wire_tensors  # noqa: E402
+from dorarl.runtime.transfer.weight_layout import wire_tensors  # noqa: E402
 from dorarl.trainer import Trainer, TrainerConfig  # noqa: E402
 from dorarl.trainer.sharded import ShardedTrainer  # noqa: E402
 

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dorarl.runtime import fingerprint as module
-from dorarl.runtime.fingerprint import WIDTH, fingerprint, fingerprints
+from dorarl.runtime.transfer import fingerprint as module
+from dorarl.runtime.transfer.fingerprint import WIDTH, fingerprint, fingerprints
 
 pytestmark = pytest.mark.filterwarnings("error")  # torch's, e.g. an `out=` resized
 

@@ -24,9 +24,9 @@ from dorarl.runtime.actors import (
 )
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
-from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
-from dorarl.runtime.trainer_recovery import newest_checkpoint
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.recovery.trainer_log import SaveCall, TrainCall, TrainerLog
+from dorarl.runtime.recovery.trainer_recovery import newest_checkpoint
+from dorarl.runtime.transfer.weights_config import TransportSpec
 
 
 def _batch(version):

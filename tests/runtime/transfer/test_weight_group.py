@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from dorarl.runtime.weight_endpoints import layout, send_hosted
-from dorarl.runtime.weight_layout import (
+from dorarl.runtime.transfer.weight_endpoints import layout, send_hosted
+from dorarl.runtime.transfer.weight_layout import (
     WeightsRefused,
     allocate,
     build_manifest,

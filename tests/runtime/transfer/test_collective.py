@@ -13,14 +13,14 @@ import torch
 
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
-from dorarl.runtime.engine_worker import NewRequest
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.transports import make_transport
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.transfer.transports import make_transport
+from dorarl.runtime.transfer.weights_config import TransportSpec
+from dorarl.runtime.workers.engine_worker import NewRequest
 from dorarl.trainer import TrainerConfig
 
 _spec = importlib.util.spec_from_file_location(
-    "trainer_conftest", Path(__file__).resolve().parents[1] / "trainer" / "conftest.py"
+    "trainer_conftest", Path(__file__).resolve().parents[2] / "trainer" / "conftest.py"
 )
 _trainer_conftest = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_trainer_conftest)

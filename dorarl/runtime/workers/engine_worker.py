@@ -3,7 +3,7 @@
 Every method returns plain picklable data. Calls on one worker run in submission order
 (a Ray actor with one thread), which is what the controller's command ordering needs;
 only sends of its weights (or of migrated KV) to a peer run beside them, on the actor's
-`weights` concurrency group (dorarl.runtime.weight_endpoints, dorarl.runtime.kv_transfer).
+`weights` concurrency group (dorarl.runtime.transfer.weight_endpoints, dorarl.runtime.transfer.kv_transfer).
 Every weight load is checked against the sender's manifest before it is swapped in,
 whatever carried it, and the engine's own weights against it once copied. With a
 `DeviceModel`, every engine step lasts its device time (dorarl.record.pacing). On cuda the
@@ -36,11 +36,17 @@ from dorarl.engine import (
 from dorarl.engine.outputs import EngineSetup
 from dorarl.errors import UserInputError
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
-from dorarl.runtime import kv_transfer
-from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.threads import apply_threads
-from dorarl.runtime.weight_group import GroupAddress, Member, WeightGroup, device_key, share
-from dorarl.runtime.weight_layout import Manifest, WeightsRefused, flatten
+from dorarl.runtime.transfer import kv_transfer
+from dorarl.runtime.transfer import weight_endpoints as endpoints
+from dorarl.runtime.transfer.weight_group import (
+    GroupAddress,
+    Member,
+    WeightGroup,
+    device_key,
+    share,
+)
+from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused, flatten
 
 log = logging.getLogger(__name__)
 NO_VERSION = -1  # what an engine hosts whose weights failed their check after a copy
@@ -177,7 +183,7 @@ class EngineWorker:
             self.engine.import_request(snap)
         return [snap.request_id for snap in snapshots]
 
-    # ---- migrations whose KV travels over the group (dorarl.runtime.kv_transfer) ---------
+    # ---- migrations whose KV travels over the group (dorarl.runtime.transfer.kv_transfer) ---------
     def export_kv(self, request_ids: list[str]) -> tuple[list[str], kv_transfer.KVParcel]:
         """`export`, the KV kept here (on the device) under the parcel's ticket until the
         destination asks for it."""
@@ -312,7 +318,7 @@ class EngineWorker:
                 f"{stats.host_blocks_used} host KV blocks held with no request in flight"
             )
 
-    # ---- the weight-transfer group (dorarl.runtime.collective) ---------------------------
+    # ---- the weight-transfer group (dorarl.runtime.transfer.collective) ---------------------------
     def join_weights(self, address: GroupAddress, rank: int) -> Member:
         """Join the group (every member at once, at start-up)."""
         self.group = WeightGroup(address, rank, self.engine.device)

@@ -17,7 +17,7 @@ the group still has one version. Then the failed call's effect is redone:
   requests start again on the destination from their prompts. Requests that finished on
   the source first stay reported from there (`EngineFleet.on_migrated`).
 
-The trainer dying (dorarl.runtime.trainer_recovery), an engine raising (a bug, not a lost
+The trainer dying (dorarl.runtime.recovery.trainer_recovery), an engine raising (a bug, not a lost
 process), partial rollout (its parked requests' snapshots may be gone), or more restarts
 than allowed stop the run instead. Uses the fleet's, the driver's and the controller's
 public views only.

@@ -8,8 +8,8 @@ import torch
 from transformers import LlamaConfig
 
 from dorarl.engine import Engine, EngineConfig, SamplingParams
-from dorarl.runtime import kv_transfer
-from dorarl.runtime.weight_group import KV_TAG, BucketShape
+from dorarl.runtime.transfer import kv_transfer
+from dorarl.runtime.transfer.weight_group import KV_TAG, BucketShape
 
 CONFIG = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=128, vocab_size=128)  # fmt: skip

@@ -1,7 +1,7 @@
 """The trainer as a runtime worker: one optimizer step per call, weights out for transfer.
 
 A plain class; the Ray runtime wraps it in an actor. Each version is published as the
-transport asks (`WeightServing`, dorarl.runtime.weight_endpoints): a manifest with the
+transport asks (`WeightServing`, dorarl.runtime.transfer.weight_endpoints): a manifest with the
 fingerprint of every tensor, computed on the trainer's device, and either CPU copies put
 once in the object store for every loader to share, or flat buckets kept here that the
 `weights` concurrency group sends to the engines that ask, beside the next training step.
@@ -22,10 +22,10 @@ import torch
 
 from dorarl.data import Group
 from dorarl.record.pacing import DeviceModel, Pacer
-from dorarl.runtime import weight_endpoints as endpoints
 from dorarl.runtime.threads import apply_threads
-from dorarl.runtime.weight_endpoints import ServedVersions, WeightServing
-from dorarl.runtime.weight_group import (
+from dorarl.runtime.transfer import weight_endpoints as endpoints
+from dorarl.runtime.transfer.weight_endpoints import ServedVersions, WeightServing
+from dorarl.runtime.transfer.weight_group import (
     GroupAddress,
     Member,
     WeightGroup,
@@ -33,7 +33,7 @@ from dorarl.runtime.weight_group import (
     open_store,
     own_host,
 )
-from dorarl.runtime.weight_layout import Manifest
+from dorarl.runtime.transfer.weight_layout import Manifest
 from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer.config import TrainerConfig
 
@@ -120,7 +120,7 @@ class TrainerWorker:
         of live parameters are copied before the next step changes them)."""
         return self.trainer.named_tensors(on_device=True)
 
-    # ---- the weight-transfer group (dorarl.runtime.collective) ---------------------------
+    # ---- the weight-transfer group (dorarl.runtime.transfer.collective) ---------------------------
     def open_weight_store(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
         """Host the group's store (rank 0) on a free port; returns its address."""
         host = own_host(loopback)

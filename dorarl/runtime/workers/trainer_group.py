@@ -6,10 +6,10 @@ step through the object store (each trains its own share: dorarl.trainer.sharded
 its own share; the collectives keep the ranks in step. Weights and checkpoints are
 gathered and written through rank 0. A rank that dies or raises fails rank 0's call with
 one line naming that rank; a death (of any rank) restarts the whole group from the newest
-checkpoint and replays the steps since (dorarl.runtime.trainer_recovery), a rank that
+checkpoint and replays the steps since (dorarl.runtime.recovery.trainer_recovery), a rank that
 raises stops the run with the resume command.
 The sharded trainer and its process group are imported inside the actors, as in
-dorarl.runtime.trainer_worker (engines handed rank 0's handle import this module).
+dorarl.runtime.workers.trainer_worker (engines handed rank 0's handle import this module).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from ray.exceptions import RayActorError, RayTaskError
 from dorarl.data import Group
 from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.threads import apply_threads
-from dorarl.runtime.trainer_worker import TrainerWorker
-from dorarl.runtime.weight_group import LOOPBACK, alive_nodes, own_host
+from dorarl.runtime.transfer.weight_group import LOOPBACK, alive_nodes, own_host
+from dorarl.runtime.workers.trainer_worker import TrainerWorker
 from dorarl.trainer.config import TrainerConfig
 
 DEATH_WAIT_S = 30.0  # how long rank 0, its own collective broken, waits to learn which rank died
@@ -38,7 +38,7 @@ class RankFailed(RuntimeError):
 
 class RankDied(RankFailed):
     """A trainer rank other than 0 died: the group is restarted, as a dead rank 0 is
-    (dorarl.runtime.trainer_recovery)."""
+    (dorarl.runtime.recovery.trainer_recovery)."""
 
 
 def build_rank(model_folder: str, config: TrainerConfig, group, resume_from: str | None):

@@ -6,7 +6,7 @@ tensors under a ticket (`HeldKV`) until the destination's import call asks for t
 the group point to point on its KV tag (gloo on the CPU, NCCL between GPUs, device to
 device), through CUDA IPC when both engines share a GPU, or as a Ray object for a
 replacement destination outside the group (`via="store"`). As for weight loads
-(dorarl.runtime.weight_endpoints), the receiver asks the source's one-thread `weights`
+(dorarl.runtime.transfer.weight_endpoints), the receiver asks the source's one-thread `weights`
 concurrency group to send, then posts its receives: a source never waits on a busy
 receiver, and a pair's weight and KV transfers never interleave.
 
@@ -29,8 +29,14 @@ import torch
 
 from dorarl.engine import RequestSnapshot
 from dorarl.runtime.calls import DEATHS
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP, sender_death
-from dorarl.runtime.weight_group import KV_TAG, BucketShape, WeightGroup, open_shared, share
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP, sender_death
+from dorarl.runtime.transfer.weight_group import (
+    KV_TAG,
+    BucketShape,
+    WeightGroup,
+    open_shared,
+    share,
+)
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.engine.weights import unpack
 from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.actors import actor_options
-from dorarl.runtime.engine_worker import NO_VERSION, EngineWorker, NewRequest
-from dorarl.runtime.trainer_worker import TrainerWorker
-from dorarl.runtime.weight_endpoints import WeightServing
-from dorarl.runtime.weight_layout import WeightsRefused, build_manifest, wire_tensors
+from dorarl.runtime.transfer.weight_endpoints import WeightServing
+from dorarl.runtime.transfer.weight_layout import WeightsRefused, build_manifest, wire_tensors
+from dorarl.runtime.workers.engine_worker import NO_VERSION, EngineWorker, NewRequest
+from dorarl.runtime.workers.trainer_worker import TrainerWorker
 from dorarl.trainer import TrainerConfig
 
 PROMPT = [1, 5, 6, 7]
@@ -140,8 +140,8 @@ def test_an_engine_handed_the_trainers_handle_imports_none_of_the_trainer():
     trainer's (each load over the group) must not load the trainer's code (it took 1.8 s
     and 200 MB, and made each engine's first collective load 1.1-1.8 s)."""
     probe = (
-        "import sys, dorarl.runtime.engine_worker; before = set(sys.modules); "
-        "import dorarl.runtime.trainer_worker, dorarl.runtime.trainer_group; "
+        "import sys, dorarl.runtime.workers.engine_worker; before = set(sys.modules); "
+        "import dorarl.runtime.workers.trainer_worker, dorarl.runtime.workers.trainer_group; "
         "print(' '.join(sorted(set(sys.modules) - before)))"
     )
     added = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

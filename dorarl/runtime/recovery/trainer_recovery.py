@@ -3,7 +3,7 @@
 Design (checkpoint + replay log). The runtime logs every call that changes the trainer's
 state, in submission order: each training step with its batch (`TrainCall`) and each
 checkpoint write with its data position (`SaveCall`). The log is cut each time a checkpoint
-write is known complete (`TrainerLog.durable`, dorarl.runtime.trainer_log), so it holds exactly the calls since the
+write is known complete (`TrainerLog.durable`, dorarl.runtime.recovery.trainer_log), so it holds exactly the calls since the
 newest durable checkpoint. When the trainer's process dies (with trainer.world_size > 1:
 any rank's; the whole group is replaced), a new trainer starts from the
 newest complete checkpoint under the run's `checkpoints/` (or from the run's start point:
@@ -12,7 +12,7 @@ logged calls are re-submitted after it, in order, before anything else reaches i
 module talks to the trainer side of the runtime only (`TrainerClient`, the call table).
 
 What this gives, and what a test checks:
-- The controller is told nothing, as for a dead engine (dorarl.runtime.recovery): from its
+- The controller is told nothing, as for a dead engine (dorarl.runtime.recovery.engine_recovery): from its
   side a training step took longer. Its ledger, its decisions and hence exactly-once
   consumption and Eq. 1 (every consumed group: 0 <= train_version - behaviour_version <= K)
   are those of a run without the fault. Groups sampled and not yet trained on never leave
@@ -48,9 +48,9 @@ import ray
 from dorarl.record import Recorder
 from dorarl.run_layout import checkpoint_version, version_folders
 from dorarl.runtime.calls import DEATHS, Call, CallTable, ReplayCall, TrainerCall
+from dorarl.runtime.recovery.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.trainer_client import TrainerClient
-from dorarl.runtime.trainer_group import RankDied
-from dorarl.runtime.trainer_log import SaveCall, TrainCall, TrainerLog
+from dorarl.runtime.workers.trainer_group import RankDied
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dorarl.runtime.collective import CollectiveWeights
-from dorarl.runtime.weights import ObjectStoreWeights, WeightTransport
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.transfer.collective import CollectiveWeights
+from dorarl.runtime.transfer.weights import ObjectStoreWeights, WeightTransport
+from dorarl.runtime.transfer.weights_config import TransportSpec
 
 
 def make_transport(spec: TransportSpec, window: int) -> WeightTransport:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dorarl.runtime.fingerprint import fingerprints
+from dorarl.runtime.transfer.fingerprint import fingerprints
 
 
 class WeightsRefused(RuntimeError):

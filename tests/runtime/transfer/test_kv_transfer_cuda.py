@@ -7,10 +7,10 @@ import ray
 import torch
 
 from dorarl.engine import EngineConfig, SamplingParams
-from dorarl.runtime.engine_worker import EngineWorker, NewRequest
 from dorarl.runtime.local_ray import start_local_ray
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weight_group import GroupAddress, open_store
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
+from dorarl.runtime.transfer.weight_group import GroupAddress, open_store
+from dorarl.runtime.workers.engine_worker import EngineWorker, NewRequest
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 

@@ -5,15 +5,15 @@ A transport makes the trainer's training calls publish each version its way (`st
 gave), and carries a version to an engine from the trainer or from a peer that hosts it
 (`load`: the call whose completion means the engine holds it). The engine side of the
 runtime and engine recovery go through it only. Two exist: `ObjectStoreWeights` (here)
-and `CollectiveWeights` (dorarl.runtime.collective: torch.distributed), chosen by
+and `CollectiveWeights` (dorarl.runtime.transfer.collective: torch.distributed), chosen by
 `weights.transport`.
 
 Whatever carries them, every load is verified: a version's manifest holds the trainer's
-fingerprint of every tensor, computed on its device (dorarl.runtime.weight_layout), and
+fingerprint of every tensor, computed on its device (dorarl.runtime.transfer.weight_layout), and
 the engine refuses a load whose tensors, as received and once copied into its own
 weights, do not match the manifest of the copy it loads from: the trainer's, or for a
 peer the one that peer loaded (so a replayed version that differs from the original, see
-dorarl.runtime.trainer_recovery, is still checked against the bits the peer holds).
+dorarl.runtime.recovery.trainer_recovery, is still checked against the bits the peer holds).
 
 `ObjectStoreWeights` moves weights as Ray object references: the trainer's CPU copies of
 a version stay in the object store while the version can still be hosted (the staleness
@@ -30,8 +30,8 @@ from typing import Any, Protocol
 import ray
 
 from dorarl.data import Group
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP, WeightServing
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP, WeightServing
+from dorarl.runtime.transfer.weights_config import TransportSpec
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class WeightTransport(Protocol):
 
     def kv_route(self, src: Any, dst: Any) -> tuple[int, str] | None:
         """How a migration's KV goes from engine `src` to `dst`: the source's rank and
-        "group" | "ipc" (dorarl.runtime.kv_transfer), or None: inside the snapshots,
+        "group" | "ipc" (dorarl.runtime.transfer.kv_transfer), or None: inside the snapshots,
         through the object store."""
 
 

@@ -4,7 +4,7 @@ back exactly, and a receiver that refuses any tensor unlike the sender's manifes
 import pytest
 import torch
 
-from dorarl.runtime.weight_layout import (
+from dorarl.runtime.transfer.weight_layout import (
     WeightsRefused,
     allocate,
     build_manifest,

@@ -9,7 +9,7 @@ receiver posts the matching receives. Gloo on the CPU, NCCL between GPUs (NCCL m
 two-rank communicator per pair on first use, cached after). Two members on one GPU (NCCL
 refuses two ranks on a device) never send to each other: they hand buckets over as CUDA
 IPC handles instead (`share` / `open_shared`), which Ray carries as small objects.
-Migrated requests' KV travels over the same group (dorarl.runtime.kv_transfer), on a tag
+Migrated requests' KV travels over the same group (dorarl.runtime.transfer.kv_transfer), on a tag
 of its own.
 """
 

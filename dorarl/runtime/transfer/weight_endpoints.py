@@ -20,8 +20,8 @@ import ray
 import torch
 
 from dorarl.runtime.calls import DEATHS
-from dorarl.runtime.weight_group import BucketShape, WeightGroup, open_shared, share
-from dorarl.runtime.weight_layout import (
+from dorarl.runtime.transfer.weight_group import BucketShape, WeightGroup, open_shared, share
+from dorarl.runtime.transfer.weight_layout import (
     Manifest,
     WeightsRefused,
     allocate,

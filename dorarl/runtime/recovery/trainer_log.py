@@ -1,4 +1,4 @@
-"""The trainer's state-changing calls since the newest durable checkpoint (dorarl.runtime.trainer_recovery).
+"""The trainer's state-changing calls since the newest durable checkpoint (dorarl.runtime.recovery.trainer_recovery).
 
 Every training step (`TrainCall`, with its batch) and checkpoint write (`SaveCall`, with
 its data position) is recorded in submission order; `durable` cuts what a completed

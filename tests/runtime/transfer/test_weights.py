@@ -1,6 +1,6 @@
 """`weights.*`: which transport a run gets on which devices."""
 
-from dorarl.runtime.weights_config import MIB, WeightsConfig
+from dorarl.runtime.transfer.weights_config import MIB, WeightsConfig
 
 
 def test_auto_is_collective_on_one_kind_of_device_and_the_object_store_on_mixed_ones():

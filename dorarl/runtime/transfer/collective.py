@@ -1,5 +1,5 @@
 """Weights over torch.distributed: the trainer and every engine in one weight-transfer group
-formed at start-up, versions sent as flat buckets point to point (dorarl.runtime.weight_group).
+formed at start-up, versions sent as flat buckets point to point (dorarl.runtime.transfer.weight_group).
 
 `start` forms the group once: the trainer (rank 0; with trainer.world_size > 1, rank 0 of
 its FSDP group, which keeps both groups) hosts the store, every engine joins as rank
@@ -10,7 +10,7 @@ trainer, or a peer for the controller's peer-first tree) to send over the group'
 concurrency group and receives into fresh buckets, verified before they are swapped in.
 
 Migrations between engines use the group too: their KV goes point to point (or through
-CUDA IPC) while the snapshots' metadata goes through Ray (dorarl.runtime.kv_transfer).
+CUDA IPC) while the snapshots' metadata goes through Ray (dorarl.runtime.transfer.kv_transfer).
 
 Recovery: a replaced actor (engine or trainer) is a new process outside the group, and the
 group is not re-formed (that would need every transfer in flight to drain at once). Any
@@ -27,10 +27,10 @@ from typing import Any
 
 import ray
 
-from dorarl.runtime.weight_endpoints import WEIGHTS_GROUP
-from dorarl.runtime.weight_group import GroupAddress, Member, alive_nodes, route
-from dorarl.runtime.weights import ObjectStoreWeights, actor_key
-from dorarl.runtime.weights_config import TransportSpec
+from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
+from dorarl.runtime.transfer.weight_group import GroupAddress, Member, alive_nodes, route
+from dorarl.runtime.transfer.weights import ObjectStoreWeights, actor_key
+from dorarl.runtime.transfer.weights_config import TransportSpec
 
 
 class CollectiveWeights(ObjectStoreWeights):
