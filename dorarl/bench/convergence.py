@@ -37,6 +37,7 @@ from dorarl.config import ConfigError, load_config
 from dorarl.data.lengths import length_stats
 from dorarl.engine import SamplingParams
 from dorarl.jobs.config import EvalSection, TrainConfig
+from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.ray_run import run_ray
 from dorarl.jobs.workload import build_task
 from dorarl.record.pacing import DeviceModel
@@ -158,7 +159,12 @@ def check_bars(curves: dict[str, dict[str, Any]], dora: str = "dora_k1") -> list
 # ---- the bench ---------------------------------------------------------------------------
 def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]:
     model_folder = str(cfg.train.model or shipped_base_model())
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, model=model_folder))
+    train, chosen = with_model_defaults(
+        dataclasses.replace(cfg.train, model=model_folder), model_folder, None
+    )  # as `dorarl train` chooses them, so every run of the bench trains with the same
+    cfg = dataclasses.replace(cfg, train=train)
+    for line in chosen:
+        say(line)
     task = build_task(cfg.train, model_folder)
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch()

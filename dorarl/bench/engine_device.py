@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import random
 import statistics
 import warnings
 from collections.abc import Callable
@@ -237,7 +238,10 @@ def _engine_step_ms(engine: Engine, batch: int, spec: DeviceSpec) -> float:
     ctx, vocab = spec.step_context, engine.spec.vocab_size
     ids = [f"s{batch}-{i}" for i in range(batch)]
     for i, rid in enumerate(ids):
-        prompt = [(7 * i + 13 * j) % vocab for j in range(ctx)]
+        # each batch's own prompts: one the prefix cache kept from an earlier batch would
+        # skip its prefill and hold a copy source as the batch is admitted
+        draw = random.Random(batch * 1_000_003 + i)
+        prompt = [draw.randrange(vocab) for _ in range(ctx)]
         engine.add_request(rid, prompt, _forced(spec.step_repeats + 8, i))
     while min(engine.progress(r) for r in ids) == 0:
         engine.step()  # prefill every request; then each step decodes the whole batch

@@ -52,7 +52,8 @@ def test_a_group_of_two_ranks_behind_one_actor(local_ray, tiny_model_dir, tmp_pa
     for name, tensor in single.named_tensors().items():
         assert float((weights[name] - tensor).norm() / tensor.norm()) < 1e-5, name
     assert ray.get(group.version.remote()) == 2
-    written = ray.get(group.save_checkpoint.remote(str(tmp_path / "version_00002"), {}, 1))
+    saved = ray.get(group.save_checkpoint.remote(str(tmp_path / "version_00002"), {}, 1))
+    written = saved.path  # a SavedCheckpoint: where, its size, its seconds
     assert (Path(written) / "shards").is_dir() and (Path(written) / "model.safetensors").is_file()
 
     (victim,) = ray.get(group.rank_pids.remote())
