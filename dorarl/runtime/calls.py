@@ -141,9 +141,9 @@ class TrainerCall(Call):
 
 
 @dataclass(frozen=True)
-class StepCall(TrainerCall):
-    """The training step `step`, whose TrainDone is to come; `weights`, the version it
-    makes, as the weight transport publishes it."""
+class _TrainingStep(TrainerCall):
+    """A training step in flight: `step`, and `weights`, the version it makes, as the weight
+    transport publishes it."""
 
     step: TrainCall
     weights: Any
@@ -154,15 +154,13 @@ class StepCall(TrainerCall):
 
 
 @dataclass(frozen=True)
-class ReplayCall(TrainerCall):
+class StepCall(_TrainingStep):
+    """The training step `step`, whose TrainDone is to come."""
+
+
+@dataclass(frozen=True)
+class ReplayCall(_TrainingStep):
     """A step a dead trainer made (its TrainDone delivered), made again by its successor."""
-
-    step: TrainCall
-    weights: Any
-
-    @property
-    def worker(self) -> str:
-        return f"the trainer (training step {self.step.version})"
 
 
 @dataclass(frozen=True)
