@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,13 +145,18 @@ class Walk:
         """`name` on `cls` or the first dorarl base that defines it."""
         if name in cls.methods:
             return cls, cls.methods[name]
+        for parent in self.parents(cls):
+            found = self.method(parent, name)
+            if found:
+                return found
+        return None
+
+    def parents(self, cls: ClassInfo) -> Iterator[ClassInfo]:
+        """The dorarl classes `cls` derives from directly, in base order."""
         for base in cls.bases:
             parent = self.cls_of(self.lookup(cls.module, base.split("[")[0]))
             if parent is not None:
-                found = self.method(parent, name)
-                if found:
-                    return found
-        return None
+                yield parent
 
     def annotation_class(self, module: str, annotation: ast.expr | None) -> str | None:
         """The dorarl class an annotation names (`X`, `X | None`, `"X"`)."""
@@ -257,12 +263,10 @@ class Walk:
         prop = cls.methods.get(name)
         if prop is not None and any(ast.unparse(d) == "property" for d in prop.decorator_list):
             return self.annotation_class(cls.module, prop.returns)
-        for base in cls.bases:
-            parent = self.cls_of(self.lookup(cls.module, base.split("[")[0]))
-            if parent is not None:
-                found = self._field_type(parent, name)
-                if found:
-                    return found
+        for parent in self.parents(cls):
+            found = self._field_type(parent, name)
+            if found:
+                return found
         return None
 
     def resolve(
