@@ -109,12 +109,23 @@ def _build() -> None:
     with _exclusive(build_dir):
         load(
             name,
-            [str(SOURCE)],
+            [str(_source_copy(build_dir))],
             extra_cflags=flags,
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=False,
         )
+
+
+def _source_copy(build_dir: Path) -> Path:
+    """The source, copied into its build folder: torch's build file records the source's
+    path, so building from the checkout's own path would rebuild whenever another checkout
+    (a second clone, a worktree) loaded the same kernels."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    copy = build_dir / SOURCE.name
+    if not copy.is_file() or copy.read_bytes() != SOURCE.read_bytes():
+        shutil.copyfile(SOURCE, copy)
+    return copy
 
 
 @contextlib.contextmanager

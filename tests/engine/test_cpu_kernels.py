@@ -6,6 +6,7 @@ blocks; RoPE bit for bit, RMSNorm within two ulps; the fallback when they cannot
 import logging
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,3 +234,25 @@ def test_fused_rms_norm_is_within_two_ulps_of_torch_and_row_independent(hidden):
         assert torch.equal(KERNELS.rms_norm(x, weight, 1e-5), got)
     finally:
         torch.set_num_threads(1)
+
+
+def test_two_checkouts_build_from_one_source_path(monkeypatch, tmp_path):
+    """torch's build file records the source path: a second clone or worktree must hand it
+    the same path as the first, or each would rebuild the other's kernels."""
+    import torch.utils.cpp_extension
+
+    built = []
+    monkeypatch.setattr(
+        torch.utils.cpp_extension, "load", lambda name, sources, **_: built.append(sources)
+    )
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    for checkout in ("a", "b"):
+        source = tmp_path / checkout / "cpu_kernels.cpp"
+        source.parent.mkdir()
+        source.write_bytes(cpu_kernels.SOURCE.read_bytes())
+        monkeypatch.setattr(cpu_kernels, "SOURCE", source)
+        cpu_kernels._build()
+    assert built[0] == built[1] and len(built[0]) == 1
+    used = Path(built[0][0])
+    assert used.is_relative_to(tmp_path / "extensions")
+    assert used.read_bytes() == cpu_kernels.SOURCE.read_bytes()
