@@ -100,7 +100,8 @@ def _build() -> None:
     flags = ["-O3", "-ffp-contract=fast", *_ISA_FLAGS.get(capability, [])]
     # One folder per source, flags and torch (its ABI): builds never overwrite each other.
     key = f"{' '.join(flags)} {torch.__version__}".encode()
-    digest = hashlib.sha256(SOURCE.read_bytes() + key).hexdigest()[:12]
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + key).hexdigest()[:12]
     name = f"dorarl_cpu_kernels_{capability.lower()}_{digest}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     build_dir = Path(root) / name
@@ -109,7 +110,7 @@ def _build() -> None:
     with _exclusive(build_dir):
         load(
             name,
-            [str(_source_copy(build_dir))],
+            [str(_source_copy(build_dir, source))],
             extra_cflags=flags,
             build_directory=str(build_dir),
             is_python_module=False,
@@ -117,14 +118,13 @@ def _build() -> None:
         )
 
 
-def _source_copy(build_dir: Path) -> Path:
-    """The source, copied into its build folder: torch's build file records the source's
-    path, so building from the checkout's own path would rebuild whenever another checkout
-    (a second clone, a worktree) loaded the same kernels."""
-    build_dir.mkdir(parents=True, exist_ok=True)
+def _source_copy(build_dir: Path, source: bytes) -> Path:
+    """The source, copied into its build folder (made and locked by `_exclusive`): torch's
+    build file records the source's path, so building from the checkout's own path would
+    rebuild whenever another checkout (a second clone, a worktree) loaded the same kernels."""
     copy = build_dir / SOURCE.name
-    if not copy.is_file() or copy.read_bytes() != SOURCE.read_bytes():
-        shutil.copyfile(SOURCE, copy)
+    if not copy.is_file() or copy.read_bytes() != source:
+        copy.write_bytes(source)
     return copy
 
 
