@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0  # binding a loopback port takes milliseconds
 CALL_TIMEOUT_S = 3600.0  # a call waits for its engine turn: queueing, then sampling
+SHUTDOWN_TIMEOUT_S = 2.0  # at close, for cancelled agents and calls to unwind
 
 
 class CallError(Exception):
@@ -82,13 +83,16 @@ class Endpoint:
         self._thread.join(START_TIMEOUT_S)
 
     async def _stop(self) -> None:
+        # Agents and the handlers of their calls go first: a handler waits for an engine turn
+        # that will not come, and aiohttp's shutdown would wait for it (SHUTDOWN_TIMEOUT_S).
         self.episodes.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in others:
             task.cancel()
-        await asyncio.gather(*others, return_exceptions=True)
+        if others:
+            await asyncio.wait(others, timeout=SHUTDOWN_TIMEOUT_S)
+        if self._runner is not None:
+            await self._runner.cleanup()
         if self.http_client is not None:
             await self.http_client.aclose()
 
@@ -99,7 +103,9 @@ class Endpoint:
         app.router.add_get("/episodes/{episode}/v1/models", self._models)
         app.router.add_get("/v1/models", self._models)
         # A client that disconnects cancels its handler, so nothing waits on a dead socket.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0)
         await site.start()

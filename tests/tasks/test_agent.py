@@ -5,6 +5,7 @@ tokens, rewards, bounds and the endpoint's errors."""
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
 import aiohttp
@@ -317,3 +318,12 @@ def test_hundreds_of_episodes_at_once_all_get_their_calls_answered_in_time(tmp_p
     states = [state for state, _ in asyncio.run(play_all())]
     assert [s.error for s in states if s.error] == []
     assert all(s.reward == 1.0 and len(s.turns) == 2 for s in states)
+
+
+def test_closing_with_calls_in_flight_cancels_them_and_returns_at_once(tmp_path):
+    task = _task(tmp_path, "two_calls")
+    state = EpisodeState(task.train_prompts()[0], task.make_env())
+    asyncio.run(reset(task, state))  # the agent's first call now waits for its turn
+    started = time.monotonic()
+    task.close()
+    assert time.monotonic() - started < 5.0
