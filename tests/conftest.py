@@ -16,7 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+# OpenMP threads that spin while they wait take the core from the other test worker's run
+# (libgomp reads this once, when torch loads it; Ray's workers inherit it from here).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 # Triton kernels (dorarl[gpu]) run in Triton's interpreter where there is no GPU. Read when
 # a function is decorated, triton's own library included, so set before torch._dynamo or

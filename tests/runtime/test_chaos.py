@@ -20,16 +20,16 @@ from dorarl.runtime.transfer.weights_config import WeightsConfig
 
 pytestmark = pytest.mark.slow
 
-STEPS = 30
+STEPS = 16
 KILLS = {
-    1: {4: "ray::EngineWorker", 9: "ray::TrainerWorker", 14: "ray::EngineWorker"},
-    2: {4: "ray::TrainerRank", 9: "ray::EngineWorker", 14: "ray::TrainerGroupWorker"},
+    1: {3: "ray::EngineWorker", 6: "ray::TrainerWorker", 9: "ray::EngineWorker"},
+    2: {3: "ray::TrainerRank", 6: "ray::EngineWorker", 9: "ray::TrainerGroupWorker"},
 }
 """By trainer.world_size: step rows in metrics.jsonl after which a process of that actor
 class gets SIGKILL (with two ranks: rank 1, an engine, then rank 0)."""
 RESTARTS = {1: (1, 2), 2: (2, 1)}
 """By trainer.world_size: the trainer's and the engines' restarts those kills make."""
-INTERRUPT_AT = 19
+INTERRUPT_AT = 12
 """Step rows after which the driver (this process) gets SIGINT, as from a Ctrl-C."""
 
 
@@ -87,7 +87,7 @@ def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, worl
     killer.start()
     try:
         interrupted = train_main([f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1",
-                                  f"steps={STEPS}", "checkpoint_every=5",
+                                  f"steps={STEPS}", "checkpoint_every=4",
                                   f"trainer.world_size={world_size}",
                                   "ray.max_trainer_restarts=2", "--out", str(out)])  # fmt: skip
     finally:
