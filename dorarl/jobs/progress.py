@@ -76,14 +76,29 @@ class TrainProgress:
             console=self.console,
             disable=not self.live,
         )
-        self._task = self._progress.add_task("starting Ray and the actors", total=total_steps)
+        self._task = self._progress.add_task("starting Ray", total=total_steps)
+        self._stopped = False
 
     def __enter__(self) -> TrainProgress:
         self._progress.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._progress.__exit__(*exc)
+        self.stop()
+
+    def stop(self) -> None:
+        """End the live bar (once; later lines print below it)."""
+        if not self._stopped:
+            self._stopped = True
+            self._progress.stop()
+
+    def say(self, text: str) -> None:
+        """A line of its own, with or without progress (above a live bar)."""
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def phase(self, text: str) -> None:
+        """What is under way, in a live bar's description (plain output says it by lines)."""
+        self._progress.update(self._task, description=text)
 
     def update(self, row: dict[str, Any], evaluations: dict[int, dict[str, Any]]) -> None:
         """One step done (`row`: its metrics); `evaluations`: those finished, by version."""

@@ -36,12 +36,13 @@ from dorarl.jobs.engine_plan import (
     model_spec,
 )
 from dorarl.jobs.eval_actor import Evaluations, start_evaluator
-from dorarl.jobs.evaluation import eval_versions, finish_outputs
+from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_folder import open_run_folder, resume_command
+from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
@@ -82,21 +83,27 @@ def run_ray(
         print(line)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
-    _init_ray(config)
-    try:
-        placed = place_actors(config, spec)  # a cluster that cannot hold them: refused
-        open_run_folder(out_dir, config, resume_version=point.version if point else None)
-        segment = open_segment(
-            out_dir, point.version if point else 0, config.instances, config.engine.max_num_seqs
-        )
-        actors = RayActors.start(config, folder, task, point, placed, pace)
-        return _run(config, point, out_dir, segment, task, actors, defer_eval=defer_eval, stop=stop)
-    except WorkerFailed as exc:
-        raise RunFailed(failure_report(exc, out_dir)) from exc
-    finally:
-        ray.shutdown()
-        if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
-            task.close()
+    start = point.version if point else 0
+    with TrainProgress(config.steps - start, enabled=config.progress) as progress:
+        startup = StartupLines(progress.say, progress.phase)
+        _init_ray(config)
+        startup.ray_up(config.ray.address)
+        try:
+            placed = place_actors(config, spec)  # a cluster that cannot hold them: refused
+            open_run_folder(out_dir, config, resume_version=point.version if point else None)
+            segment = open_segment(out_dir, start, config.instances, config.engine.max_num_seqs)
+            actors = RayActors.start(config, folder, task, point, placed, pace)
+            startup.actors_up(wait_for_actors(actors.by_role(), config.ray.startup_timeout_s))
+            return _run(
+                config, point, out_dir, segment, task, actors,
+                progress=progress, startup=startup, defer_eval=defer_eval, stop=stop,
+            )  # fmt: skip
+        except WorkerFailed as exc:
+            raise RunFailed(failure_report(exc, out_dir)) from exc
+        finally:
+            ray.shutdown()
+            if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
+                task.close()
 
 
 def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
@@ -174,6 +181,9 @@ class RayActors:
         evaluator = start_evaluator(config, model_folder, task, threads, placed)
         return cls(workers, trainer_actor, evaluator, engine, trainer, pace, placed)
 
+    def by_role(self) -> dict[str, list[Any]]:
+        return {"engine": self.workers, "trainer": [self.trainer], "evaluator": [self.evaluator]}
+
     def respawn_engine(self, instance_id: int) -> Any:
         return spawn_engine(instance_id, self.engine, self.pace, self.placed)
 
@@ -201,6 +211,8 @@ def _run(
     task: Task,
     actors: RayActors,
     *,
+    progress: TrainProgress,
+    startup: StartupLines,
     defer_eval: bool,
     stop: StopRequest | None,
 ) -> dict[str, Any]:
@@ -212,16 +224,16 @@ def _run(
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     checkpoints = Checkpoints.of(config, out_dir)
     episodes_key = "task.agent" if config.task.agent is not None else "task.env"
-    with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-        # the hooks run once the runtime runs: `runtime` is bound by then
-        runtime = RayRuntime(
-            plan,
-            on_step=_step_hook(lambda: runtime, evals, scalars, progress, episodes_key),
-            on_publish=lambda version: checkpoints.periodic(runtime, version),
-            should_stop=stop.requested if stop is not None else None,
-        )
-        summary = run_segment(runtime, out_dir, segment)
-        results = _gather(runtime, evals, progress, checkpoints.off)
+    # the hooks run once the runtime runs: `runtime` is bound by then
+    runtime = RayRuntime(
+        plan,
+        on_step=_step_hook(lambda: runtime, evals, scalars, progress, startup, episodes_key),
+        on_publish=lambda version: checkpoints.periodic(runtime, version),
+        should_stop=stop.requested if stop is not None else None,
+    )
+    summary = run_segment(runtime, out_dir, segment)
+    results = _gather(runtime, evals, progress, checkpoints.off)
+    progress.stop()  # the bar ends above the checkpoint and summary lines
     final = runtime.driver.controller.resume_state()  # no step in flight once the run finished
     checkpoints.final(runtime, final)
     title = f"{config.mode} (K={plan.controller.effective_K})"
@@ -294,6 +306,7 @@ def _step_hook(
     evals: Evaluations,
     scalars: ScalarLogger,
     progress: TrainProgress,
+    startup: StartupLines,
     episodes_key: str,
 ) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
@@ -309,7 +322,12 @@ def _step_hook(
         scalars.log(row)
         signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)
-        progress.update(row, evals.finished())
+        finished = evals.finished()
+        startup.step(row)
+        if finished:
+            first = min(finished)
+            startup.evaluation(first, finished[first], format_scores(finished[first]))
+        progress.update(row, finished)
         check_episodes(row["step"], groups, episodes_key)
 
     return on_step

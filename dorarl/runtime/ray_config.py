@@ -69,6 +69,14 @@ class RayConfig:
         default=60.0,
         metadata={"help": "seconds to wait for Ray to place the actors' GPUs", "gt": 0},
     )
+    startup_timeout_s: float = field(
+        default=1800.0,
+        metadata={
+            "help": "seconds the actors may take to come up (imports, model load) before the "
+            "run fails naming those not up",
+            "gt": 0,
+        },
+    )
     gpu_memory_gb: float | None = field(
         default=None,
         metadata={

@@ -68,6 +68,11 @@ def test_sigint_stops_the_run_and_the_printed_command_finishes_it(tmp_path):
     out = tmp_path / "run"
     rc, text, _ = _interrupt([*SMALL, f"steps={STEPS}", "--out", str(out)], out, 1, times=1)
     assert rc == 130 and "Traceback" not in text, text
+    # off a terminal (progress=false) the start says what it does, with the actors' times
+    told = [line for line in text.splitlines() if line.startswith("start ")]
+    assert "Ray up in" in told[0] and "actors up in" in told[1], text
+    assert all(f"{role} (process " in told[1] for role in ("2 engines", "trainer", "evaluator"))
+    assert "first step done (v0 -> v1" in told[2], text
     summary = json.loads((out / "summary.json").read_text())
     stopped = summary["stopped_at_version"]
     assert summary["stopped_by"] == "SIGINT" and 1 <= stopped < STEPS, summary

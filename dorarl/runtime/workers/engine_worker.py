@@ -47,6 +47,7 @@ from dorarl.runtime.transfer.weight_group import (
     share,
 )
 from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused, flatten
+from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 
 log = logging.getLogger(__name__)
 NO_VERSION = -1  # what an engine hosts whose weights failed their check after a copy
@@ -96,6 +97,7 @@ class EngineWorker:
         version: int = 0,
         nice: int = 0,
     ):
+        clock = StartupClock()
         apply_threads(threads, nice)
         self.instance_id = instance_id
         self.model_folder = model_folder
@@ -112,6 +114,7 @@ class EngineWorker:
         self.group: WeightGroup | None = None  # the weight-transfer group, once joined
         self._shared: dict[int, list[torch.Tensor]] = {}  # buckets a peer on this GPU reads
         self.held_kv = kv_transfer.HeldKV()  # exported KV waiting for its destination
+        self._startup = clock.done()
 
     @property
     def engine(self) -> Engine:
@@ -120,6 +123,10 @@ class EngineWorker:
             assert self._refused is not None
             raise self._refused
         return self._engine
+
+    def startup(self) -> ActorStartup:
+        """How long this actor took to come up (answers even when its engine was refused)."""
+        return self._startup
 
     def started(self) -> EngineSetup:
         """What the engine runs (its fast paths as checked on the device, fallbacks

@@ -13,6 +13,7 @@ import torch
 
 from dorarl.engine import Engine, EngineConfig
 from dorarl.runtime.threads import apply_threads
+from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import EvalSampling, evaluate
 
@@ -28,10 +29,15 @@ class EvalWorker:
         nice: int = 0,
         sampling: EvalSampling | None = None,
     ) -> None:
+        clock = StartupClock()
         apply_threads(threads, nice)
         self.engine = Engine.from_pretrained(model_folder, config, version=0)
         self.task, self.max_prompts = task, max_prompts
         self.sampling = sampling or EvalSampling()
+        self._startup = clock.done()
+
+    def startup(self) -> ActorStartup:
+        return self._startup
 
     def evaluate(self, weights: dict[str, torch.Tensor] | None, version: int) -> dict[str, Any]:
         if weights is not None:

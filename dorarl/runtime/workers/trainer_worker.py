@@ -34,6 +34,7 @@ from dorarl.runtime.transfer.weight_group import (
     own_host,
 )
 from dorarl.runtime.transfer.weight_layout import Manifest
+from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer.config import TrainerConfig
 
@@ -47,6 +48,7 @@ class TrainerWorker:
         resume_from: str | None = None,
         pace: DeviceModel | None = None,
     ) -> None:
+        clock = StartupClock()
         apply_threads(threads)
         self.model_folder = model_folder
         self.config = config
@@ -59,6 +61,7 @@ class TrainerWorker:
         self.group: WeightGroup | None = None
         self._store: Any = None
         self._start(resume_from)
+        self._startup = clock.done()
 
     def _start(self, resume_from: str | None) -> None:
         """The trainer from `resume_from`, or from the base model (then extra_state is {})."""
@@ -83,6 +86,10 @@ class TrainerWorker:
 
     def version(self) -> int:
         return self.trainer.version
+
+    def startup(self) -> ActorStartup:
+        """How long this actor took to come up (with several ranks: theirs included)."""
+        return self._startup
 
     def train_step(self, groups: list[Group]) -> dict[str, Any]:
         started = time.perf_counter()

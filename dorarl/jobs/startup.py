@@ -1,0 +1,100 @@
+"""The lines a run prints while it starts (also off a terminal): Ray up, the actors up with the
+times they measured themselves, the first step, the first evaluation; each with the seconds
+since the run began, so a slow start shows where it went."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from dorarl.errors import RunFailed
+from dorarl.runtime.workers.startup import ActorStartup
+
+
+class StartupLines:
+    """Says each phase once, through `say` (the progress's console), and names the phase
+    in progress through `phase` (a live bar's description)."""
+
+    def __init__(self, say: Callable[[str], None], phase: Callable[[str], None]) -> None:
+        self.began = time.monotonic()
+        self.say, self.phase = say, phase
+        self._mark = self.began
+        self.first_step_told = self.first_eval_told = False
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.began
+
+    def _lap(self) -> float:
+        now = time.monotonic()
+        lap, self._mark = now - self._mark, now
+        return lap
+
+    def line(self, text: str) -> None:
+        self.say(f"start {self.elapsed():5.1f}s  {text}")
+
+    def ray_up(self, address: str | None) -> None:
+        where = f"joined the cluster at {address}" if address else "a local cluster"
+        self.line(f"Ray up in {self._lap():.1f}s ({where})")
+        self.phase("starting the actors")
+
+    def actors_up(self, up: dict[str, list[ActorStartup]]) -> None:
+        parts = [_describe(role, times) for role, times in up.items() if times]
+        self.line(f"actors up in {self._lap():.1f}s: " + ", ".join(parts))
+        self.phase("waiting for the first step")
+
+    def step(self, row: dict[str, Any]) -> None:
+        if self.first_step_told:
+            return
+        self.first_step_told = True
+        self.line(
+            f"first step done (v{row['version']} -> v{row['new_version']}, "
+            f"{row['step_time_s']:.1f}s of training after {self._lap():.1f}s)"
+        )
+
+    def evaluation(self, version: int, result: dict[str, Any], scores: str) -> None:
+        if self.first_eval_told:
+            return
+        self.first_eval_told = True
+        took = f", {result['eval_s']:.1f}s" if "eval_s" in result else ""
+        self.line(f"first evaluation (v{version}): {scores}{took}")
+
+
+def _describe(role: str, times: list[ActorStartup]) -> str:
+    """One role's times, a range where its actors differ: 3 engines (process 4.1-4.6s, ...)."""
+    name = role if len(times) == 1 else f"{len(times)} {role}s"
+    process = _span([t.process_s for t in times])
+    setup = _span([t.setup_s for t in times])
+    return f"{name} (process {process}, model {setup})"
+
+
+def _span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.1f}s" if round(low, 1) == round(high, 1) else f"{low:.1f}-{high:.1f}s"
+
+
+def wait_for_actors(
+    actors: dict[str, list[Any]], timeout_s: float
+) -> dict[str, list[ActorStartup]]:
+    """Each actor's own start-up times, by role, once all are up; a run whose actors are not
+    all up within `timeout_s` fails naming those still starting. An actor that died or
+    raised while starting is left to the runtime, which reports it as it always does (its
+    times are then missing here)."""
+    refs = {ref: (role, i) for role, handles in actors.items() for i, h in enumerate(handles)
+            for ref in [h.startup.remote()]}  # fmt: skip
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        names = ", ".join(f"{refs[r][0]}{refs[r][1]}" for r in pending)
+        raise RunFailed(
+            f"actors not up after {timeout_s:.0f}s (ray.startup_timeout_s): {names}; "
+            "their logs are under the Ray session folder (/tmp/ray/session_latest/logs)"
+        )
+    up: dict[str, list[ActorStartup]] = {role: [] for role in actors}
+    for ref in ready:
+        try:
+            up[refs[ref][0]].append(ray.get(ref, timeout=0))
+        except ray.exceptions.RayError:
+            continue
+    return up

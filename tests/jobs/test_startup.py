@@ -1,0 +1,77 @@
+"""The start-up lines of a run, and the bounded wait for its actors to come up."""
+
+import time
+
+import pytest
+
+from dorarl.errors import RunFailed
+from dorarl.jobs.startup import StartupLines, wait_for_actors
+from dorarl.runtime.workers.startup import ActorStartup, StartupClock
+
+
+def _lines() -> tuple[StartupLines, list[str], list[str]]:
+    said, phases = [], []
+    return StartupLines(said.append, phases.append), said, phases
+
+
+def test_each_phase_is_one_line_with_the_seconds_since_the_start():
+    startup, said, phases = _lines()
+    startup.ray_up(None)
+    engines = [ActorStartup(4.12, 0.31), ActorStartup(4.61, 0.33)]
+    startup.actors_up({"engine": engines, "trainer": [ActorStartup(3.0, 1.2)], "evaluator": []})
+    row = {"version": 0, "new_version": 1, "step_time_s": 2.5}
+    startup.step(row)
+    startup.step(dict(row, version=1, new_version=2))  # only the first step is told
+    startup.evaluation(0, {"eval_s": 1.25}, "acc 0.500")
+    startup.evaluation(2, {"eval_s": 1.0}, "acc 0.750")
+    assert len(said) == 4 and all(line.startswith("start ") for line in said)
+    assert "Ray up in" in said[0] and "(a local cluster)" in said[0]
+    assert said[1].endswith(
+        "2 engines (process 4.1-4.6s, model 0.3s), trainer (process 3.0s, model 1.2s)"
+    )
+    assert "first step done (v0 -> v1, 2.5s of training" in said[2]
+    assert said[3].endswith("first evaluation (v0): acc 0.500, 1.2s")
+    assert phases == ["starting the actors", "waiting for the first step"]
+
+
+def test_a_joined_cluster_is_named():
+    startup, said, _ = _lines()
+    startup.ray_up("10.0.0.1:6379")
+    assert "joined the cluster at 10.0.0.1:6379" in said[0]
+
+
+def test_the_clock_counts_the_process_before_the_constructor():
+    clock = StartupClock()
+    time.sleep(0.05)
+    times = clock.done()
+    assert times.process_s > 0.1  # this test process started well before this line
+    assert 0.05 <= times.setup_s < times.process_s
+
+
+@pytest.mark.slow
+def test_actors_not_up_in_time_fail_the_run_naming_them():
+    import ray
+
+    from dorarl.runtime.local_ray import start_local_ray
+
+    class SlowStart:  # defined here, so Ray ships it to the worker by value
+        def __init__(self, seconds: float) -> None:
+            clock = StartupClock()
+            time.sleep(seconds)
+            self._startup = clock.done()
+
+        def startup(self) -> ActorStartup:
+            return self._startup
+
+    start_local_ray(num_cpus=1)
+    try:
+        actor = ray.remote(num_cpus=0)(SlowStart)
+        quick, slow = actor.remote(0.0), actor.remote(60.0)
+        up = wait_for_actors({"engine": [quick]}, timeout_s=60)
+        assert len(up["engine"]) == 1 and up["engine"][0].process_s > 0
+        started = time.monotonic()
+        with pytest.raises(RunFailed, match=r"not up after 2s \(ray.startup_timeout_s\): trainer0"):
+            wait_for_actors({"engine": [quick], "trainer": [slow]}, timeout_s=2)
+        assert time.monotonic() - started < 10
+    finally:
+        ray.shutdown()
