@@ -141,6 +141,24 @@ class EngineConfig:
         },
     )
 
+    max_versions: int = field(
+        default=1,
+        metadata={
+            "help": "policy versions one instance serves at once: the full-weight version plus "
+            "up to max_versions - 1 LoRA adapters over it (Engine.load_adapter), whose "
+            "requests decode together in one step (lora.py); 1: the full-weight version only",
+            "gt": 0,
+        },
+    )
+    max_lora_rank: int = field(
+        default=64,
+        metadata={
+            "help": "the largest adapter rank engine.max_versions > 1 holds (smaller ranks are "
+            "zero-padded to it: each adapter slot takes this rank's memory)",
+            "gt": 0,
+        },
+    )
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -156,11 +174,29 @@ class EngineConfig:
     def validate(self) -> None:
         check_fields(self, "engine.")  # bounds and choices first: kv_blocks divides by block_size
         self._check_fast_paths()
+        self._check_versions()
         # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
         if self.kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(
                 f"engine.num_blocks: {self.kv_blocks} blocks of {self.block_size} tokens cannot hold "
                 f"one request of max_model_len={self.max_model_len} tokens"
+            )
+
+    def _check_versions(self) -> None:
+        """What several resident versions cannot share yet, refused up front."""
+        if self.max_versions == 1:
+            return
+        if self.prefix_cache == "on":
+            # The prefix cache keys blocks by the full-weight version only: an adapter's
+            # request would read KV the base computed.
+            raise ConfigError(
+                f"engine.max_versions: {self.max_versions} needs engine.prefix_cache=off (cached "
+                "blocks are keyed by the full-weight version, not by adapter)"
+            )
+        if self.cuda_graphs == "on":
+            raise ConfigError(
+                f"engine.max_versions: {self.max_versions} needs engine.cuda_graphs=off or auto "
+                "(the captured decode step has no per-row adapters)"
             )
 
     def _check_fast_paths(self) -> None:

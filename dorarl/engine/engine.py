@@ -35,6 +35,7 @@ from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.device_runner import DeviceRunner, build_graphs
 from dorarl.engine.kv_cache import KVCache, KVShape
 from dorarl.engine.linear import choose_kernel
+from dorarl.engine.lora import BASE_SLOT, ResidentAdapters, parse_adapter
 from dorarl.engine.memory import DEFAULT_SHARE, KVPlan, plan_kv
 from dorarl.engine.model import Transformer, rms_norm, rotate
 from dorarl.engine.model_runner import ModelRunner
@@ -77,6 +78,7 @@ _COUNTERS = (
     "migrations_out",
     "prefill_tokens",
     "prefill_saved_tokens",
+    "multi_version_steps",
 )
 
 
@@ -100,11 +102,15 @@ class Engine:
             resolve_backends(config), config, self.spec.head_dim, queries_per_kv, where,
             experts=self.spec.moe is not None,
         )  # fmt: skip
+        if config.max_versions > 1:  # the captured step has no per-row adapters (config.py)
+            self.backends = dataclasses.replace(self.backends, cuda_graphs=False)
         self.dtype: torch.dtype = self.backends.dtype
         self.version = version
         self.fallbacks: list[FastPathFallback] = []
         self.kernel = choose_kernel(config.linear_kernel, self.device, self.dtype)
         self.model = self._build_model(named_weights, where)
+        # None with one version: the layers stay plain Linears, with nothing added per step
+        self.adapters = self._adapters()
         if self.backends.attention == "triton":
             self._check_triton(queries_per_kv)
         self._make_kv_pool()
@@ -236,6 +242,12 @@ class Engine:
             rope=fused.rope if fused else rotate,
         )
 
+    def _adapters(self) -> ResidentAdapters | None:
+        c = self.config
+        if c.max_versions == 1:
+            return None
+        return ResidentAdapters(self.spec, self.model.weights, c.max_versions - 1, c.max_lora_rank)
+
     def _cpu_kernels(self) -> cpu_kernels.CpuKernels | None:
         """engine.attention=cpp: decode attention, RMSNorm and RoPE on the fused C++ kernels."""
         return cpu_kernels.load_kernels() if self.backends.attention == "cpp" else None
@@ -268,16 +280,38 @@ class Engine:
 
     # --- requests ---------------------------------------------------------------------
     def add_request(
-        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        version: int | None = None,
     ) -> None:
+        """Queue a request; it runs under `version` from its first token to its last: a
+        resident adapter's (`load_adapter`), or None (or the hosted version) the full weights'."""
         params = params or SamplingParams()
         prompt = checked_token_ids(request_id, prompt_ids)
         self._check_new(request_id, prompt, params)
+        adapter = self._adapter_version(request_id, version)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         seq = Sequence(request_id, prompt, params, seed, self._stop_ids(params))
+        seq.lora_version = adapter
         seq.stop_text = self._stop_text(params, prompt, [])
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def _adapter_version(self, request_id: str, version: int | None) -> int | None:
+        """The adapter version a request asks for (None: the full weights), checked resident."""
+        if version is None or version == self.version:
+            return None
+        if self.adapters is None or self.adapters.slot_of(version) is None:
+            raise UserInputError(
+                f"request {request_id!r}: version {version} is not resident in this engine "
+                f"(resident: {self.resident_versions()})"
+            )
+        return version
+
+    def _version_of(self, seq: Sequence) -> int:
+        return self.version if seq.lora_version is None else seq.lora_version
 
     def _stop_ids(self, params: SamplingParams) -> frozenset[int]:
         ids = self.spec.eos_token_ids if params.stop_token_ids is None else params.stop_token_ids
@@ -350,6 +384,8 @@ class Engine:
             "scheduler stalled with unfinished requests"
         )
         self._move_kv(batch)
+        if self.adapters is not None:
+            self._begin_adapters(batch)
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
         finished = self._postprocess(batch, sampled)
@@ -364,6 +400,23 @@ class Engine:
             saved_tokens=batch.saved_tokens,
         )
         return finished
+
+    def _begin_adapters(self, batch: Batch) -> None:
+        """Each row's adapter slot for the step's products, from the sequences it runs."""
+        assert self.adapters is not None
+        items = batch.items
+        slots = [self._slot_of(seq) for seq, _ in items]
+        self.adapters.begin_step(slots, [n for _, n in items])
+        if len(set(slots)) > 1:
+            self._counters["multi_version_steps"] += 1
+
+    def _slot_of(self, seq: Sequence) -> int:
+        if seq.lora_version is None:
+            return BASE_SLOT
+        assert self.adapters is not None
+        slot = self.adapters.slot_of(seq.lora_version)
+        assert slot is not None, "unload_version refuses versions with requests"
+        return slot
 
     def _move_kv(self, batch: Batch) -> None:
         # Offloads first: a restore or a copy may reuse device blocks an offload just vacated.
@@ -397,7 +450,7 @@ class Engine:
         finished = []
         routes = self.runner.last_routes if self.record_routes else None
         for row, (seq, token, logprob) in enumerate(sampled):
-            seq.append(token, logprob, self.version, self.config.max_model_len)
+            seq.append(token, logprob, self._version_of(seq), self.config.max_model_len)
             if routes is not None:
                 seq.routes += routes[row].numpy().tobytes()
             if seq.finished and seq.params.multi_turn:
@@ -426,7 +479,7 @@ class Engine:
         room = self.config.max_model_len - seq.num_tokens - len(obs)
         if room < (seq.params.target_len or 1):
             return False
-        seq.observe(obs, self.version)
+        seq.observe(obs, self._version_of(seq))
         if self.record_routes:
             seq.routes += self._no_routes(len(obs))
         self.scheduler.unpark(seq)
@@ -455,7 +508,7 @@ class Engine:
         on the CPU, or with `to_host=False` KV in the device pool stays on the device."""
         seq = self._get(request_id)
         kv = self._export_kv(seq, to_host)
-        snap = _snapshot(seq, self.version, kv)
+        snap = _snapshot(seq, self._version_of(seq), kv)
         self._drop(seq)
         self._counters["migrations_out"] += 1
         return snap
@@ -471,14 +524,17 @@ class Engine:
         return self.kv.host_copy(detached) if to_host else detached
 
     def import_request(self, snap: RequestSnapshot) -> None:
-        """Continue a request exported by an engine of the same version, reusing its KV."""
-        if snap.version != self.version:
+        """Continue a request exported by an engine of the same version (its full weights or
+        a resident adapter), reusing its KV."""
+        resident = self.adapters is not None and self.adapters.slot_of(snap.version) is not None
+        if snap.version != self.version and not resident:
             raise UserInputError(
                 f"request {snap.request_id!r}: snapshot of version {snap.version} cannot be imported into an "
                 f"engine of version {self.version} (its KV belongs to other weights; use resume_request)"
             )
         self._check_snapshot_kv(snap)
         seq = self._sequence_from(snap)
+        seq.lora_version = None if snap.version == self.version else snap.version
         seq.migrations += 1
         snap.migrations = seq.migrations
         if snap.kv is not None and snap.num_computed > 0:
@@ -501,7 +557,7 @@ class Engine:
     def abort(self, request_id: str) -> RequestSnapshot:
         """Interrupt a request; returns its tokens-only snapshot (KV dropped)."""
         seq = self._get(request_id)
-        snap = _snapshot(seq, self.version, None)
+        snap = _snapshot(seq, self._version_of(seq), None)
         self._drop(seq)
         return snap
 
@@ -619,6 +675,7 @@ class Engine:
             migrations_out=c["migrations_out"],
             prefill_tokens=c["prefill_tokens"],
             prefill_saved_tokens=c["prefill_saved_tokens"],
+            multi_version_steps=c["multi_version_steps"],
         )
 
     # --- weights ------------------------------------------------------------------------
@@ -631,6 +688,11 @@ class Engine:
         carry the new version (their KV is shared with no request of the new version);
         callers that need one version per trajectory migrate or abort them first."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
+        if version in self.resident_versions()[1:]:
+            raise UserInputError(
+                f"load_weights(version={version}): an adapter of this version is resident "
+                "(unload_version it first)"
+            )
         # KV of the old weights is never read by a request that starts from now on.
         self.scheduler.new_version(version)
         # tensor by tensor into the live storage: no transient second weight set, and the
@@ -644,6 +706,59 @@ class Engine:
                 len(self._seqs),
             )
         self.version = version
+
+    # --- adapters ------------------------------------------------------------------------
+    def load_adapter(
+        self, version: int, tensors: dict[str, torch.Tensor], alpha: float, rank: int
+    ) -> None:
+        """Hold a LoRA adapter over the full weights as `version` in a free slot, for
+        requests added with that version. `tensors` are peft's lora_A / lora_B by name
+        (`get_peft_model_state_dict`); the delta is B @ A * alpha / rank. All checked
+        first: a refused adapter leaves every resident one as it was."""
+        where = f"load_adapter(version={version})"
+        adapters = self._adapter_room(version, rank, where)
+        slot = adapters.free_slot()
+        assert slot is not None, "checked by _adapter_room"
+        adapter = parse_adapter(tensors, alpha, rank, adapters.layers, where)
+        adapters.load(version, adapter, slot)
+
+    def _adapter_room(self, version: int, rank: int, where: str) -> ResidentAdapters:
+        c = self.config
+        if self.adapters is None or self.adapters.free_slot() is None:
+            raise UserInputError(
+                f"{where}: engine.max_versions={c.max_versions} and versions "
+                f"{self.resident_versions()} are resident (unload_version one, or a larger "
+                "engine.max_versions)"
+            )
+        if not 0 < rank <= c.max_lora_rank:
+            raise UserInputError(
+                f"{where}: rank {rank} is outside 1..engine.max_lora_rank={c.max_lora_rank}"
+            )
+        if version in self.resident_versions():
+            raise UserInputError(f"{where}: version {version} is resident already")
+        return self.adapters
+
+    def unload_version(self, version: int) -> None:
+        """Free the slot of a resident adapter; refused while requests of it are in the
+        engine (a request keeps one version from first token to last)."""
+        slot = None if self.adapters is None else self.adapters.slot_of(version)
+        if slot is None:
+            raise UserInputError(
+                f"unload_version({version}): no adapter of this version is resident "
+                f"(resident: {self.resident_versions()})"
+            )
+        users = [s.request_id for s in self._seqs.values() if s.lora_version == version]
+        if users:
+            raise UserInputError(
+                f"unload_version({version}): {len(users)} request(s) still run under it, "
+                f"e.g. {users[0]!r} (finish, abort or export them first)"
+            )
+        assert self.adapters is not None
+        self.adapters.unload(slot)
+
+    def resident_versions(self) -> list[int]:
+        """The versions this engine serves now: its full weights' first, then its adapters' in order."""
+        return [self.version] + (self.adapters.resident() if self.adapters else [])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The current weights by Hugging Face name (read-only views; with CUDA graphs a
@@ -702,7 +817,7 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         turn_start=seq.turn_start,
         waits_env=seq.waits_env,
         turn_reason=seq.finish_reason if seq.waits_env else None,
-        kv_mixed=kv is not None and seq.kv_version != version,
+        kv_mixed=kv is not None and seq.kv_version is None,  # None once a weight load came
         turn_stop_string=seq.stop_string if seq.waits_env else None,
         routes=bytes(seq.routes),
     )

@@ -52,8 +52,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
-        if x.shape[0] == 1:
-            return self(x.expand(2, -1))[:1]
+        if x.shape[0] == 1:  # Linear's own product (lora.LoraLinear adds its delta after)
+            return Linear.__call__(self, x.expand(2, -1))[:1]
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -63,7 +63,7 @@ class Linear:
         bench's floor times."""
         if self.packed is None:
             return residual + F.linear(x, self.weight, self.bias)
-        return self(x).add_(residual)
+        return Linear.__call__(self, x).add_(residual)
 
 
 class Experts:

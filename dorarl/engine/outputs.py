@@ -121,6 +121,7 @@ class EngineStats:
     kv_blocks_cached: int = 0  # blocks the prefix cache keys, held or idle
     prefill_tokens: int = 0  # prompt tokens computed, total
     prefill_saved_tokens: int = 0  # prompt tokens the prefix cache gave instead, total
+    multi_version_steps: int = 0  # steps whose rows ran under two or more versions, total
 
     @property
     def kv_usage(self) -> float:

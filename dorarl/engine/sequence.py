@@ -58,6 +58,7 @@ class Sequence:
     waits_env: bool = False
     kv_version: int | None = None
     num_cached: int = 0  # leading blocks of block_table the prefix cache keys
+    lora_version: int | None = None  # the resident adapter it runs under; None: full weights
     keys: PromptKeys | None = None  # its prompt's block keys, made once per version
     stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
     stop_string: str | None = None  # the stop string that ended the last turn
