@@ -51,10 +51,12 @@ class LoraLinear(Linear):
     are flattened into A `[slots x parts x R, in]` and B `[out, slots x parts x R]`; a row
     multiplies the shrunk activations of the slots it does not use by zero. That is one product
     pair for the whole step, where gathering A and B per row would copy `[rows, R, in]` per
-    layer, and a row's result does not depend on what other rows' adapters are.
+    layer. Both products are `Linear`s on the base's kernel (re-packed after each adapter
+    load), so on oneDNN a row's result, delta included, is bit-identical whatever rows and
+    adapters share its step; a base row adds exact zeros.
     """
 
-    __slots__ = ("a", "b", "offsets", "rank", "rows", "sizes", "slots")
+    __slots__ = ("expand", "offsets", "rank", "rows", "shrink", "sizes", "slots")
 
     def __init__(
         self, base: Linear, sizes: list[int], slots: int, rank: int, rows: RowScales
@@ -64,8 +66,9 @@ class LoraLinear(Linear):
         self.sizes, self.slots, self.rank, self.rows = sizes, slots, rank, rows
         self.offsets = [sum(sizes[:p]) for p in range(len(sizes))]
         out, width = self.weight.shape
-        self.a = self.weight.new_zeros(slots * self.slot_width, width)
-        self.b = self.weight.new_zeros(out, slots * self.slot_width)
+        a = self.weight.new_zeros(slots * self.slot_width, width)
+        self.shrink = Linear(a, None, base.kernel)  # x -> x A^T, every slot's ranks
+        self.expand = Linear(self.weight.new_zeros(out, a.shape[0]), None, base.kernel)
 
     @property
     def slot_width(self) -> int:
@@ -74,12 +77,12 @@ class LoraLinear(Linear):
     def slot_a(self, slot: int) -> torch.Tensor:
         """Slot `slot`'s A `[parts x R, in]` (slots count from 1: 0 is the base)."""
         w = self.slot_width
-        return self.a[(slot - 1) * w : slot * w]
+        return self.shrink.weight[(slot - 1) * w : slot * w]
 
     def slot_b(self, slot: int) -> torch.Tensor:
         """Slot `slot`'s B `[out, parts x R]`."""
         w = self.slot_width
-        return self.b[:, (slot - 1) * w : slot * w]
+        return self.expand.weight[:, (slot - 1) * w : slot * w]
 
     def write(self, slot: int, part: int, a: torch.Tensor, b: torch.Tensor) -> None:
         """Part `part`'s A `[r, in]` and B `[size, r]` (r <= R) into `slot`; the padding
@@ -93,6 +96,11 @@ class LoraLinear(Linear):
         self.slot_a(slot).zero_()
         self.slot_b(slot).zero_()
 
+    def repack_adapters(self) -> None:
+        """Reorder A and B again after slots were written (oneDNN's copies)."""
+        self.shrink.repack()
+        self.expand.repack()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._add_delta(super().__call__(x), x)
 
@@ -104,9 +112,9 @@ class LoraLinear(Linear):
         scales = self.rows.scales
         if scales is None:
             return y
-        shrunk = (x @ self.a.T).view(x.shape[0], self.slots, self.slot_width)
-        shrunk = shrunk * scales[:, :, None]
-        return y.addmm_(shrunk.view(x.shape[0], -1), self.b.T)
+        rows = x.shape[0]
+        shrunk = self.shrink(x).view(rows, self.slots, self.slot_width) * scales[:, :, None]
+        return y.add_(self.expand(shrunk.view(rows, -1)))
 
 
 @dataclass
@@ -205,6 +213,7 @@ class ResidentAdapters:
                 layer.clear(slot)
                 for part, (a, b) in adapter.parts.get(key, {}).items():
                     layer.write(slot, part, a, b)
+                layer.repack_adapters()
             self.table[slot].zero_()
             self.table[slot, slot - 1] = adapter.scale
         self.versions[slot] = version
@@ -213,6 +222,7 @@ class ResidentAdapters:
         with torch.inference_mode():
             for layer in self.layers.values():
                 layer.clear(slot)
+                layer.repack_adapters()
             self.table[slot].zero_()
         self.versions[slot] = None
 

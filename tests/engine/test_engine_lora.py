@@ -13,6 +13,7 @@ from transformers import LlamaForCausalLM
 
 from dorarl.config import ConfigError
 from dorarl.engine import Engine, EngineConfig
+from dorarl.engine.linear import onednn_works
 from dorarl.errors import UserInputError
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -113,6 +114,47 @@ def test_adapters_and_base_decode_together_as_peft_does(peft_model):
         torch.testing.assert_close(torch.tensor(out.logprobs), logprobs, atol=1e-4, rtol=0)
         assert set(out.versions) == {ADAPTERS[name][0] if name else BASE_VERSION}
     assert engine.stats().multi_version_steps > 0
+
+
+@pytest.mark.skipif(not onednn_works(), reason="row independence is oneDNN's (linear.py)")
+def test_a_request_computes_the_same_alone_or_beside_other_versions(peft_model):
+    """Bit for bit: an adapter's rows and a base row, alone or in a step with other adapters;
+    the base row also as on an engine that holds no adapters."""
+    model, base_weights = peft_model
+    batch = prompts([9, 5, 14], seed=3)
+    mixed = _engine(base_weights)
+    _load_both(mixed, model)
+    for i, (prompt, version) in enumerate(zip(batch, [7, None, 9], strict=True)):
+        mixed.add_request(f"r{i}", prompt, greedy(10), version=version)
+    together = run_all(mixed)
+    alone = _engine(base_weights)
+    _load_both(alone, model)
+    alone.add_request("r0", batch[0], greedy(10), version=7)
+    plain = _engine(base_weights, max_versions=1, prefix_cache="on")
+    plain.add_request("r1", batch[1], greedy(10))
+    for out in (run_all(alone)["r0"], run_all(plain)["r1"]):
+        assert out.output_ids == together[out.request_id].output_ids
+        assert out.logprobs == together[out.request_id].logprobs
+
+
+def test_an_adapter_request_migrates_to_an_engine_that_holds_its_version(peft_model):
+    model, base_weights = peft_model
+    source, target = _engine(base_weights), _engine(base_weights)
+    _load_both(source, model)
+    prompt = prompts([8], seed=4)[0]
+    source.add_request("m", prompt, greedy(12), version=9)
+    for _ in range(5):
+        source.step()
+    snap = source.export_request("m")
+    assert snap.version == 9
+    with pytest.raises(UserInputError, match="cannot be imported"):
+        target.import_request(snap)
+    _load_both(target, model)
+    target.import_request(snap)
+    out = run_all(target)["m"]
+    tokens, logprobs = _reference(model, "two", prompt, 12)
+    assert out.output_ids == tokens and set(out.versions) == {9}
+    torch.testing.assert_close(torch.tensor(out.logprobs), logprobs, atol=1e-4, rtol=0)
 
 
 def test_the_adapters_change_the_tokens(peft_model):
