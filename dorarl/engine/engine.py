@@ -1,4 +1,5 @@
-"""The rollout engine: continuous batching over a paged KV pool, one weights version at a time.
+"""The rollout engine: continuous batching over a paged KV pool, one full-weight version (and
+up to `engine.max_versions - 1` LoRA adapter versions over it, lora.py) at a time.
 
 A step reads as schedule, move KV, run, postprocess. Between steps the engine accepts new
 requests, continues multi-turn requests with an environment's observation (on the KV they
@@ -686,7 +687,8 @@ class Engine:
         Every cached prefix block of the old weights is freed first. Requests still in the
         engine continue on their existing KV under the new weights and their new tokens
         carry the new version (their KV is shared with no request of the new version);
-        callers that need one version per trajectory migrate or abort them first."""
+        callers that need one version per trajectory migrate or abort them first. Resident
+        LoRA adapters stay in their slots, over the new weights."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
         if version in self.resident_versions()[1:]:
             raise UserInputError(

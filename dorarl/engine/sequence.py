@@ -13,6 +13,7 @@ no slot until `Engine.continue_request` appends the next observation.
 `kv_version` is the weights version its KV was computed under (None: none yet, or a weight
 load came while it held KV, so its KV mixes versions): the prefix cache shares blocks of
 that version only, and keys its first `num_cached` prompt blocks.
+A request added under a resident LoRA adapter keeps its `lora_version` to its last token.
 A request with stop strings carries its turn's `StopText`; a turn ends on a stop token,
 then a stop string, then the length cap, so a turn that completes a stop string at its cap
 ends "stop_string".

@@ -157,6 +157,31 @@ def test_an_adapter_request_migrates_to_an_engine_that_holds_its_version(peft_mo
     torch.testing.assert_close(torch.tensor(out.logprobs), logprobs, atol=1e-4, rtol=0)
 
 
+def test_an_adapter_on_some_projections_changes_only_their_slices():
+    """q, v and up adapted: q's and v's columns of the fused q|k|v, up's of gate|up."""
+    torch.manual_seed(5)
+    base = LlamaForCausalLM(tiny_config("llama")).eval()
+    base_weights = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    config = LoraConfig(r=6, lora_alpha=12.0, target_modules=["q_proj", "v_proj", "up_proj"])
+    model = get_peft_model(base, config, adapter_name="some").eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.3)
+    engine = _engine(base_weights, max_versions=2)
+    engine.load_adapter(4, get_peft_model_state_dict(model, adapter_name="some"), 12.0, 6)
+    batch = prompts([6, 13], seed=6)
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", prompt, greedy(10), version=4)
+    outs = run_all(engine)
+    for i, prompt in enumerate(batch):
+        tokens, logprobs = _reference(model, "some", prompt, 10)
+        assert outs[f"r{i}"].output_ids == tokens
+        torch.testing.assert_close(
+            torch.tensor(outs[f"r{i}"].logprobs), logprobs, atol=1e-4, rtol=0
+        )
+
+
 def test_the_adapters_change_the_tokens(peft_model):
     """Guards the test above: with B non-zero each version greedy-decodes differently."""
     model, _ = peft_model
