@@ -26,6 +26,7 @@ CONFIGS = [TrainConfig, SimulateConfig]
 # Keys no other value of which loads on a CPU machine without files: each with why.
 UNCHANGEABLE = {
     "resume": "needs a checkpoint folder",
+    "engine.max_versions": "needs engine.prefix_cache=off as well",
     "trainer.loss.tis_cap": "needs trainer.loss.ratio_base=proximal as well",
     "trainer.moe.route_replay": "needs engine.record_routes=true as well",
 }
