@@ -7,7 +7,7 @@ must be what HF + peft generates with its adapter, and its logprobs what peft's 
 
 import pytest
 import torch
-from engine_testlib import greedy, prompts, run_all, tiny_config
+from engine_testlib import FAMILIES, greedy, prompts, run_all, tiny_config
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import LlamaForCausalLM
 
@@ -180,6 +180,39 @@ def test_an_adapter_on_some_projections_changes_only_their_slices():
         torch.testing.assert_close(
             torch.tensor(outs[f"r{i}"].logprobs), logprobs, atol=1e-4, rtol=0
         )
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2_moe"])
+def test_other_families_adapt_as_peft_does(arch):
+    """Qwen3 (q/k norms after q|k|v, q wider than hidden) on every projection; Qwen2-MoE on
+    attention and its one dense layer's MLP, whose expert blocks keep no adapters."""
+    torch.manual_seed(7)
+    base = FAMILIES[arch][1](tiny_config(arch)).eval()
+    base_weights = {k: v.detach().clone() for k, v in base.state_dict().items()}
+    # Qwen2-MoE: a regex (peft full-matches module names) leaves the shared experts out
+    dense = r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj"
+    config = LoraConfig(r=4, lora_alpha=8.0, target_modules=TARGETS if arch == "qwen3" else dense)
+    model = get_peft_model(base, config, adapter_name="fam").eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_B." in name:
+                param.normal_(0.0, 0.3)
+    tensors = get_peft_model_state_dict(model, adapter_name="fam")
+    mlp_layers = {name.split(".")[4] for name in tensors if ".mlp." in name}
+    assert mlp_layers == ({"0", "1"} if arch == "qwen3" else {"1"})  # Qwen2-MoE: layer 1 is dense
+    model_config = tiny_config(arch)
+    config = EngineConfig(
+        max_num_seqs=4, block_size=4, num_blocks=64, max_model_len=64, prefill_chunk_size=16,
+        max_versions=2, max_lora_rank=4, prefix_cache="off",
+    )  # fmt: skip
+    engine = Engine.from_hf_config(model_config, config, base_weights)
+    engine.load_adapter(1, tensors, 8.0, 4)
+    prompt = prompts([7], seed=8)[0]
+    engine.add_request("r", prompt, greedy(8), version=1)
+    out = run_all(engine)["r"]
+    tokens, logprobs = _reference(model, "fam", prompt, 8)
+    assert out.output_ids == tokens
+    torch.testing.assert_close(torch.tensor(out.logprobs), logprobs, atol=1e-4, rtol=0)
 
 
 def test_the_adapters_change_the_tokens(peft_model):
