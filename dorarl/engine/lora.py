@@ -3,6 +3,7 @@ adds the delta of its own adapter (slot 0: none, the base) in one pair of produc
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -30,7 +31,6 @@ _TARGETS = {
     ("mlp", "up"): ("gate_up", 1),
     ("mlp", "down"): ("down", 0),
 }
-KINDS = ("qkv", "o", "gate_up", "down")
 
 
 @dataclass
@@ -139,6 +139,8 @@ def parse_adapter(
     UserInputError naming the first problem (nothing is written before all pass)."""
     if not tensors:
         raise UserInputError(f"{where}: no adapter tensors")
+    if not math.isfinite(alpha) or alpha <= 0:
+        raise UserInputError(f"{where}: alpha must be a finite number > 0, got {alpha}")
     pairs: dict[tuple[int, str, int], dict[str, tuple[str, torch.Tensor]]] = {}
     for name, tensor in tensors.items():
         key, which = _target(name, layers, where)
@@ -184,17 +186,12 @@ class ResidentAdapters:
     """The adapters an engine holds, one per slot 1..slots, by version, over its weights."""
 
     def __init__(self, spec: ModelSpec, weights: ModelWeights, slots: int, max_rank: int) -> None:
-        self.max_rank = max_rank
         self.rows = RowScales()
         self.versions: list[int | None] = [None] * (slots + 1)  # index 0: the base, never held
         first = weights.layers[0].qkv.weight
         # row s: slot s's scale in its column (row 0, the base: zeros); rows gather from it
         self.table = first.new_zeros(slots + 1, slots)
         self.layers = _attach(spec, weights, slots, max_rank, self.rows)
-
-    @property
-    def slots(self) -> int:
-        return len(self.versions) - 1
 
     def resident(self) -> list[int]:
         return sorted(v for v in self.versions if v is not None)
