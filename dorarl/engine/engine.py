@@ -546,12 +546,15 @@ class Engine:
         self._enqueue(seq)
         self._counters["migrations_in"] += 1
 
-    def resume_request(self, snap: RequestSnapshot) -> None:
-        """Continue a request from its tokens by re-prefill, under this engine's version.
+    def resume_request(self, snap: RequestSnapshot, version: int | None = None) -> None:
+        """Continue a request from its tokens by re-prefill, under this engine's version or
+        the resident adapter `version`.
 
         Earlier tokens keep their versions and logprobs (partial rollout); new ones get
-        this engine's version."""
+        the version it continues under."""
+        adapter = self._adapter_version(snap.request_id, version)
         seq = self._sequence_from(snap)
+        seq.lora_version = adapter
         seq.reprefill_tokens += max(0, seq.num_tokens - 1)
         self._enqueue(seq)
 

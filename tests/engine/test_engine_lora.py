@@ -215,6 +215,23 @@ def test_other_families_adapt_as_peft_does(arch):
     torch.testing.assert_close(torch.tensor(out.logprobs), logprobs, atol=1e-4, rtol=0)
 
 
+def test_a_resumed_request_continues_under_the_adapter_it_names(peft_model):
+    model, base_weights = peft_model
+    engine = _engine(base_weights)
+    _load_both(engine, model)
+    prompt = prompts([6], seed=9)[0]
+    engine.add_request("p", prompt, greedy(10))  # the base's first tokens
+    for _ in range(4):
+        engine.step()
+    snap = engine.abort("p")
+    engine.resume_request(snap, version=7)
+    out = run_all(engine)["p"]
+    done = len(snap.output_ids)
+    assert out.versions == [BASE_VERSION] * done + [7] * (10 - done)
+    tokens, _ = _reference(model, "one", prompt + snap.output_ids, 10 - done)
+    assert out.output_ids[done:] == tokens
+
+
 def test_the_adapters_change_the_tokens(peft_model):
     """Guards the test above: with B non-zero each version greedy-decodes differently."""
     model, _ = peft_model
