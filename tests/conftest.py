@@ -89,7 +89,10 @@ def _converted_once(tmp_path_factory) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.cuda` tests need a GPU: skipped, with the reason, where there is none."""
+    """Slow tests first, so that the two xdist workers end on short ones (a long test that
+    starts last would run alone at the end); `@pytest.mark.cuda` tests need a GPU: skipped,
+    with the reason, where there is none."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch sees none)")
