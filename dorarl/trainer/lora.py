@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
+
+if TYPE_CHECKING:  # the driver reads adapter folders without transformers' modeling code
+    from transformers import PreTrainedModel
 
 from dorarl.errors import UserInputError
 from dorarl.trainer.config import LoraConfig
