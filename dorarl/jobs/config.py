@@ -166,6 +166,14 @@ class EvalSection:
             "ge": 0,
         },
     )
+    timeout_s: float = field(
+        default=1800.0,
+        metadata={
+            "help": "seconds the run's end waits for its evaluations; one not finished by "
+            "then is left out with a warning",
+            "gt": 0,
+        },
+    )
 
 
 @dataclass(kw_only=True)

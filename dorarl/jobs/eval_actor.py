@@ -47,9 +47,16 @@ class Evaluations:
     `record` (the run's evaluations.jsonl) once seen finished, gathered at the end."""
 
     def __init__(
-        self, evaluator: Any, wanted: set[int], start: int, defer: bool, record: Path
+        self,
+        evaluator: Any,
+        wanted: set[int],
+        start: int,
+        defer: bool,
+        record: Path,
+        timeout_s: float = 1800.0,
     ) -> None:
         self.evaluator, self.wanted, self.defer, self.record = evaluator, wanted, defer, record
+        self.timeout_s = timeout_s  # how long the run's end waits for the evaluations
         self.recorded: set[int] = set()
         self.running: dict[int, ray.ObjectRef] = {}
         self.told: set[int] = set()  # versions whose results were looked at
@@ -76,12 +83,24 @@ class Evaluations:
         return self._seen({v: ray.get(ref) for v, ref in self.running.items() if ref in done})
 
     def all(self) -> dict[int, dict[str, Any]]:
-        """Every wanted evaluation, waiting for them (the deferred ones run now)."""
+        """Every wanted evaluation, waiting up to `timeout_s` for them (the deferred ones run
+        now); one not finished by then is left out, in one line, and the run ends without
+        it (its checkpoint and summary matter more than one evaluation)."""
         if self.defer:
             self.running = {
                 v: self.evaluator.evaluate.remote(w, v) for v, w in self.deferred.items()
             }
-        return self._seen({v: ray.get(ref) for v, ref in self.running.items()})
+        refs = list(self.running.values())
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        late = sorted(v for v, ref in self.running.items() if ref in set(pending))
+        if late:
+            log.warning(
+                "evaluation of %s not finished after %.0fs (eval.timeout_s): left out",
+                ", ".join(f"v{v}" for v in late),
+                self.timeout_s,
+            )
+        done = set(ready)
+        return self._seen({v: ray.get(ref) for v, ref in self.running.items() if ref in done})
 
     def _seen(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """`results`, each new one appended to the record and its failed episodes told."""

@@ -220,7 +220,10 @@ def _run(
     plan = _plan(config, point, out_dir, segment, task, actors)
     start = plan.controller.initial_version
     record = RunFolder(out_dir).evaluations
-    evals = Evaluations(actors.evaluator, eval_versions(config, start), start, defer_eval, record)
+    evals = Evaluations(
+        actors.evaluator, eval_versions(config, start), start, defer_eval, record,
+        timeout_s=config.eval.timeout_s,
+    )  # fmt: skip
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     checkpoints = Checkpoints.of(config, out_dir)
     episodes_key = "task.agent" if config.task.agent is not None else "task.env"

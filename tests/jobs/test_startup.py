@@ -1,10 +1,11 @@
-"""The start-up lines of a run, and the bounded wait for its actors to come up."""
+"""The start-up lines of a run, and its bounded waits on actors: for them to come up at the start, for the evaluations at the end."""
 
 import time
 
 import pytest
 
 from dorarl.errors import RunFailed
+from dorarl.jobs.eval_actor import Evaluations
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 
@@ -48,12 +49,19 @@ def test_the_clock_counts_the_process_before_the_constructor():
     assert 0.05 <= times.setup_s < times.process_s
 
 
-@pytest.mark.slow
-def test_actors_not_up_in_time_fail_the_run_naming_them():
+@pytest.fixture(scope="module")
+def local_ray():
     import ray
 
     from dorarl.runtime.local_ray import start_local_ray
 
+    start_local_ray(num_cpus=1)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_actors_not_up_in_time_fail_the_run_naming_them(local_ray):
     class SlowStart:  # defined here, so Ray ships it to the worker by value
         def __init__(self, seconds: float) -> None:
             clock = StartupClock()
@@ -63,15 +71,32 @@ def test_actors_not_up_in_time_fail_the_run_naming_them():
         def startup(self) -> ActorStartup:
             return self._startup
 
-    start_local_ray(num_cpus=1)
-    try:
-        actor = ray.remote(num_cpus=0)(SlowStart)
-        quick, slow = actor.remote(0.0), actor.remote(60.0)
-        up = wait_for_actors({"engine": [quick]}, timeout_s=60)
-        assert len(up["engine"]) == 1 and up["engine"][0].process_s > 0
-        started = time.monotonic()
-        with pytest.raises(RunFailed, match=r"not up after 2s \(ray.startup_timeout_s\): trainer0"):
-            wait_for_actors({"engine": [quick], "trainer": [slow]}, timeout_s=2)
-        assert time.monotonic() - started < 10
-    finally:
-        ray.shutdown()
+    actor = local_ray.remote(num_cpus=0)(SlowStart)
+    quick, slow = actor.remote(0.0), actor.remote(60.0)
+    up = wait_for_actors({"engine": [quick]}, timeout_s=60)
+    assert len(up["engine"]) == 1 and up["engine"][0].process_s > 0
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match=r"not up after 2s \(ray.startup_timeout_s\): trainer0"):
+        wait_for_actors({"engine": [quick], "trainer": [slow]}, timeout_s=2)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.slow
+def test_an_evaluation_not_done_in_time_is_left_out_and_the_run_goes_on(
+    local_ray, tmp_path, caplog
+):
+    class Evaluator:  # v0 answers at once, v2 never within the bound
+        def evaluate(self, weights, version: int) -> dict:
+            if version:
+                time.sleep(60)
+            return {"version": version, "accuracy": 0.5, "n": 4}
+
+    evaluator = local_ray.remote(num_cpus=0)(Evaluator).remote()
+    record = tmp_path / "evaluations.jsonl"
+    evals = Evaluations(evaluator, {0, 2}, 0, False, record, timeout_s=3)
+    evals.offer(2, None)
+    started = time.monotonic()
+    results = evals.all()
+    assert time.monotonic() - started < 15
+    assert list(results) == [0] and len(record.read_text().splitlines()) == 1
+    assert "evaluation of v2 not finished after 3s (eval.timeout_s): left out" in caplog.text
