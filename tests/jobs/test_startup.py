@@ -1,4 +1,5 @@
-"""The start-up lines of a run, and its bounded waits on actors: for them to come up at the start, for the evaluations at the end."""
+"""The start-up lines of a run, and its bounded waits on actors: for them to come up at the
+start, for the evaluations at the end."""
 
 import time
 
