@@ -228,6 +228,14 @@ class TrainConfig:
             "ge": 0,
         },
     )
+    checkpoint_timeout_s: float = field(
+        default=1800.0,
+        metadata={
+            "help": "seconds the run's end waits for its checkpoint writes before it fails "
+            "naming the newest checkpoint written",
+            "gt": 0,
+        },
+    )
     resume: str | None = field(
         default=None,
         metadata={

@@ -359,11 +359,15 @@ class Checkpoints:
     keep: int
     steps: int
     out_dir: Path
+    timeout_s: float = 1800.0  # checkpoint_timeout_s: the longest the run's end waits
     pending: list[Any] = field(default_factory=list)  # writes not yet reported
 
     @classmethod
     def of(cls, config: TrainConfig, out_dir: Path) -> Checkpoints:
-        return cls(config.checkpoint_every, config.checkpoint_keep, config.steps, out_dir)
+        return cls(
+            config.checkpoint_every, config.checkpoint_keep, config.steps, out_dir,
+            config.checkpoint_timeout_s,
+        )  # fmt: skip
 
     @property
     def off(self) -> bool:
@@ -390,7 +394,21 @@ class Checkpoints:
         run has ended, so a failure of this one is the run's."""
         self.report(wait=True)
         if not self.off:
-            print(ray.get(self._write(runtime, position)).line())
+            write = self._write(runtime, position)
+            ready, _ = ray.wait([write], timeout=self.timeout_s)
+            if not ready:
+                raise RunFailed(self._late(f"v{position['version']}"))
+            print(ray.get(write).line())
+
+    def _late(self, what: str) -> str:
+        try:
+            newest = f"the newest written is {find_checkpoint(self.out_dir).name}"
+        except ConfigError:
+            newest = "none was written"
+        return (
+            f"checkpoint of {what} not written after {self.timeout_s:.0f}s "
+            f"(checkpoint_timeout_s); {newest}"
+        )
 
     def _write(self, runtime: RayRuntime, position: dict[str, Any]) -> ray.ObjectRef:
         """Queue a checkpoint of the published version, with the data position to resume
@@ -405,8 +423,10 @@ class Checkpoints:
         One the trainer died in was made again by trainer recovery as the run went on."""
         if not self.pending:
             return
-        timeout = None if wait else 0
+        timeout = self.timeout_s if wait else 0
         done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=timeout)
+        if wait and self.pending:
+            raise RunFailed(self._late(f"{len(self.pending)} periodic write(s)"))
         for ref in done:
             try:
                 print(ray.get(ref).line())
