@@ -12,6 +12,7 @@ listen on every interface for a node address other than 127.0.0.1.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ import psutil
 import pytest
 import ray
 from ray._private import ray_constants
+from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
 from ray.cluster_utils import Cluster
 from test_local_ray import _listening, _this_run
 from test_ray_runtime import COMMON, _check_invariants, _read
@@ -39,7 +41,8 @@ pytestmark = pytest.mark.slow
 
 STEPS = 8
 KILL_AFTER = 4
-"""Step rows in metrics.jsonl after which an engine process of the second node gets SIGKILL."""
+"""Step rows in metrics.jsonl after which (once a migration is among them) an engine process
+of the second node gets SIGKILL."""
 PLACES = {"head": {"learner": 1.0}, "second": {"rollout": 3.0}}
 """Each node's custom resources: three engines asking rollout=1 fill the second node (a
 replacement can only go where the dead one was), trainer and evaluator take the head's."""
@@ -55,6 +58,9 @@ def two_nodes():
         env.setenv("RAY_AUTH_MODE", "token")
         _single_node_mode()  # 127.0.0.1 stays the nodes' address, not the machine's outward one
         ray._raylet.Config.initialize("")
+        # what ray.init does for a new local cluster; Cluster does not, and a fresh machine
+        # has no ~/.ray/auth_token until some ray.init has made it
+        ensure_token_if_auth_enabled()
         cluster = Cluster(initialize_head=True, head_node_args=_node_args("head"))
         try:
             cluster.add_node(**_node_args("second"))
@@ -98,7 +104,7 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while not self.done.is_set():
             self._look()
-            if self.killed is None and self._steps() >= KILL_AFTER:
+            if self.killed is None and self._due():
                 self.listening = _listening(_this_run())
                 victims = [pid for pid, (t, n) in self.seen.items() if (t, n) == (ENGINE, "second")]
                 if victims and psutil.pid_exists(victims[0]):
@@ -121,9 +127,13 @@ class Watcher(threading.Thread):
                     if title.startswith(actor):
                         self.seen.setdefault(child.pid, (actor, place))
 
-    def _steps(self) -> int:
+    def _due(self) -> bool:
+        """`KILL_AFTER` steps logged and a migration among them: the kill must come after a
+        migration has crossed the weight group, however slowly a loaded machine runs."""
         path = self.out / "metrics.jsonl"
-        return len(path.read_text().splitlines()) if path.exists() else 0
+        text = path.read_text() if path.exists() else ""
+        rows = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
+        return len(rows) >= KILL_AFTER and sum(row["migrations"] for row in rows) > 0
 
 
 def test_a_dora_run_across_two_nodes(two_nodes, tiny_model_dir, tmp_path):

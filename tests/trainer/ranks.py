@@ -4,6 +4,7 @@ store this process hosts."""
 
 from __future__ import annotations
 
+import faulthandler
 import pickle
 import tempfile
 from pathlib import Path
@@ -18,6 +19,7 @@ HOST = "127.0.0.1"
 
 
 def _rank_main(rank: int, world_size: int, port: int, fn, args, out: str) -> None:
+    faulthandler.enable(all_threads=True)  # a rank that dies of a signal says where
     torch.set_num_threads(1)
     group = join_group(rank, world_size, joined_store(HOST, port, 300.0), HOST, "cpu")
     try:
