@@ -41,13 +41,25 @@ class Dispatch:
 @dataclass(frozen=True, slots=True)
 class LoadWeights:
     """Load `version` from `source` (`TRAINER` or a peer instance that hosts it; the peer
-    keeps it until this load ends). The instance holds no request when this runs, so the
-    old version's KV is gone (an engine that keeps cache beyond its requests frees it
-    here). Answer: `WeightsLoaded(instance_id, version)`."""
+    keeps it until this load ends). With one version per instance the instance holds no
+    request when this runs, so the old version's KV is gone (an engine that keeps cache
+    beyond its requests frees it here). With several (`versions_per_instance`), requests
+    of the versions it held keep running beside the load, under their own version, until
+    `ReleaseVersion`. Answer: `WeightsLoaded(instance_id, version)`."""
 
     instance_id: int
     version: int
     source: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseVersion:
+    """No request on `instance_id` runs under `version` any more, and the instance has moved
+    on to a newer one: it drops that version's weights (a LoRA adapter's slot). Comes before
+    any load the same answer brings. No answer."""
+
+    instance_id: int
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +141,7 @@ class Finish:
 Command = (
     Dispatch
     | LoadWeights
+    | ReleaseVersion
     | Migrate
     | Interrupt
     | Resume

@@ -100,6 +100,14 @@ class ControllerConfig:
         default=4, metadata={"help": "rollout instances (one version each)", "ge": 1}
     )
     slots: int = field(default=64, metadata={"help": "max running requests per instance", "ge": 1})
+    versions_per_instance: int = field(
+        default=1,
+        metadata={
+            "help": "versions one instance holds at once (1: one; more with LoRA adapters): "
+            "an instance takes the newest version while requests of older ones finish on it",
+            "ge": 1,
+        },
+    )
     steps: int = field(
         default=10,
         metadata={"help": "version the run ends at (steps run: steps - initial_version)", "ge": 1},
@@ -146,6 +154,7 @@ class ControllerConfig:
                 f"{self.instances} x {self.slots} slots"
             )
         self._check_max_groups()
+        self._check_versions_per_instance()
         try:
             self.orchestrator.validate()
         except ConfigError as exc:
@@ -154,6 +163,21 @@ class ControllerConfig:
             raise ConfigError(
                 "rollout.filter_groups: needs group_size >= 2 (a group of one always has "
                 "zero advantage, so every group would be filtered)"
+            )
+
+    def _check_versions_per_instance(self) -> None:
+        """Several versions per instance: at a publish every instance takes the newest while
+        its older requests finish, which needs room for the K+1 versions a window spans
+        (fewer would leave an instance unable to switch, a policy of its own)."""
+        held = self.versions_per_instance
+        if held == 1:
+            return
+        if self.mode != "dora":
+            raise ConfigError(f"versions_per_instance: {held} needs mode=dora, got {self.mode}")
+        if held < self.effective_K + 1:
+            raise ConfigError(
+                f"versions_per_instance: {held} cannot hold the K+1={self.effective_K + 1} "
+                "versions a window spans; hold more or lower K"
             )
 
     def _check_max_groups(self) -> None:

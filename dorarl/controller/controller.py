@@ -18,7 +18,8 @@ where out(<= w) counts outstanding (dispatched, not consumed) groups of version 
   t - K <= w <= newest <= t, i.e. 0 <= t - w <= K. No group is ever removed otherwise.
 - No deadlock: if the trainer is idle and not ready, either some group is in flight (its
   requests sit on instances of their own version, which never switch while holding a
-  request: they migrate them first, to instances that keep the version) and will finish,
+  request: they migrate them first, to instances that keep the version; or, with several
+  versions per instance, they keep running there under their own version) and will finish,
   or nothing is in flight and out < TBS <= RBS, so the newest version may admit a group
   ((K+1) x TBS capacity), every instance is free to host it, and the trainer holds it as a
   weight source. A busy trainer always answers TrainDone.
@@ -37,7 +38,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dorarl.controller.commands import Command, Finish, Train, parse_request_id, request_id
+from dorarl.controller.commands import (
+    Command,
+    Finish,
+    ReleaseVersion,
+    Train,
+    parse_request_id,
+    request_id,
+)
 from dorarl.controller.config import ControllerConfig
 from dorarl.controller.dora import DoraOrchestrator
 from dorarl.controller.errors import require
@@ -93,6 +101,8 @@ class Controller:
         if self.finished:
             return []
         commands = self._handlers[type(event)](event)
+        # first: a version's weights go before a load on the same instance needs the room
+        commands = [ReleaseVersion(i, v) for i, v in self.ledger.take_releases()] + commands
         if not self.finished:
             commands += self._maybe_train()
             if self.rollout.demand():
@@ -233,7 +243,9 @@ class Controller:
 
 
 def _view(inst: InstanceState) -> InstanceView:
-    return InstanceView(inst.instance_id, inst.version, inst.ready, tuple(inst.requests))
+    return InstanceView(
+        inst.instance_id, inst.version, inst.ready, tuple(inst.requests), tuple(inst.draining)
+    )
 
 
 def _make_orchestrator(

@@ -5,7 +5,9 @@ usage over the threshold (utilization), a periodic timer (temporal), plus a lega
 instance running dry. Each cycle: partition plan (legacy versions packed as tight as their
 KV allows, not their slots) -> release the cheapest instances of shrinking versions,
 moving their requests (with KV) to instances that keep the version -> load the newest
-version onto released instances from a peer when one holds it.
+version onto released instances from a peer when one holds it. With several versions per
+instance (LoRA adapters) the cycle is simpler: every instance free to change takes the
+newest version and keeps its requests running under their own, so nothing migrates.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class DoraOrchestrator(Orchestrator):
         """A legacy instance that runs dry goes to the newest version if the plan shrinks its
         version (the cheapest release there is: nothing to move)."""
         ledger = self.ledger
-        if inst.requests or inst.version == ledger.newest or inst.pinned:
+        if self.holds_several or inst.requests or inst.version == ledger.newest or inst.pinned:
             return []
         if len(ledger.hosts[inst.version]) > self.partition().get(inst.version, 0):
             return self.switch([inst], ledger.newest)
@@ -41,7 +43,9 @@ class DoraOrchestrator(Orchestrator):
         """A load of an older version ended, or freed a source the window has left: re-plan."""
         ledger = self.ledger
         stale = min(ledger.hosts) < ledger.newest - self.config.effective_K
-        return self.rebalance() if inst.version != ledger.newest or stale else []
+        # several versions: the load may have freed its source to take the newest
+        changed = inst.version != ledger.newest or stale or self.holds_several
+        return self.rebalance() if changed else []
 
     def on_group_filtered(self) -> list[Command]:
         """Re-plan: the filtered group's version may need none of its instances now, and
@@ -66,8 +70,14 @@ class DoraOrchestrator(Orchestrator):
             versions += [w for w in range(ledger.newest - 1, oldest - 1, -1) if ledger.hosts.get(w)]
         return versions
 
+    @property
+    def holds_several(self) -> bool:
+        return self.config.versions_per_instance > 1
+
     # ---- re-balance cycle ----------------------------------------------------------------
     def rebalance(self) -> list[Command]:
+        if self.holds_several:
+            return self.advance_all()
         target = self.partition()
         commands: list[Command] = []
         released: list[InstanceState] = []
@@ -77,6 +87,15 @@ class DoraOrchestrator(Orchestrator):
                 commands += moves
                 released += freed
         return commands + self.switch(released, self.ledger.newest)
+
+    def advance_all(self) -> list[Command]:
+        """Every instance behind the newest version and free to change takes it; its
+        requests keep running under their own version. There is room: at a publish of n,
+        Eq. 1 leaves work of versions n-K .. n-1 only, so an instance holds at most K+1
+        (`ControllerConfig.versions_per_instance` is at least that)."""
+        ledger = self.ledger
+        behind = [i for i in ledger.instances if i.version < ledger.newest and not i.pinned]
+        return self.switch(behind, ledger.newest)
 
     def partition(self) -> dict[int, int]:
         ledger = self.ledger
@@ -158,6 +177,7 @@ class DoraOrchestrator(Orchestrator):
     def _youngest_active(self, inst: InstanceState) -> str | None:
         for rid in reversed(inst.requests):
             req = self.ledger.requests[rid]
-            if not req.moving and not req.relieved and rid not in inst.offloaded:
+            held = req.held_as is not None  # its version lives on this instance only
+            if not req.moving and not req.relieved and not held and rid not in inst.offloaded:
                 return rid
         return None

@@ -2,8 +2,10 @@
 
 `violations(ledger)` returns human-readable breaches, empty when all hold: the admission
 invariant (INV, hence Eq. 1 for any future step), ready instances host window versions
-only (a weight source may finish an in-flight transfer first), every in-flight request sits on an instance of its own version (so no version with
-work has zero instances), slot capacity, and the derived counters match a recount: every
+only (a weight source may finish an in-flight transfer first), every in-flight request sits
+on an instance of its own version or one that holds it (so no version with work is left
+without weights), at most `versions_per_instance` versions and the slots on each instance,
+and the derived counters match a recount: every
 dispatched group is outstanding, consumed or filtered (exactly one), and the completion
 queues hold exactly the complete outstanding groups, each once.
 """
@@ -46,6 +48,10 @@ def _instances(ledger: Ledger) -> list[str]:
             problems.append(
                 f"instance {inst.instance_id} holds {len(inst.requests)} > {ledger.slots}"
             )
+        held = inst.held_versions
+        too_many = len(held) > ledger.config.versions_per_instance
+        if too_many or not set(inst.draining) <= set(allowed):
+            problems.append(f"instance {inst.instance_id} holds versions {held} (window {allowed})")
     return problems
 
 
@@ -57,9 +63,10 @@ def _requests(ledger: Ledger) -> list[str]:
         group = ledger.groups[req.group_id]
         if rid not in inst.requests:
             problems.append(f"request {rid} not on its instance {inst.instance_id}")
-        if not partial and inst.version != group.version:
+        runs_as = inst.version if req.held_as is None else req.held_as
+        if not partial and (runs_as != group.version or req.held_as in (inst.version,)):
             problems.append(f"request {rid} of v{group.version} on instance of v{inst.version}")
-        if not inst.ready and not req.parked:
+        if not inst.ready and not req.parked and req.held_as is None:
             problems.append(f"live request {rid} on instance {inst.instance_id} loading weights")
     return problems
 
@@ -75,9 +82,12 @@ def _counters(ledger: Ledger) -> list[str]:
             free[inst.version] += ledger.free_slots(inst)
     if +free != +Counter(ledger.free):
         problems.append(f"free slots {dict(ledger.free)} != recount {dict(free)}")
-    load = Counter()
+    load: Counter = Counter()
     for inst in ledger.instances:
-        load[inst.version] += len(inst.requests)
+        held = Counter(ledger.requests[r].held_as for r in inst.requests)
+        load[inst.version] += held.pop(None, 0)
+        if held != Counter(inst.draining):
+            problems.append(f"instance {inst.instance_id} draining {inst.draining} != {dict(held)}")
     if +load != +Counter(ledger.requests_on):
         problems.append(f"requests_on {dict(ledger.requests_on)} != recount {dict(load)}")
     for version, buckets in ledger.buckets.items():

@@ -5,6 +5,9 @@ version, free slots per version on ready instances, instances per version) stay 
 A request always sits on exactly one instance until its SampleDone; a group is outstanding
 from its first Dispatch until a Train consumes it or, complete with all-equal rewards under
 dynamic sampling, it is filtered; never both (`consume` and `filter` pop it from `groups`).
+With several versions per instance, an instance that takes a newer version keeps its live
+requests under their own: they are *held* (counted in `draining`, not in `requests_on`), and
+when the last one of a version ends there the ledger notes a release for the controller.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ class InstanceState:
     # since the version was assigned); decode is KV-bound long before slots run out
     kv_fit: float | None = None
     offloaded: set[str] = field(default_factory=set)
+    # older versions whose requests still run here -> how many (several versions per instance)
+    draining: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def held_versions(self) -> list[int]:
+        """The versions whose weights it must keep: older ones with requests here, then its own."""
+        return [*sorted(self.draining), self.version]
 
     @property
     def pinned(self) -> bool:
@@ -46,6 +56,7 @@ class RequestState:
     moving: bool = False
     parked: bool = False  # interrupted, waiting for Resume (partial rollout)
     relieved: bool = False  # already moved once for KV relief: never again (no ping-pong)
+    held_as: int | None = None  # its version, once its instance has moved on to a newer one
 
 
 @dataclass(slots=True, eq=False)
@@ -91,6 +102,7 @@ class Ledger:
         self.trainer_loads = 0
         self.dispatched = self.completed = self.consumed = self.filtered = 0
         self.filtered_since_publish = 0  # dynamic sampling's per-step budget in use
+        self.releases: list[tuple[int, int]] = []  # (instance, version) none of its requests hold
         for inst in self.instances:
             self.hosts[start][inst.instance_id] = None
             self._index(inst)
@@ -121,6 +133,15 @@ class Ledger:
 
     def free_slots(self, inst: InstanceState) -> int:
         return self.slots - len(inst.requests)
+
+    def own_requests(self, inst: InstanceState) -> int:
+        """Requests on `inst` of the version it hosts (not held ones of older versions)."""
+        return len(inst.requests) - sum(inst.draining.values())
+
+    def take_releases(self) -> list[tuple[int, int]]:
+        """(instance, version) pairs whose last held request ended since the last call."""
+        releases, self.releases = self.releases, []
+        return releases
 
     @property
     def queued(self) -> int:
@@ -170,7 +191,7 @@ class Ledger:
         inst = self.instances[req.instance_id]
         if req.moving:
             inst.incoming -= 1
-        self._remove(inst, rid)
+        self._remove(inst, rid, req)
         group = self.groups[req.group_id]
         group.remaining -= 1
         group.tokens += tokens
@@ -195,7 +216,8 @@ class Ledger:
 
     def move(self, rid: str, dst: InstanceState) -> None:
         req = self.requests[rid]
-        self._remove(self.instances[req.instance_id], rid)
+        require(req.held_as is None, f"request {rid} of held v{req.held_as} moved")
+        self._remove(self.instances[req.instance_id], rid, req)
         req.instance_id = dst.instance_id
         req.moving = True
         dst.incoming += 1
@@ -260,20 +282,43 @@ class Ledger:
 
     # ---- instances -----------------------------------------------------------------------
     def assign(self, inst: InstanceState, version: int) -> None:
-        """Point an instance at another version; it must hold no live request."""
-        require(all(self.requests[r].parked for r in inst.requests), "assign with live requests")
+        """Point an instance at another version. With one version per instance it must hold
+        no live request; with several, its live requests are held under their own version
+        (parked ones, partial rollout's, follow the instance)."""
         require(inst.ready or inst.source is None, "assign while a weight load is in flight")
+        own = self.own_requests(inst)
+        live = [
+            r
+            for r in inst.requests
+            if not self.requests[r].parked and self.requests[r].held_as is None
+        ]
+        require(not live or self.config.versions_per_instance > 1, "assign with live requests")
         self._unindex(inst)
         self.sources[inst.version].pop(inst.instance_id, None)
-        self.requests_on[inst.version] -= len(inst.requests)
+        self.requests_on[inst.version] -= own
+        self._hold(inst, live)
+        if self.config.versions_per_instance > 1 and inst.version not in inst.draining:
+            self.releases.append((inst.instance_id, inst.version))  # none of its requests use it
         self._unhost(inst)
+        require(
+            version not in inst.draining and len(inst.draining) < self.config.versions_per_instance,
+            f"instance {inst.instance_id} holding {sorted(inst.draining)} assigned v{version}",
+        )
         inst.version = version
         inst.ready = False
-        inst.offloaded.clear()
-        inst.kv_fit = None  # the switch frees the KV cache; the old mix says nothing
+        if not inst.draining:  # held requests keep their KV, and their offloads stand
+            inst.offloaded.clear()
+            inst.kv_fit = None  # the switch frees the KV cache; the old mix says nothing
         self.hosts[version][inst.instance_id] = None
-        self.requests_on[version] += len(inst.requests)
+        self.requests_on[version] += own - len(live)
         self.awaiting[inst.instance_id] = None
+
+    def _hold(self, inst: InstanceState, live: list[str]) -> None:
+        """Keep `live` requests of the instance's version running under it as held ones."""
+        for rid in live:
+            self.requests[rid].held_as = inst.version
+        if live:
+            inst.draining[inst.version] = len(live)
 
     def start_load(self, inst: InstanceState, source: int) -> None:
         self.awaiting.pop(inst.instance_id, None)
@@ -318,12 +363,21 @@ class Ledger:
         self.requests_on[inst.version] += 1
         self._index(inst)
 
-    def _remove(self, inst: InstanceState, rid: str) -> None:
+    def _remove(self, inst: InstanceState, rid: str, req: RequestState) -> None:
         self._unindex(inst)
         del inst.requests[rid]
         inst.offloaded.discard(rid)
-        self.requests_on[inst.version] -= 1
+        if req.held_as is None:
+            self.requests_on[inst.version] -= 1
+        else:
+            self._unhold(inst, req.held_as)
         self._index(inst)
+
+    def _unhold(self, inst: InstanceState, version: int) -> None:
+        inst.draining[version] -= 1
+        if not inst.draining[version]:
+            del inst.draining[version]
+            self.releases.append((inst.instance_id, version))
 
     def _index(self, inst: InstanceState) -> None:
         """Count a ready instance's free slots and file it under its free count."""

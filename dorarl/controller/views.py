@@ -17,3 +17,4 @@ class InstanceView:
     version: int  # assigned: hosted when `ready`, else being loaded
     ready: bool
     requests: tuple[str, ...]  # live requests placed on it, oldest first (parked ones too)
+    held: tuple[int, ...] = ()  # older versions whose requests still run on it

@@ -33,6 +33,7 @@ from dorarl.controller import (
     Migrate,
     MigrationDone,
     Offload,
+    ReleaseVersion,
     Resume,
     SampleDone,
     SetTimer,
@@ -167,6 +168,7 @@ class Driver:
         return {
             Dispatch: self._dispatch,
             LoadWeights: rollout.load_weights,
+            ReleaseVersion: rollout.release_version,
             Migrate: self._migrate,
             Interrupt: self._interrupt,
             Resume: self._resume,

@@ -16,7 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dorarl.controller import Dispatch, Interrupt, LoadWeights, Migrate, Offload, Resume
+from dorarl.controller import (
+    Dispatch,
+    Interrupt,
+    LoadWeights,
+    Migrate,
+    Offload,
+    ReleaseVersion,
+    Resume,
+)
 from dorarl.data import Group
 from dorarl.driver.requests import RequestSpec
 
@@ -29,6 +37,9 @@ class Rollout(Protocol):
 
     def load_weights(self, command: LoadWeights) -> None:
         """Load a version; answer `WeightsLoaded`. How weights travel is the runtime's."""
+
+    def release_version(self, command: ReleaseVersion) -> None:
+        """Drop an older version's weights from an instance that holds several; no answer."""
 
     def migrate(self, command: Migrate) -> None:
         """Move requests with their KV; answer `Driver.migration_done`."""

@@ -83,6 +83,7 @@ class Recorder:
         trajectories: bool = True,
         trace: bool = True,
         first_version: int = 0,
+        versions_per_instance: int = 1,
         overhead_kinds: Sequence[str] = OVERHEAD_KINDS,
         texts: Callable[[Sample], dict[str, str]] | None = None,
         records_dir: str | Path | None = None,  # summary.json and trace.json (default out_dir)
@@ -102,7 +103,9 @@ class Recorder:
         self.summary: dict[str, Any] | None = None
         self.groups = GroupAccount()
         self.usage = SlotUsage(num_instances, self._busy_counter if self.trace else None)
-        self.lanes = VersionLanes(num_instances, first_version, self.trace)
+        self.lanes = VersionLanes(
+            num_instances, first_version, self.trace, keeps_old=versions_per_instance > 1
+        )
         self.faults: Counter = Counter()  # restarts, replayed steps, replay mismatches
         self.engines: dict[int, dict[str, Any]] = {}  # each engine's set-up, where reported
         self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
@@ -262,6 +265,7 @@ class Recorder:
         return {
             cmd.Dispatch: self._on_dispatch,
             cmd.LoadWeights: self.lanes.load_started,
+            cmd.ReleaseVersion: lambda c, now: None,
             cmd.Migrate: self._on_migrate,
             cmd.Interrupt: lambda c, now: self.usage.parked(c.request_ids, c.instance_id, now),
             cmd.Resume: lambda c, now: self.usage.resumed(c.request_ids, c.instance_id, now),

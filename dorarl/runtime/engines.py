@@ -41,6 +41,7 @@ from dorarl.controller import (
     LoadWeights,
     Migrate,
     Offload,
+    ReleaseVersion,
     Resume,
     WeightsLoaded,
 )
@@ -94,6 +95,10 @@ class EngineFleet:
 
     def load_weights(self, c: LoadWeights) -> None:
         self.load(c.instance_id, c.version, c.source)
+
+    def release_version(self, c: ReleaseVersion) -> None:
+        """An older version none of the instance's requests use: its adapter slot is free."""
+        self.workers[c.instance_id].release_version.remote(c.version)
 
     def migrate(self, c: Migrate) -> None:
         src, dst = self.workers[c.src], self.workers[c.dst]

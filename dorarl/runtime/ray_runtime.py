@@ -297,6 +297,7 @@ def _recorder(plan: RayRunPlan, overheads: tuple[str, ...]) -> Recorder:
         num_instances=config.instances,
         slots_per_instance=config.slots,
         first_version=config.initial_version,
+        versions_per_instance=config.versions_per_instance,
         overhead_kinds=overheads,
         texts=plan.texts,
         records_dir=plan.records_dir,

@@ -4,7 +4,8 @@ It is the simulator's `Executor` (each command changes instance state and schedu
 answer on the clock) and its event source (`poll` pops the next due item and hands what
 happened to the driver). A strict executor: a command a real runtime could not honour
 (dispatch to a busy or wrong-version instance, a weight load on an instance that still
-holds requests or serves a peer, training at the wrong version) raises `ProtocolError`.
+holds requests or serves a peer, or that would hold more versions than it may, training at
+the wrong version) raises `ProtocolError`.
 Deterministic: ties on the clock pop in push order.
 """
 
@@ -24,6 +25,7 @@ from dorarl.controller import (
     Migrate,
     Offload,
     ProtocolError,
+    ReleaseVersion,
     Resume,
     Timer,
     TrainDone,
@@ -73,6 +75,7 @@ class SimCluster:
         ]
         for inst in self.instances:
             inst.version = config.initial_version
+            inst.weights_held = {config.initial_version}
         self.queue = EventQueue()
         self.now = 0.0
         self.pending = 0  # queued items other than timers: none left and not done is a deadlock
@@ -191,17 +194,46 @@ class SimCluster:
 
     def load_weights(self, c: LoadWeights) -> None:
         inst = self.instances[c.instance_id]
-        if inst.holding or self._links.get(inst.instance_id, 0.0) > self.now:
+        several = self.config.versions_per_instance > 1
+        if (inst.holding and not several) or self._links.get(inst.instance_id, 0.0) > self.now:
             raise ProtocolError(f"{c}: instance still holds requests or serves weights")
         self._check_source(c)
+        self._check_room(inst, c)
         inst.ready = False
-        start = max(self.now, inst.busy_until) + self.cost.free_cache_s
+        # several versions: the held requests keep their KV and decode on through the load
+        free_cache = 0.0 if several and inst.holding else self.cost.free_cache_s
+        start = max(self.now, inst.busy_until) + free_cache
         begin = max(start, self._links.get(c.source, 0.0))
         end = begin + self.cost.weight_load_s(from_trainer=c.source == TRAINER)
         self._links[c.source] = end
-        self.recorder.overhead("free_cache", self.cost.free_cache_s)
+        self.recorder.overhead("free_cache", free_cache)
         self.recorder.overhead("load_balance", end - begin)
         self._push(end, WeightsLoaded(c.instance_id, c.version, end))
+
+    def _check_room(self, inst: SimInstance, c: LoadWeights) -> None:
+        """Its requests' versions stay resident beside the new one, within the bound."""
+        if self.config.versions_per_instance == 1:  # a load replaces the weights
+            inst.weights_held = {c.version}
+            return
+        held = self._held_versions(inst)
+        if not held <= inst.weights_held:
+            raise ProtocolError(
+                f"{c}: requests of v{sorted(held - inst.weights_held)} lost weights"
+            )
+        inst.weights_held.add(c.version)  # beside what is not released yet
+        if len(inst.weights_held) > self.config.versions_per_instance:
+            raise ProtocolError(f"{c}: instance would hold versions {sorted(inst.weights_held)}")
+
+    def _held_versions(self, inst: SimInstance) -> set[int]:
+        """The versions of the requests it runs (none migrate in while it loads: the
+        controller never switches an instance with incoming requests)."""
+        return {r.segments[-1][0] for r in (*inst.active.values(), *inst.offloaded.values())}
+
+    def release_version(self, c: ReleaseVersion) -> None:
+        inst = self.instances[c.instance_id]
+        if c.version in self._held_versions(inst):
+            raise ProtocolError(f"{c}: instance {c.instance_id} still serves v{c.version}")
+        inst.weights_held.discard(c.version)
 
     def _check_source(self, c: LoadWeights) -> None:
         if c.source == TRAINER:

@@ -48,6 +48,8 @@ class SimInstance:
         self.kv_cap = float(cost.kv_capacity_tokens)
         self.version = 0
         self.ready = True
+        # the versions whose weights it holds (several: LoRA adapters)
+        self.weights_held: set[int] = {0}
         self.active: dict[str, SimRequest] = {}
         self.offloaded: dict[str, SimRequest] = {}
         self.incoming = 0

@@ -79,6 +79,7 @@ class SimRuntime:
             trajectories=trajectories,
             trace=trace,
             first_version=config.initial_version,
+            versions_per_instance=config.versions_per_instance,
         )
         self.watchdog = _Watchdog(watchdog_events, lambda: self.cluster.now)
         observers = [self.watchdog] + ([observer] if observer is not None else [])

@@ -16,6 +16,7 @@ from dorarl.controller import (
     MigrationDone,
     Offload,
     OrchestratorConfig,
+    ReleaseVersion,
     Resume,
     SampleDone,
     SetTimer,
@@ -131,6 +132,45 @@ def test_dora_consolidates_stragglers_and_promotes_the_freed_instance():
     assert violations(ctl.ledger) == []
 
 
+def test_with_two_versions_an_instance_takes_the_new_one_and_its_stragglers_finish_there():
+    """One instance, K=1, two versions held: at the publish of v1 it loads v1 at once (no
+    migration, nothing waits for the stragglers), new groups go to v1 beside the v0
+    stragglers, and v0 is released when its last request there ends."""
+    cfg = ControllerConfig(
+        mode="dora", K=1, rbs=3, tbs=1, group_size=1, instances=1, slots=4, steps=3,
+        versions_per_instance=2,
+    )  # fmt: skip
+    ctl = Controller(cfg)
+    dispatches = only(ctl.handle(Start()), Dispatch)
+    assert [d.version for d in dispatches] == [0, 0]  # admission: (K+1) x TBS
+    first, straggler = dispatches
+    assert only(ctl.handle(SampleDone(first.group_id, 0, 0, 5, 1.0)), Train) == [Train((0,), 0)]
+    commands = ctl.handle(TrainDone(1, 2.0))
+    assert only(commands, LoadWeights) == [LoadWeights(0, 1, TRAINER)]
+    assert not only(commands, Migrate) and not only(commands, ReleaseVersion)
+    assert ctl.instance(0).held == (0,) and violations(ctl.ledger) == []
+    commands = ctl.handle(WeightsLoaded(0, 1, 2.5))
+    assert [d.version for d in only(commands, Dispatch)] == [1]  # beside the v0 straggler
+    # the straggler ends: the trainer takes it (staleness 1) and v0 leaves the instance
+    commands = ctl.handle(SampleDone(straggler.group_id, 0, 0, 50, 3.0))
+    assert commands[0] == ReleaseVersion(0, 0)
+    assert only(commands, Train) == [Train((straggler.group_id,), 1)]
+    assert ctl.instance(0).held == () and violations(ctl.ledger) == []
+
+
+def test_an_instance_with_no_request_of_its_old_version_releases_it_before_the_load():
+    cfg = ControllerConfig(
+        mode="dora", K=1, rbs=1, tbs=1, group_size=1, instances=1, slots=2, steps=3,
+        versions_per_instance=2,
+    )  # fmt: skip
+    ctl = Controller(cfg)
+    (d,) = only(ctl.handle(Start()), Dispatch)
+    (again,) = only(ctl.handle(SampleDone(d.group_id, 0, 0, 5, 1.0)), Dispatch)  # during step 0
+    ctl.handle(SampleDone(again.group_id, 0, 0, 5, 1.5))
+    commands = ctl.handle(TrainDone(1, 2.0))
+    assert commands[:2] == [ReleaseVersion(0, 0), LoadWeights(0, 1, TRAINER)]
+
+
 def test_partial_rollout_interrupts_everything_and_resumes_after_the_load():
     cfg = ControllerConfig(
         mode="partial_rollout",
@@ -216,6 +256,9 @@ def test_timer_rearms_and_finish_ends_the_protocol():
             {"orchestrator": OrchestratorConfig(rebalance_period_s=0.0)},
             "orchestrator.rebalance_period_s",
         ),
+        ({"versions_per_instance": 0}, "versions_per_instance"),
+        ({"versions_per_instance": 2, "K": 2}, "versions_per_instance"),
+        ({"versions_per_instance": 2, "mode": "sync"}, "versions_per_instance"),
     ],
 )
 def test_config_errors_name_the_key(overrides, key):

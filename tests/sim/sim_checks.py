@@ -174,7 +174,11 @@ def _check_trace(out: Path, cfg: ControllerConfig) -> None:
             if value == 0:
                 continue
             end = points[idx + 1][0] if idx + 1 < len(points) else ts
-            version = next((v for s, e, v in slices if s <= ts <= e + TRACE_RESOLUTION_US), None)
+            # the newest slice holding ts: with several versions per instance one version's
+            # lane ends where the next begins
+            version = next(
+                (v for s, e, v in reversed(slices) if s <= ts <= e + TRACE_RESOLUTION_US), None
+            )
             assert version is not None, f"instance {pid - 1} busy at {ts} with no hosted version"
             low = newest(end, strictly_before=True) - cfg.effective_K
             assert version >= low, f"instance {pid - 1} ran v{version} outside the window at {end}"

@@ -270,6 +270,12 @@ class EngineWorker:
     def offload(self, request_id: str) -> bool:
         return request_id in self.engine.request_ids() and self.engine.offload(request_id)
 
+    def release_version(self, version: int) -> None:
+        """Drop `version`'s adapter, which no request here uses now (the controller's word);
+        a version served by the full weights has nothing to drop."""
+        if version in self.engine.resident_versions()[1:]:
+            self.engine.unload_version(version)
+
     def weights(self) -> dict[str, torch.Tensor]:
         """This instance's weights, to serve a peer that switches to its version."""
         return {name: t.detach().to("cpu") for name, t in self.engine.state_dict().items()}
