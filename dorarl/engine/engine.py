@@ -385,8 +385,7 @@ class Engine:
             "scheduler stalled with unfinished requests"
         )
         self._move_kv(batch)
-        if self.adapters is not None:
-            self._begin_adapters(batch)
+        versions = self._begin_adapters(batch) if self.adapters is not None else 1
         sampled = self.runner.run(batch) if batch.decode or batch.prefill else []
         self._counters["steps"] += 1
         finished = self._postprocess(batch, sampled)
@@ -399,17 +398,20 @@ class Engine:
             prefill_tokens=prefill,
             resident_tokens=sum(seq.num_computed for seq in self.scheduler.running),
             saved_tokens=batch.saved_tokens,
+            versions=versions,
         )
         return finished
 
-    def _begin_adapters(self, batch: Batch) -> None:
-        """Each row's adapter slot for the step's products, from the sequences it runs."""
+    def _begin_adapters(self, batch: Batch) -> int:
+        """Each row's adapter slot for the step's products, from the sequences it runs;
+        returns how many versions the step runs."""
         assert self.adapters is not None
         items = batch.items
         slots = [self._slot_of(seq) for seq, _ in items]
         self.adapters.begin_step(slots, [n for _, n in items])
         if len(set(slots)) > 1:
             self._counters["multi_version_steps"] += 1
+        return max(1, len(set(slots)))
 
     def _slot_of(self, seq: Sequence) -> int:
         if seq.lora_version is None:

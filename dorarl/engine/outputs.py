@@ -91,6 +91,7 @@ class StepWork:
     prefill_tokens: int = 0  # prompt (or re-prefill) tokens computed in chunks
     resident_tokens: int = 0  # tokens with KV in the device pool after the step
     saved_tokens: int = 0  # prompt tokens whose KV the prefix cache gave (not computed)
+    versions: int = 1  # policy versions among its rows (the full weights' and adapters')
 
     @property
     def extra_tokens(self) -> int:

@@ -68,6 +68,7 @@ class _Step:
     prefill_saved: int = 0  # prompt tokens whose KV their prefix caches gave
     migrations: int = 0
     offloads: int = 0
+    mixed_steps: int = 0  # engine steps that ran requests of two or more versions
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -180,6 +181,10 @@ class Recorder:
         self._step.prefill += computed
         self._step.prefill_saved += saved
         self._cached_blocks[instance_id] = cached_blocks
+
+    def mixed_steps(self, steps: int) -> None:
+        """Engine steps whose batch ran requests of two or more versions (adapters)."""
+        self._step.mixed_steps += steps
 
     def restarted(self, instance_id: int, requests: int, now: float) -> None:
         """A dead instance was replaced; its `requests` start again from their prompts."""
@@ -386,11 +391,13 @@ class Recorder:
             "cached_blocks": sum(self._cached_blocks.values()),
             "migrations": step.migrations,
             "offloads": step.offloads,
+            "mixed_version_steps": step.mixed_steps,
         }
         self._totals.update({f"overhead_{k}": v for k, v in step.overhead.items()})
         self._totals.update(
             reprefill=step.reprefill, migrations=step.migrations, offloads=step.offloads,
             prefill=step.prefill, prefill_saved=step.prefill_saved,
+            mixed_steps=step.mixed_steps,
         )  # fmt: skip
         return line | step.extra
 
@@ -431,6 +438,7 @@ class Recorder:
             "staleness": {str(s): n for s, n in sorted(self._staleness.items())},
             "migrations": totals["migrations"],
             "offloads": totals["offloads"],
+            "mixed_version_steps": totals["mixed_steps"],
             "reprefill_tokens": totals["reprefill"],
             "prefill_tokens": totals["prefill"],
             "prefill_saved_tokens": totals["prefill_saved"],

@@ -223,6 +223,7 @@ def run_summary(
         "staleness": _staleness(rows),
     }
     summary |= {key: sum(r[key] for r in rows) for key in ("migrations", "offloads")}
+    summary["mixed_version_steps"] = sum(r.get("mixed_version_steps", 0) for r in rows)
     summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
     summary |= _prefill(rows)
     summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}

@@ -223,6 +223,7 @@ class EngineFleet:
             sample = self.plan.sample(self.driver.requests.spec(output.request_id), output)
             self.recorder.reprefill(output.reprefill_tokens)
             self.driver.sample_done(iid, sample)
+        self.recorder.mixed_steps(report.mixed_steps)
         self.recorder.prefill(
             iid, report.prefill_tokens, report.saved_tokens, report.stats.kv_blocks_cached
         )

@@ -106,6 +106,8 @@ def test_adapters_and_base_decode_together_as_peft_does(peft_model):
     for (name, i), prompt in zip(runs, batch, strict=True):
         version = ADAPTERS[name][0] if name else None
         engine.add_request(f"r{i}", prompt, greedy(12), version=version)
+    engine.step()
+    assert engine.last_step.versions == 3  # the base's and both adapters' rows in one step
     outs = run_all(engine)
     for (name, i), prompt in zip(runs, batch, strict=True):
         out = outs[f"r{i}"]

@@ -117,12 +117,16 @@ def test_partial_rollout_writes_per_token_versions_and_counts_reprefill(tmp_path
     assert lines[1]["reprefill_tokens"] == 12 and lines[1]["staleness"] == {"1": 1}
 
 
-def test_prefill_work_per_step_and_the_cached_blocks_each_instance_last_reported(tmp_path):
+def test_prefill_work_and_mixed_version_steps_per_step_and_the_cached_blocks_each_instance_last_reported(
+    tmp_path,
+):
     rec = Recorder(tmp_path, mode="sync", k=0, num_instances=2, slots_per_instance=4)
     rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1))])
     rec.prefill(0, 512 + 1, 511, 40)
     rec.prefill(1, 100, 0, 7)
     rec.prefill(0, 0, 0, 33)  # instance 0 evicted some: the latest count stands
+    rec.mixed_steps(3)
+    rec.mixed_steps(2)
     rec.observe(SampleDone(0, 0, 0, 2, 1.0), [])
     rec.observe(SampleDone(0, 1, 0, 2, 1.5), [Train((0,), 0)])
     rec.consumed([group(0, 0, [2, 2])], 0)
@@ -133,6 +137,7 @@ def test_prefill_work_per_step_and_the_cached_blocks_each_instance_last_reported
     assert line["prefix_hit_rate"] == pytest.approx(511 / 1124)
     assert line["cached_blocks"] == 33 + 7
     assert (summary["prefill_tokens"], summary["prefill_saved_tokens"]) == (613, 511)
+    assert line["mixed_version_steps"] == summary["mixed_version_steps"] == 5
 
 
 def test_consuming_an_incomplete_or_unknown_group_is_reported_as_dropped(tmp_path):

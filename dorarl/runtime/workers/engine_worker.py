@@ -74,6 +74,7 @@ class RunReport:
     pace: PaceStats | None = None  # real compute against device time (paced workers)
     prefill_tokens: int = 0  # prompt tokens its steps computed
     saved_tokens: int = 0  # prompt tokens the prefix cache gave instead
+    mixed_steps: int = 0  # steps whose batch ran requests of two or more versions
 
 
 @dataclass
@@ -152,19 +153,20 @@ class EngineWorker:
         started = time.time()
         finished: list[RequestOutput] = []
         busy: list[int] = []
-        steps = prefill = saved = 0
+        steps = prefill = saved = mixed = 0
         while steps < max_steps and self.engine.has_runnable():
             finished.extend(self._step())
             work = self.engine.last_step
             busy.append(work.rows)
             prefill, saved = prefill + work.prefill_tokens, saved + work.saved_tokens
+            mixed += work.versions > 1
             steps += 1
             if finished and until_finished:
                 break
         pace = self.pacer.take() if self.pacer is not None else None
         return RunReport(
             self.instance_id, finished, self.engine.stats(), steps, started, time.time(), busy,
-            pace, prefill, saved,
+            pace, prefill, saved, mixed,
         )  # fmt: skip
 
     def _step(self) -> list[RequestOutput]:
