@@ -3,8 +3,9 @@
 The runtime hands here every engine call that failed because an actor is gone, and every
 answer that came from an actor replaced since (`EngineFleet.stale`). The controller never
 notices: the instance keeps its version and its requests. A fresh actor takes the dead
-one's place (a new incarnation), takes back the version the controller has it host (the
-trainer's copy, kept for every window version, or a live peer's), and starts the
+one's place (a new incarnation), takes back the version the controller has it host and
+any older ones it holds for requests still running there (the trainer's copy, kept for
+every window version, or a live peer's), and starts the
 requests the driver has placed on it again from their prompts. Each request's sampling
 seed is its own, so under the same version they follow the same distribution as before;
 the group still has one version. Then the failed call's effect is redone:
@@ -87,9 +88,11 @@ class InstanceRecovery:
         log.warning("engine instance %d died; starting a replacement (%d)", iid, self.restarts)
         self.fleet.replace(iid, self.respawn(iid))
         instance = self.driver.controller.instance(iid)
-        if instance.ready:  # it hosted a version: put it back before its requests
-            source = self._source(instance.version, avoid=iid)
-            self.fleet.restore(iid, instance.version, source)
+        # the versions its requests run under go back before them: older ones it held for
+        # requests still running there, and the one it hosts (if its load had ended)
+        versions = [*instance.held, *([instance.version] if instance.ready else [])]
+        for version in versions:
+            self.fleet.restore(iid, version, self._source(version, avoid=iid))
         # requests caught in a migration are the migration's to redo (`redo`)
         requests = self.driver.requests.on(iid)
         self.fleet.start(iid, requests)
