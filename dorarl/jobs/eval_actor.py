@@ -3,7 +3,8 @@
 It never stalls rollout or training: versions are handed to it as they are published
 (`offer`), or, with `defer`, kept until the run ends so it takes no CPU from a timed run.
 Each result is appended to the run's evaluations.jsonl once it is seen finished, so a run
-stopped or killed later keeps it.
+stopped or killed later keeps it. An evaluation that fails, or an evaluator that dies (Ray's
+memory monitor may pick it), costs that evaluation, in one line, never the run.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ class Evaluations:
         self.recorded: set[int] = set()
         self.running: dict[int, ray.ObjectRef] = {}
         self.told: set[int] = set()  # versions whose results were looked at
+        self.gone = False  # the evaluator died: later versions go unevaluated
         self.deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights
         if not defer:
             self.running[start] = evaluator.evaluate.remote(None, start)
 
     def offer(self, version: int, weights: ray.ObjectRef) -> None:
         """`version` was published with `weights`: evaluate it if it is wanted."""
-        if version not in self.wanted:
+        if version not in self.wanted or self.gone:
             return
         if self.defer:
             self.deferred[version] = weights
@@ -79,14 +81,13 @@ class Evaluations:
             return {}
         refs = list(self.running.values())
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        done = set(ready)
-        return self._seen({v: ray.get(ref) for v, ref in self.running.items() if ref in done})
+        return self._seen(self._results(set(ready)))
 
     def all(self) -> dict[int, dict[str, Any]]:
         """Every wanted evaluation, waiting up to `timeout_s` for them (the deferred ones run
         now); one not finished by then is left out, in one line, and the run ends without
         it (its checkpoint and summary matter more than one evaluation)."""
-        if self.defer:
+        if self.defer and not self.gone:
             self.running = {
                 v: self.evaluator.evaluate.remote(w, v) for v, w in self.deferred.items()
             }
@@ -99,8 +100,32 @@ class Evaluations:
                 ", ".join(f"v{v}" for v in late),
                 self.timeout_s,
             )
-        done = set(ready)
-        return self._seen({v: ray.get(ref) for v, ref in self.running.items() if ref in done})
+        return self._seen(self._results(set(ready)))
+
+    def _results(self, done: set[ray.ObjectRef]) -> dict[int, dict[str, Any]]:
+        """The results of the `done` evaluations; a failed one is told and dropped."""
+        results = {}
+        for version, ref in list(self.running.items()):
+            if ref not in done:
+                continue
+            try:
+                results[version] = ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                del self.running[version]
+                self._failed(version, exc)
+        return results
+
+    def _failed(self, version: int, exc: ray.exceptions.RayError) -> None:
+        dead = isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError))
+        reason = next((line for line in str(exc).splitlines() if line.strip()), "")[:200]
+        log.warning(
+            "evaluation of v%d failed, left out (%s: %s)%s",
+            version,
+            type(exc).__name__,
+            reason,
+            "; the evaluator is gone, so later versions go unevaluated" if dead else "",
+        )
+        self.gone = self.gone or dead
 
     def _seen(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """`results`, each new one appended to the record and its failed episodes told."""

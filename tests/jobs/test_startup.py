@@ -1,6 +1,7 @@
 """The start-up lines of a run, and its bounded waits on actors: for them to come up at the
 start, for the evaluations at the end."""
 
+import os
 import time
 
 import pytest
@@ -101,3 +102,27 @@ def test_an_evaluation_not_done_in_time_is_left_out_and_the_run_goes_on(
     assert time.monotonic() - started < 15
     assert list(results) == [0] and len(record.read_text().splitlines()) == 1
     assert "evaluation of v2 not finished after 3s (eval.timeout_s): left out" in caplog.text
+
+
+@pytest.mark.slow
+def test_an_evaluator_that_dies_costs_its_evaluations_not_the_run(local_ray, tmp_path, caplog):
+    """Ray's memory monitor may kill the evaluator: its evaluation is left out in one line,
+    later versions go unevaluated, and nothing raises into the run."""
+
+    class Evaluator:  # v0 answers at once, v2 takes the process down
+        def evaluate(self, weights, version: int) -> dict:
+            if version:
+                os._exit(1)
+            return {"version": version, "accuracy": 0.5, "n": 4}
+
+    evaluator = local_ray.remote(num_cpus=0, max_restarts=0)(Evaluator).remote()
+    record = tmp_path / "evaluations.jsonl"
+    evals = Evaluations(evaluator, {0, 2, 4}, 0, False, record, timeout_s=30)
+    evals.offer(2, None)
+    deadline = time.monotonic() + 30
+    while 2 in evals.running and time.monotonic() < deadline:
+        evals.finished()
+        time.sleep(0.1)
+    assert evals.gone and "evaluation of v2 failed, left out (ActorDiedError" in caplog.text
+    evals.offer(4, None)  # nobody left to evaluate it: not asked
+    assert list(evals.all()) == [0] and len(record.read_text().splitlines()) == 1
