@@ -31,6 +31,7 @@ from dorarl.jobs.engine_plan import (
     budget_lines,
     check_engines,
     engine_budgets,
+    engines_start_at,
     gpu_memory,
     model_folder,
     model_spec,
@@ -172,13 +173,13 @@ class RayActors:
         pace: DeviceModel | None,
     ) -> RayActors:
         threads = share_threads(config.ray.threads_per_actor, config.instances)
-        start = point.version if point else 0
+        start = engines_start_at(config, point)
         engine = EngineSpec(model_folder, config.engine, threads.engine, start, threads.engine_nice)
         resume_from = str(point.folder) if point else None
         trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
         workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
         trainer_actor = spawn_trainer(trainer, pace, placed)
-        evaluator = start_evaluator(config, model_folder, task, threads, placed)
+        evaluator = start_evaluator(config, model_folder, task, threads, placed, point)
         return cls(workers, trainer_actor, evaluator, engine, trainer, pace, placed)
 
     def by_role(self) -> dict[str, list[Any]]:
@@ -295,8 +296,11 @@ def _plan(
         actors.trainer,
         restarts=actors.restarts(config, RunFolder(out_dir).checkpoints),
         transport=config.weights.spec(
-            config.engine.device, config.trainer.device, config.engine.dtype
-        ),
+            config.engine.device,
+            config.trainer.device,
+            config.engine.dtype,
+            adapters=config.adapter_versions,
+        ),  # fmt: skip
         max_model_len=config.engine.max_model_len,
         out_dir=out_dir,
         records_dir=segment,

@@ -95,6 +95,33 @@ class EngineFleet:
     def load_weights(self, c: LoadWeights) -> None:
         self.load(c.instance_id, c.version, c.source)
 
+    # ---- versions on an engine -------------------------------------------------------------
+    def host_first(self, version: int, timeout_s: float) -> None:
+        """Before the first command: every engine that does not hold the run's first
+        `version` loads it from the trainer (engines holding adapters start on the base,
+        version 0, so a LoRA run resumed at v gets v's adapter here); waited for at most
+        `timeout_s`, and a failed load raises as the engine's."""
+        workers = self.workers
+        held = ray.get([w.resident_versions.remote() for w in workers], timeout=timeout_s)
+        missing = [iid for iid, versions in enumerate(held) if version not in versions]
+        if not missing:
+            return
+        loads = {iid: self._carry(iid, version, TRAINER) for iid in missing}
+        ready, _ = ray.wait(list(loads.values()), num_returns=len(loads), timeout=timeout_s)
+        for iid, ref in loads.items():
+            if ref not in ready:
+                raise TimeoutError(
+                    f"engine instance {iid} did not load version {version} in {timeout_s:.0f}s "
+                    "(weights.timeout_s)"
+                )
+            ray.get(ref)
+
+    def unload(self, iid: int, version: int) -> ray.ObjectRef:
+        """Ask `iid` to drop `version`'s adapter; after the calls sent to it before (an
+        actor runs its calls in order), its answer is whether it went (False: a request
+        there still runs under it, or it holds no such adapter)."""
+        return self.workers[iid].unload_version.remote(version)
+
     def migrate(self, c: Migrate) -> None:
         src, dst = self.workers[c.src], self.workers[c.dst]
         route = self.weights.kv_route(src, dst)
@@ -115,7 +142,7 @@ class EngineFleet:
 
     def resume(self, c: Resume) -> None:
         refs = list(dict.fromkeys(self._parked.pop(rid) for rid in c.request_ids))
-        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs)
+        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs, version=c.version)
         self._release_held_back(c.request_ids)
         self.keep_running(c.instance_id)
 
@@ -133,7 +160,10 @@ class EngineFleet:
         self.keep_running(iid)
 
     def load(self, iid: int, version: int, source: int) -> None:
-        """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded."""
+        """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded.
+        Full weights replace the old ones; an adapter version (a LoRA run on engines with
+        engine.max_versions > 1) goes into a free slot and the engine drops the adapters no
+        request there still uses (EngineWorker.load_weights)."""
         if source == TRAINER:  # the trainer may serve it no more: then a peer that hosts it
             source = self.holder(version, avoid=iid)
         ref = self._carry(iid, version, source)

@@ -65,8 +65,8 @@ class RolloutPlan:
         prompt = self.prompt(spec.prompt_index)
         if self.episodes is not None:
             ids = self.episodes.begin(spec.request_id, prompt)
-            return NewRequest(spec.request_id, ids, params)
-        return NewRequest(spec.request_id, list(prompt.prompt_ids), params)
+            return NewRequest(spec.request_id, ids, params, spec.version)
+        return NewRequest(spec.request_id, list(prompt.prompt_ids), params, spec.version)
 
     def sample(
         self, spec: RequestSpec, out: RequestOutput, episode: EpisodeState | None = None
