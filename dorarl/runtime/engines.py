@@ -150,13 +150,16 @@ class EngineFleet:
         self.workers[c.instance_id].offload.remote(c.request_id)
 
     # ---- what recovery and the commands share -------------------------------------------
-    def start(self, iid: int, requests: Sequence[RequestSpec]) -> None:
-        """Start `requests` on `iid` from their prompts (placed there by the driver)."""
+    def start(self, iid: int, requests: Sequence[RequestSpec], version: int | None = None) -> None:
+        """Start `requests` on `iid` from their prompts (placed there by the driver), each
+        under the version it was dispatched under, or all under `version` (a replacement
+        restarting them under what its instance hosts, as full weights would)."""
         if requests:
             for spec in requests:  # started (again) from its prompt: a fresh episode
                 self._env_waiting.discard(spec.request_id)
                 self._held_back.pop(spec.request_id, None)
-            self.workers[iid].add.remote([self.plan.request(spec) for spec in requests])
+            new = [self.plan.request(spec, version) for spec in requests]
+            self.workers[iid].add.remote(new)
         self.keep_running(iid)
 
     def load(self, iid: int, version: int, source: int) -> None:

@@ -87,12 +87,14 @@ class InstanceRecovery:
         log.warning("engine instance %d died; starting a replacement (%d)", iid, self.restarts)
         self.fleet.replace(iid, self.respawn(iid))
         instance = self.driver.controller.instance(iid)
+        hosted = None
         if instance.ready:  # it hosted a version: put it back before its requests
             source = self._source(instance.version, avoid=iid)
             self.fleet.restore(iid, instance.version, source)
+            hosted = instance.version
         # requests caught in a migration are the migration's to redo (`redo`)
         requests = self.driver.requests.on(iid)
-        self.fleet.start(iid, requests)
+        self.fleet.start(iid, requests, hosted)
         self.driver.recorder.restarted(iid, len(requests), self.driver.now())
 
     def _source(self, version: int, avoid: int) -> int:

@@ -73,7 +73,9 @@ class WeightTransport(Protocol):
 
     def load(self, engine: Any, version: int, peer: Any | None) -> ray.ObjectRef:
         """Make `engine` host `version`, from `peer` (an engine actor hosting it) or, with
-        None, from the trainer's copy; returns the engine's load result."""
+        None, from the trainer's copy; returns the engine's load result. With adapters on
+        the wire the engine takes `version`'s adapter into a slot (version 0: the base it
+        holds, nothing moves) and drops those no request there uses."""
 
     def trainer_copy(self, version: int) -> ray.ObjectRef:
         """A reference to the trainer's CPU copies of `version` (the evaluator loads it)."""
