@@ -211,12 +211,13 @@ class RayRuntime:
     def _host_first(self, timeout_s: float) -> None:
         """Every engine holds the run's first version before the first dispatch (a failed
         load stops the run in one line naming the engine)."""
+        what = "an engine (loading the run's first version)"
         try:
             self.engines.host_first(self.driver.config.initial_version, timeout_s)
         except ray.exceptions.RayTaskError as exc:
-            raise WorkerFailed(
-                "an engine (loading the run's first version)", _describe(exc)
-            ) from exc
+            raise WorkerFailed(what, _describe(exc)) from exc
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # a death, or no answer in time
+            raise WorkerFailed(what, f"{type(exc).__name__}: {exc}") from exc
 
     def poll(self) -> None:
         """Fire due timers, then hand every answer that is in to its handler."""

@@ -160,3 +160,23 @@ def test_a_flipped_adapter_through_the_object_store_is_refused(actors):
         f"adapter of version {version} refused on instance 0: tensor {name!r} (bucket "
     )
     assert ray.get(first.resident_versions.remote()) == resident
+
+
+def test_a_replacement_outside_the_group_gets_adapters_through_the_object_store(
+    actors, tiny_model_dir
+):
+    """A replaced engine is outside the group: its loads of an adapter, from the trainer
+    and from a peer, come as Ray objects, verified the same way."""
+    trainer, (first, _), transports = actors
+    transport = transports["collective"]
+    version = _step(trainer, transport, seed=54)
+    ray.get(transport.load(first, version, None))
+    adapter = ray.get(trainer.adapter_weights.remote())
+    outside = spawn_engine(2, EngineSpec(str(tiny_model_dir), EngineConfig(**ENGINE)))
+    assert transport.kv_route(first, outside) is None  # not a member
+    assert ray.get(transport.load(outside, version, None)).version == version
+    assert _same_bits(ray.get(outside.weights.remote(version)), adapter)
+    ray.get(outside.host_resident.remote(0))  # drops it: the peer's copy must travel again
+    assert ray.get(transport.load(outside, version, first)).version == version
+    assert _same_bits(ray.get(outside.weights.remote(version)), adapter)
+    ray.kill(outside)
