@@ -154,6 +154,12 @@ def random_llama(
         torch.set_default_dtype(before)
 
 
+def meta_model(shape: str) -> PreTrainedModel:
+    """A model of `shape` on the meta device: its names and shapes, no memory."""
+    with torch.device("meta"):
+        return _CLASSES[_family(shape)][1](shape_config(shape))
+
+
 def _check_host_memory(shape: str, config: PretrainedConfig, device: str, dtype: torch.dtype):
     """One line, not an out-of-memory kill, for weights the host cannot hold."""
     if torch.device(device).type != "cpu":

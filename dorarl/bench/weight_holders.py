@@ -1,8 +1,8 @@
 """The actors `dorarl bench weights` moves weights between: a source that publishes versions
 as the trainer does and sinks that load them as engines do, through the same endpoints.
 
-They hold named tensors of a model's shape instead of a trainer and an engine, so a
-0.5B-parameter bench fits this machine's memory; every byte still goes through the
+They hold named tensors of a model's shape (or of its LoRA adapters) instead of a trainer
+and an engine, so a 0.5B-parameter bench fits this machine's memory; every byte still goes through the
 runtime's own transports (dorarl.runtime.transfer.weights, dorarl.runtime.transfer.collective) and their
 endpoint functions, verified against the sender's manifest on every load.
 """
@@ -24,7 +24,7 @@ from dorarl.runtime.transfer.weight_group import (
     open_store,
     own_host,
 )
-from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused
+from dorarl.runtime.transfer.weight_layout import AdapterSpec, Manifest, WeightsRefused
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], dtype: str, seed: int) -> dict:
@@ -42,11 +42,19 @@ class _Clocked:
 
 
 class SourceHolder(_Clocked):
-    """The trainer's side: versions published as `TrainerWorker` publishes them."""
+    """The trainer's side: versions published as `TrainerWorker` publishes them (with
+    `adapter`, as a LoRA trainer whose engines hold adapters: `shapes` are its A and B)."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], dtype: str, threads: int) -> None:
+    def __init__(
+        self,
+        shapes: dict[str, tuple[int, ...]],
+        dtype: str,
+        threads: int,
+        adapter: AdapterSpec | None = None,
+    ) -> None:
         torch.set_num_threads(threads)
         self.named = random_weights(shapes, dtype, seed=0)
+        self.adapter = adapter
         self.version = 0
         self.served = ServedVersions()
         self.group: WeightGroup | None = None
@@ -59,7 +67,7 @@ class SourceHolder(_Clocked):
         return self.version
 
     def publish(self, serving: WeightServing) -> tuple[Any, Manifest]:
-        return endpoints.publish(self.named, self.version, serving, self.served)
+        return endpoints.publish(self.named, self.version, serving, self.served, self.adapter)
 
     def open_weight_store(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
         host = own_host(loopback)
@@ -113,7 +121,7 @@ class SinkHolder(_Clocked):
             return
         endpoints.send_hosted(self.group, self.named, manifest, dst)
 
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
         """The hosted version for a peer through the object store (as `EngineWorker`)."""
         if not self.named:
             raise WeightsRefused(f"instance {self.instance_id} hosts nothing yet")

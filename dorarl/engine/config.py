@@ -28,6 +28,11 @@ PrefixCacheMode = Literal["on", "off"]
 TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
 # Keys per Triton decode partition; fixed so a row's result never depends on its batch.
 DECODE_PARTITION_TOKENS = 512
+ADAPTED_PROJECTIONS = frozenset(
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+)
+"""The HF projections a resident LoRA adapter may target (lora.py; an MoE layer's experts
+keep none)."""
 
 
 def triton_unfit(block_size: int, head_dim: int | None = None) -> str | None:

@@ -763,6 +763,24 @@ class Engine:
         assert self.adapters is not None
         self.adapters.unload(slot)
 
+    def adapter_tensors(self, version: int) -> tuple[dict[str, torch.Tensor], float, int]:
+        """A resident adapter as loaded: its A and B by the names they came by (read-only
+        views of its slot, copy what you keep), its alpha and rank."""
+        slot = None if self.adapters is None else self.adapters.slot_of(version)
+        if slot is None:
+            raise UserInputError(
+                f"adapter_tensors({version}): no adapter of this version is resident "
+                f"(resident: {self.resident_versions()})"
+            )
+        assert self.adapters is not None
+        held = self.adapters.held[slot]
+        return self.adapters.tensors(slot), held.alpha, held.rank
+
+    def versions_in_use(self) -> set[int]:
+        """The versions the engine's requests run under (a resident adapter stays while one
+        of its requests is here)."""
+        return {self._version_of(seq) for seq in self._seqs.values()}
+
     def resident_versions(self) -> list[int]:
         """The versions this engine serves now: its full weights' first, then its adapters' in order."""
         return [self.version] + (self.adapters.resident() if self.adapters else [])

@@ -92,6 +92,12 @@ class LoraLinear(Linear):
         self.slot_a(slot)[start : start + r].copy_(a)
         self.slot_b(slot)[rows, start : start + r].copy_(b)
 
+    def read(self, slot: int, part: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Part `part`'s A `[r, in]` and B `[size, r]` as `write` wrote them (views)."""
+        start = part * self.rank
+        rows = slice(self.offsets[part], self.offsets[part] + self.sizes[part])
+        return self.slot_a(slot)[start : start + r], self.slot_b(slot)[rows, start : start + r]
+
     def clear(self, slot: int) -> None:
         self.slot_a(slot).zero_()
         self.slot_b(slot).zero_()
@@ -119,13 +125,19 @@ class LoraLinear(Linear):
 
 @dataclass
 class Adapter:
-    """One adapter's checked tensors: (layer, engine layer kind) -> part -> (A, B)."""
+    """One adapter's checked tensors: (layer, engine layer kind) -> part -> (A, B), and the
+    names they came by: (layer, kind, part) -> (A's name, B's name)."""
 
     rank: int
-    scale: float  # alpha / rank
+    alpha: float
     parts: dict[tuple[int, str], dict[int, tuple[torch.Tensor, torch.Tensor]]] = field(
         default_factory=dict
     )
+    names: dict[tuple[int, str, int], tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
 
 
 def parse_adapter(
@@ -145,7 +157,7 @@ def parse_adapter(
     for name, tensor in tensors.items():
         key, which = _target(name, layers, where)
         pairs.setdefault(key, {})[which] = (name, tensor)
-    adapter = Adapter(rank, alpha / rank)
+    adapter = Adapter(rank, alpha)
     for (index, kind, part), ab in pairs.items():
         if set(ab) != {"A", "B"}:
             ((name, _),) = ab.values()
@@ -158,7 +170,29 @@ def parse_adapter(
             ab["A"][1].detach(),
             ab["B"][1].detach(),
         )
+        adapter.names[(index, kind, part)] = (ab["A"][0], ab["B"][0])
     return adapter
+
+
+def merge_adapter(
+    named: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], alpha: float, rank: int
+) -> dict[str, torch.Tensor]:
+    """`named` (full weights by HF name) with the adapter `tensors` (peft's names) merged
+    into their projections, W + B @ A * alpha / rank computed in float32 (what peft's
+    `merge_and_unload` gives); every other tensor is `named`'s own."""
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        match = _NAME.match(name)
+        if match is None:
+            raise UserInputError(f"merge_adapter: {name!r} is not a LoRA A or B of a projection")
+        target = f"model.layers.{match[1]}.{match[2]}.{match[3]}_proj.weight"
+        pairs.setdefault(target, {})[match[4]] = tensor
+    merged = dict(named)
+    for target, ab in pairs.items():
+        w = named[target]
+        a, b = ab["A"].to(w.device, torch.float32), ab["B"].to(w.device, torch.float32)
+        merged[target] = torch.addmm(w.float(), b, a, alpha=alpha / rank).to(w.dtype)
+    return merged
 
 
 def _target(
@@ -188,6 +222,8 @@ class ResidentAdapters:
     def __init__(self, spec: ModelSpec, weights: ModelWeights, slots: int, max_rank: int) -> None:
         self.rows = RowScales()
         self.versions: list[int | None] = [None] * (slots + 1)  # index 0: the base, never held
+        # each held slot's rank, alpha and tensor names (not its tensors: they are the slots')
+        self.held: dict[int, Adapter] = {}
         first = weights.layers[0].qkv.weight
         # row s: slot s's scale in its column (row 0, the base: zeros); rows gather from it
         self.table = first.new_zeros(slots + 1, slots)
@@ -214,6 +250,16 @@ class ResidentAdapters:
             self.table[slot].zero_()
             self.table[slot, slot - 1] = adapter.scale
         self.versions[slot] = version
+        self.held[slot] = Adapter(adapter.rank, adapter.alpha, names=dict(adapter.names))
+
+    def tensors(self, slot: int) -> dict[str, torch.Tensor]:
+        """A held slot's A and B by the names they were loaded by, read back from the slot
+        (views): what the engine computes with."""
+        held = self.held[slot]
+        out: dict[str, torch.Tensor] = {}
+        for (index, kind, part), (a_name, b_name) in held.names.items():
+            out[a_name], out[b_name] = self.layers[(index, kind)].read(slot, part, held.rank)
+        return out
 
     def unload(self, slot: int) -> None:
         with torch.inference_mode():
@@ -222,6 +268,7 @@ class ResidentAdapters:
                 layer.repack_adapters()
             self.table[slot].zero_()
         self.versions[slot] = None
+        self.held.pop(slot, None)
 
     def begin_step(self, slots: list[int], rows_per_item: list[int]) -> None:
         """The step's rows (item i runs `rows_per_item[i]` rows under adapter slot

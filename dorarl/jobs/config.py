@@ -17,6 +17,7 @@ from dorarl.config import ConfigError, check_fields
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
+from dorarl.engine.config import ADAPTED_PROJECTIONS
 from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.ray_config import RayConfig
 from dorarl.runtime.transfer.weights_config import WeightsConfig
@@ -284,6 +285,8 @@ class TrainConfig:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
         self._check_overlong()
+        if self.adapter_versions:
+            self._check_adapters()
         if self.trainer.moe.route_replay and not self.engine.record_routes:
             raise ConfigError(
                 "trainer.moe.route_replay: needs engine.record_routes=true (the engines record "
@@ -293,6 +296,30 @@ class TrainConfig:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "
                 f"prompt under engine.max_model_len={self.engine.max_model_len}"
+            )
+
+    @property
+    def adapter_versions(self) -> bool:
+        """A LoRA run whose engines hold adapters: each version travels and is served as its
+        adapter over the base (docs/training.md)."""
+        return self.trainer.lora.enabled and self.engine.max_versions > 1
+
+    def _check_adapters(self) -> None:
+        """What an engine's adapter slot takes, refused before anything starts."""
+        lora = self.trainer.lora
+        if lora.rank > self.engine.max_lora_rank:
+            raise ConfigError(
+                f"trainer.lora.rank: {lora.rank} is over engine.max_lora_rank="
+                f"{self.engine.max_lora_rank} (with engine.max_versions > 1 each version is an "
+                "adapter in an engine slot of that rank)"
+            )
+        targets = set(lora.target_modules) - {"all-linear"}
+        unknown = sorted(targets - ADAPTED_PROJECTIONS)
+        if unknown:
+            raise ConfigError(
+                f"trainer.lora.target_modules: the engines hold adapters of "
+                f"{'|'.join(sorted(ADAPTED_PROJECTIONS))} only, not {', '.join(unknown)} "
+                "(or engine.max_versions=1: merged full weights)"
             )
 
     def _check_overlong(self) -> None:
@@ -322,11 +349,23 @@ class TrainConfig:
             group_size=self.group_size,
             instances=self.instances,
             slots=self.engine.max_num_seqs,
+            versions_per_instance=self.versions_per_instance,
             steps=self.steps,
             orchestrator=self.orchestrator,
             rollout=self.rollout,
             **(point.controller_keys() if point else {}),
         )
+
+    @property
+    def versions_per_instance(self) -> int:
+        """Versions one engine serves at once: in a dora run whose engines hold adapters,
+        its `engine.max_versions - 1` adapter slots (the base serves version 0 beside them)
+        when they hold the K+1 versions a window spans; else one, the adapters then
+        travelling and being swapped one version at a time."""
+        slots = self.engine.max_versions - 1
+        k = ControllerConfig(mode=self.mode, K=self.K).effective_K
+        several = self.adapter_versions and self.mode == "dora" and slots >= k + 1
+        return slots if several else 1
 
 
 def _check_device(key: str, device: str) -> None:

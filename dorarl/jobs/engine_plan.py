@@ -25,19 +25,31 @@ from dorarl.engine.model_spec import ModelSpec, read_hf_config, spec_from_hf
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.placement import PlacementPlan
+from dorarl.runtime.transfer.weight_layout import BASE_VERSION
 from dorarl.tasks.assets import shipped_base_model
-from dorarl.trainer.lora import is_adapter_folder, merged_folder
+from dorarl.trainer.lora import base_of, is_adapter_folder, merged_folder
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
 
 def model_folder(config: TrainConfig, point: ResumePoint | None) -> str:
     """The folder the run's weights come from: the checkpoint it resumes (`point`; a LoRA
-    one merged into its base, written once into the checkpoint), the model it names, or the
-    shipped base model of its task."""
+    one merged into its base, written once into the checkpoint, or with engines that hold
+    adapters the base itself: they get the checkpoint's adapter from the trainer), the model
+    it names, or the shipped base model of its task."""
     if point is not None and is_adapter_folder(point.folder):
+        if config.adapter_versions:
+            return str(base_of(Path(point.folder)))
         return str(merged_folder(Path(point.folder)))
     return str(point.folder if point else (config.model or shipped_base_model(config.task.name)))
+
+
+def engines_start_at(config: TrainConfig, point: ResumePoint | None) -> int:
+    """The version the engines' folder holds: the base (version 0) where they hold adapters,
+    else the version the run starts at."""
+    if config.adapter_versions:
+        return BASE_VERSION
+    return point.version if point else 0
 
 
 def model_spec(folder: str) -> tuple[ModelSpec, str]:

@@ -31,6 +31,7 @@ from dorarl.jobs.engine_plan import (
     budget_lines,
     check_engines,
     engine_budgets,
+    engines_start_at,
     gpu_memory,
     model_folder,
     model_spec,
@@ -79,7 +80,7 @@ def run_ray(
     spec, where = model_spec(folder)
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
-    for line in chosen:
+    for line in chosen + _versions_line(config):
         print(line)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
@@ -104,6 +105,20 @@ def run_ray(
             ray.shutdown()
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
+
+
+def _versions_line(config: TrainConfig) -> list[str]:
+    """What an engine holding adapters does with them, said once at the start."""
+    if not config.adapter_versions:
+        return []
+    held = config.versions_per_instance
+    if held > 1:
+        return [f"engines: each holds up to {held} versions as LoRA adapters over the base"]
+    window = config.controller_config(None).effective_K + 1
+    return [
+        f"engines: one version each, its LoRA adapter over the base (a window of {window} "
+        f"versions on one engine needs engine.max_versions >= {window + 1})"
+    ]
 
 
 def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
@@ -172,13 +187,13 @@ class RayActors:
         pace: DeviceModel | None,
     ) -> RayActors:
         threads = share_threads(config.ray.threads_per_actor, config.instances)
-        start = point.version if point else 0
+        start = engines_start_at(config, point)
         engine = EngineSpec(model_folder, config.engine, threads.engine, start, threads.engine_nice)
         resume_from = str(point.folder) if point else None
         trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
         workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
         trainer_actor = spawn_trainer(trainer, pace, placed)
-        evaluator = start_evaluator(config, model_folder, task, threads, placed)
+        evaluator = start_evaluator(config, model_folder, task, threads, placed, point)
         return cls(workers, trainer_actor, evaluator, engine, trainer, pace, placed)
 
     def by_role(self) -> dict[str, list[Any]]:
@@ -295,8 +310,11 @@ def _plan(
         actors.trainer,
         restarts=actors.restarts(config, RunFolder(out_dir).checkpoints),
         transport=config.weights.spec(
-            config.engine.device, config.trainer.device, config.engine.dtype
-        ),
+            config.engine.device,
+            config.trainer.device,
+            config.engine.dtype,
+            adapters=config.adapter_versions,
+        ),  # fmt: skip
         max_model_len=config.engine.max_model_len,
         out_dir=out_dir,
         records_dir=segment,

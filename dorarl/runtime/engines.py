@@ -97,8 +97,36 @@ class EngineFleet:
         self.load(c.instance_id, c.version, c.source)
 
     def release_version(self, c: ReleaseVersion) -> None:
-        """An older version none of the instance's requests use: its adapter slot is free."""
-        self.workers[c.instance_id].release_version.remote(c.version)
+        """An older version none of the instance's requests use any more: its adapter goes
+        (the engine keeps it should a request still run under it, and says so)."""
+        self.unload(c.instance_id, c.version)
+
+    # ---- versions on an engine -------------------------------------------------------------
+    def host_first(self, version: int, timeout_s: float) -> None:
+        """Before the first command: every engine that does not hold the run's first
+        `version` loads it from the trainer (engines holding adapters start on the base,
+        version 0, so a LoRA run resumed at v gets v's adapter here); waited for at most
+        `timeout_s`, and a failed load raises as the engine's."""
+        workers = self.workers
+        held = ray.get([w.resident_versions.remote() for w in workers], timeout=timeout_s)
+        missing = [iid for iid, versions in enumerate(held) if version not in versions]
+        if not missing:
+            return
+        loads = {iid: self._carry(iid, version, TRAINER) for iid in missing}
+        ready, _ = ray.wait(list(loads.values()), num_returns=len(loads), timeout=timeout_s)
+        for iid, ref in loads.items():
+            if ref not in ready:
+                raise TimeoutError(
+                    f"engine instance {iid} did not load version {version} in {timeout_s:.0f}s "
+                    "(weights.timeout_s)"
+                )
+            ray.get(ref)
+
+    def unload(self, iid: int, version: int) -> ray.ObjectRef:
+        """Ask `iid` to drop `version`'s adapter; after the calls sent to it before (an
+        actor runs its calls in order), its answer is whether it went (False: a request
+        there still runs under it, or it holds no such adapter)."""
+        return self.workers[iid].unload_version.remote(version)
 
     def migrate(self, c: Migrate) -> None:
         src, dst = self.workers[c.src], self.workers[c.dst]
@@ -120,7 +148,7 @@ class EngineFleet:
 
     def resume(self, c: Resume) -> None:
         refs = list(dict.fromkeys(self._parked.pop(rid) for rid in c.request_ids))
-        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs)
+        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs, version=c.version)
         self._release_held_back(c.request_ids)
         self.keep_running(c.instance_id)
 
@@ -128,17 +156,33 @@ class EngineFleet:
         self.workers[c.instance_id].offload.remote(c.request_id)
 
     # ---- what recovery and the commands share -------------------------------------------
-    def start(self, iid: int, requests: Sequence[RequestSpec]) -> None:
-        """Start `requests` on `iid` from their prompts (placed there by the driver)."""
+    def start(
+        self,
+        iid: int,
+        requests: Sequence[RequestSpec],
+        version: int | None = None,
+        held: set[int] | frozenset[int] = frozenset(),
+    ) -> None:
+        """Start `requests` on `iid` from their prompts (placed there by the driver), each
+        under the version it was dispatched under, or all under `version` (a replacement
+        restarting them under what its instance hosts, as full weights would) but those of
+        an older version it `held` for them, which keep theirs."""
         if requests:
             for spec in requests:  # started (again) from its prompt: a fresh episode
                 self._env_waiting.discard(spec.request_id)
                 self._held_back.pop(spec.request_id, None)
-            self.workers[iid].add.remote([self.plan.request(spec) for spec in requests])
+            new = [
+                self.plan.request(spec, None if spec.version in held else version)
+                for spec in requests
+            ]
+            self.workers[iid].add.remote(new)
         self.keep_running(iid)
 
     def load(self, iid: int, version: int, source: int) -> None:
-        """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded."""
+        """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded.
+        Full weights replace the old ones; an adapter version (a LoRA run on engines with
+        engine.max_versions > 1) goes into a free slot and the engine drops the adapters no
+        request there still uses (EngineWorker.load_weights)."""
         if source == TRAINER:  # the trainer may serve it no more: then a peer that hosts it
             source = self.holder(version, avoid=iid)
         ref = self._carry(iid, version, source)

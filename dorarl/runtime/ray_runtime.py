@@ -138,6 +138,7 @@ class RayRuntime:
         self.recorder = _recorder(plan, self.OVERHEAD_KINDS)
         self.rollout = RolloutPlan(plan.task, plan.rollout)
         self.weights: WeightTransport = make_transport(plan.transport, config.effective_K + 1)
+        self.load_timeout_s = plan.transport.timeout_s  # bounds the start's first loads
         log = TrainerLog(config.initial_version) if plan.restarts.replaces_trainer else None
 
         def executor(driver: Driver) -> Executor:
@@ -202,9 +203,21 @@ class RayRuntime:
             self.recorder.engine_setup(iid, setup.as_dict())
         self.weights.start(self.trainer_client.actor, workers)
         self.trainer_client.start()
+        self._host_first(self.load_timeout_s)
         self.t0 = time.monotonic()
         self.started = True
         self.driver.start()
+
+    def _host_first(self, timeout_s: float) -> None:
+        """Every engine holds the run's first version before the first dispatch (a failed
+        load stops the run in one line naming the engine)."""
+        what = "an engine (loading the run's first version)"
+        try:
+            self.engines.host_first(self.driver.config.initial_version, timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            raise WorkerFailed(what, _describe(exc)) from exc
+        except (ray.exceptions.RayError, TimeoutError) as exc:  # a death, or no answer in time
+            raise WorkerFailed(what, f"{type(exc).__name__}: {exc}") from exc
 
     def poll(self) -> None:
         """Fire due timers, then hand every answer that is in to its handler."""

@@ -49,7 +49,9 @@ class RolloutPlan:
     def prompt(self, prompt_index: int) -> Prompt:
         return self.prompts[prompt_index % len(self.prompts)]
 
-    def request(self, spec: RequestSpec) -> NewRequest:
+    def request(self, spec: RequestSpec, version: int | None = None) -> NewRequest:
+        """The engine request of `spec`, under its own version or `version`."""
+        version = spec.version if version is None else version
         s = self.settings
         params = SamplingParams(
             temperature=s.temperature,
@@ -65,8 +67,8 @@ class RolloutPlan:
         prompt = self.prompt(spec.prompt_index)
         if self.episodes is not None:
             ids = self.episodes.begin(spec.request_id, prompt)
-            return NewRequest(spec.request_id, ids, params)
-        return NewRequest(spec.request_id, list(prompt.prompt_ids), params)
+            return NewRequest(spec.request_id, ids, params, version)
+        return NewRequest(spec.request_id, list(prompt.prompt_ids), params, version)
 
     def sample(
         self, spec: RequestSpec, out: RequestOutput, episode: EpisodeState | None = None

@@ -116,7 +116,8 @@ class LoraConfig:
         default=0,
         metadata={
             "help": "LoRA rank: N > 0 trains rank-N adapters on the frozen base (peft) and "
-            "sends the engines the merged weights; 0: full-weight training",
+            "sends the engines the merged weights (with engine.max_versions > 1: the "
+            "adapters alone); 0: full-weight training",
             "ge": 0,
         },
     )

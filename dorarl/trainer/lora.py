@@ -1,9 +1,10 @@
 """LoRA adapters on the frozen base (peft): wrapping, merged weights, adapter folders.
 
-The trainer trains only the adapters' A and B; the engines still get full weights, each
-adapted linear merged as W + B @ A * alpha / rank by `merged_tensors` (what peft's
-`merge_and_unload` gives), by the base model's HF names, so weight transfer, fingerprints
-and engines see a full-weight version. A checkpoint of a LoRA trainer is a peft adapter
+The trainer trains only the adapters' A and B. Engines that hold one version get full
+weights, each adapted linear merged as W + B @ A * alpha / rank by `merged_tensors` (what
+peft's `merge_and_unload` gives), by the base model's HF names; engines that hold adapters
+(engine.max_versions > 1) get the adapters alone, as peft names them (`adapter_tensors`).
+A checkpoint of a LoRA trainer is a peft adapter
 folder (`PeftModel.from_pretrained(base, folder)` loads it) whose trainer_state.json names
 the base model folder (`BASE_KEY`).
 """
@@ -23,7 +24,9 @@ from dorarl.errors import UserInputError
 from dorarl.trainer.config import LoraConfig
 
 ADAPTER = "default"  # peft's name of the one adapter a trainer holds
+PEFT_PREFIX = "base_model.model."  # a PeftModel's names of the wrapped HF model's tensors
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file of an adapter folder's tensors
 MERGED_DIR = "merged"  # a LoRA checkpoint's merged HF folder, once a resume needed it
 BASE_KEY = "lora_base_path"  # trainer_state.json: the base model folder the adapter is on
 # Fresh adapters are drawn from this seed (the global RNG is left as it was): every rank of a
@@ -112,6 +115,23 @@ def merged_tensors(state: dict[str, torch.Tensor], scaling: float) -> dict[str, 
         full = torch.addmm(tensor.float(), b.float(), a.float(), alpha=scaling)
         merged[f"{prefix}.weight"] = full.to(tensor.dtype)
     return merged
+
+
+def adapter_tensors(peft_model, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters of `state` (the wrapped HF model's state dict, peft's injected names),
+    named as peft's `get_peft_model_state_dict` names them (`...q_proj.lora_A.weight`):
+    what `Engine.load_adapter` takes. The tensors are `state`'s own."""
+    from peft import get_peft_model_state_dict
+
+    prefixed = {PEFT_PREFIX + name: t for name, t in state.items() if ".lora_" in name}
+    return get_peft_model_state_dict(peft_model, state_dict=prefixed)
+
+
+def read_adapter(folder: str | Path) -> dict[str, torch.Tensor]:
+    """An adapter folder's tensors by peft's names (safetensors), on the CPU."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(folder) / ADAPTER_WEIGHTS))
 
 
 def base_of(folder: Path) -> Path:

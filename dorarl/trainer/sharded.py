@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 
 from dorarl.data import Group
 from dorarl.trainer import checkpoint as ckpt
-from dorarl.trainer import shards
+from dorarl.trainer import lora, shards
 from dorarl.trainer.batch import MicroBatch, TrainSequence
 from dorarl.trainer.config import TrainerConfig
 from dorarl.trainer.distributed import RankGroup, rank_shares, reduce_over_ranks, shard
@@ -194,14 +194,26 @@ class ShardedTrainer(Trainer):
         gathered = self._gathered(on_device)
         return self._for_engines(gathered) if gathered else gathered
 
-    def _gathered(self, on_device: bool = False) -> dict[str, torch.Tensor]:
-        """The model's full (unmerged) state dict on rank 0, one tensor per parameter;
+    def adapter_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The adapters alone on rank 0 (as one process gives them), gathered without the
+        base; {} on the other ranks, which only take part in the gathers."""
+        assert self.peft is not None, "adapter_tensors of a full-weight trainer"
+        gathered = self._gathered(on_device, only_adapters=True)
+        return lora.adapter_tensors(self.peft, gathered) if gathered else gathered
+
+    def _gathered(
+        self, on_device: bool = False, only_adapters: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """The model's full (unmerged) state dict on rank 0, one tensor per parameter (with
+        `only_adapters`, the LoRA tensors: every rank gathers the same ones, in order);
         {} on the other ranks."""
         gathered: dict[str, torch.Tensor] = {}
         by_param: dict[int, torch.Tensor | None] = {}
         keep = self.group.is_coordinator
         with torch.no_grad():
             for name, tensor in self.model.state_dict(keep_vars=True).items():
+                if only_adapters and ".lora_" not in name:
+                    continue
                 if id(tensor) not in by_param:
                     full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
                     by_param[id(tensor)] = _copy(full.detach(), on_device) if keep else None

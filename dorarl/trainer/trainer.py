@@ -377,6 +377,16 @@ class Trainer:
         views = {id(t) for t in live.values()}  # merged LoRA weights are new tensors already
         return {name: t.to("cpu", copy=id(t) in views) for name, t in state.items()}
 
+    def adapter_tensors(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """A LoRA trainer's adapters alone, by peft's names (lora.adapter_tensors), as CPU
+        copies; `on_device`: the live tensors, for a caller that copies them."""
+        assert self.peft is not None, "adapter_tensors of a full-weight trainer"
+        live = {n: t.detach() for n, t in self.model.state_dict().items() if ".lora_" in n}
+        named = lora.adapter_tensors(self.peft, live)
+        if on_device:
+            return named
+        return {name: t.to("cpu", copy=True) for name, t in named.items()}
+
     def _for_engines(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The weights a version is for the engines: with LoRA, the base with every adapter
         merged, by the base model's HF names (a full-weight version on the wire)."""
@@ -411,8 +421,7 @@ class Trainer:
             self.model.save_pretrained(str(folder), state_dict=state)
             return
         if state is not None:
-            prefix = "base_model.model."  # the PeftModel's names of the HF model's tensors
-            state = {prefix + k: v for k, v in state.items()}
+            state = {lora.PEFT_PREFIX + k: v for k, v in state.items()}
         self.peft.save_pretrained(str(folder), state_dict=state)
 
     def _write_state(

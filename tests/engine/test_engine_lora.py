@@ -5,6 +5,8 @@ each adapter changes the model) and the base run in one batch; each request's gr
 must be what HF + peft generates with its adapter, and its logprobs what peft's forward gives.
 """
 
+import copy
+
 import pytest
 import torch
 from engine_testlib import FAMILIES, greedy, prompts, run_all, tiny_config
@@ -14,6 +16,7 @@ from transformers import LlamaForCausalLM
 from dorarl.config import ConfigError
 from dorarl.engine import Engine, EngineConfig
 from dorarl.engine.linear import onednn_works
+from dorarl.engine.lora import merge_adapter
 from dorarl.errors import UserInputError
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -296,3 +299,25 @@ def test_one_version_engines_hold_no_adapters(peft_model):
 def test_config_refusals_name_the_key(cfg, key):
     with pytest.raises(ConfigError, match=key):
         EngineConfig(**cfg)
+
+
+def test_a_slot_reads_back_what_was_loaded_and_merges_as_peft_does(peft_model):
+    """`adapter_tensors` gives the loaded A and B bit for bit (what a peer is served and a
+    load is checked by); `merge_adapter` gives peft's merge_and_unload weights."""
+    model, base_weights = peft_model
+    engine = _engine(base_weights)
+    _load_both(engine, model)
+    for name, (version, rank, alpha) in ADAPTERS.items():
+        sent = get_peft_model_state_dict(model, adapter_name=name)
+        held, got_alpha, got_rank = engine.adapter_tensors(version)
+        assert (got_alpha, got_rank) == (alpha, rank) and held.keys() == sent.keys()
+        assert all(torch.equal(held[n], sent[n]) for n in sent)
+    two = get_peft_model_state_dict(model, adapter_name="two")
+    _, rank, alpha = ADAPTERS["two"]
+    merged = merge_adapter(base_weights, two, alpha, rank)
+    model.set_adapter("two")
+    want = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert merged.keys() == want.keys()
+    for key, tensor in want.items():
+        torch.testing.assert_close(merged[key], tensor, atol=1e-6, rtol=0)
+    assert any(not torch.equal(merged[k], base_weights[k]) for k in merged)

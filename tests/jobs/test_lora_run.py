@@ -1,6 +1,8 @@
 """`dorarl train trainer.lora.rank=8`: a LoRA run end to end on Ray, checkpointed as adapter
 folders (resuming from one, and the engines' merged start, are tests/trainer/test_lora.py's
-and tests/models/test_merge.py's: a second Ray run here would double the test's time)."""
+and tests/models/test_merge.py's: a second Ray run here would double the test's time); and
+one whose engines hold adapters (engine.max_versions=2), resumed: its engines start on the
+base and get the checkpoint's adapter from the trainer, nothing merged."""
 
 import json
 import subprocess
@@ -38,4 +40,30 @@ def test_a_lora_run_trains_and_checkpoints_adapters(tmp_path, tiny_model_dir):
 
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert state["version"] == 3 and state["lora_base_path"] == str(tiny_model_dir.resolve())
+    assert json.loads((out / "summary.json").read_text())["dropped_total"] == 0
+
+
+ADAPTERS = ["engine.max_versions=2", "engine.prefix_cache=off"]
+
+
+def test_a_lora_run_on_engines_holding_adapters_resumes_with_adapters(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    lora = ["trainer.lora.rank=8", "trainer.lora.lr=1e-3", f"model={tiny_model_dir}", *SMALL]
+    _train(*lora, *ADAPTERS, "steps=2", "checkpoint_every=2", "--out", str(out))
+    checkpoint = out / "checkpoints" / "version_00002"
+    assert (checkpoint / "adapter_model.safetensors").is_file()
+    _train(*lora, *ADAPTERS, "steps=3", f"resume={out}", "--out", str(out))
+    assert not (checkpoint / "merged").exists()  # the engines and the evaluator: the base
+    metrics = _lines(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    # the resumed step trained samples whose tokens the engines tagged v2: v2's adapter
+    behavior = [t["behavior_version"] for t in _lines(out / "trajectories.jsonl")]
+    assert 2 in behavior and set(behavior) <= {0, 1, 2}
+    evaluated = [e["version"] for e in _lines(out / "evaluations.jsonl")]
+    assert sorted(evaluated) == [
+        0,
+        2,
+        2,
+        3,
+    ]  # v2 as the resumed start: the checkpoint's adapter merged
     assert json.loads((out / "summary.json").read_text())["dropped_total"] == 0

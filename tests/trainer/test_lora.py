@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel
+from peft import PeftModel, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -111,6 +111,18 @@ def test_the_engines_get_peft_merge_and_unload(base_dir):
     assert all(torch.equal(on_device[n], sent[n]) for n in sent)
 
 
+def test_engines_holding_adapters_get_them_by_pefts_names(base_dir):
+    trainer = Trainer.from_pretrained(base_dir, _config())
+    _steps(trainer, 0, 1)
+    sent = trainer.adapter_tensors()
+    want = get_peft_model_state_dict(trainer.peft)
+    assert sent.keys() == want.keys() and len(sent) == 2 * 7 * 2  # A, B; 7 projections, 2 layers
+    assert all(torch.equal(sent[n], want[n]) for n in want)
+    assert all(
+        t.device.type == "cpu" and t.data_ptr() != want[n].data_ptr() for n, t in sent.items()
+    )
+
+
 def test_a_checkpoint_is_an_adapter_folder_peft_loads(base_dir, tmp_path):
     trainer = Trainer.from_pretrained(base_dir, _config())
     _steps(trainer, 0, 2)
@@ -187,20 +199,25 @@ def test_the_default_is_full_weight_training(base_dir):
 def _sharded_lora(group, folder, checkpoint):
     trainer = ShardedTrainer.from_pretrained_group(folder, _config(), group)
     history = _steps(trainer, 0, 3)
+    adapters = trainer.adapter_tensors()  # gathered without the base
     trainer.save_checkpoint(checkpoint, {})
     resumed, _ = ShardedTrainer.resume(checkpoint, _config(), group=group)
-    return history, trainer.named_tensors(), _steps(resumed, 3, 1), resumed.named_tensors()
+    weights = trainer.named_tensors()
+    return history, weights, _steps(resumed, 3, 1), resumed.named_tensors(), adapters
 
 
 def test_world_size_two_equals_one_process(base_dir, tmp_path):
     checkpoint = tmp_path / "version_00003"
-    history, weights, resumed, resumed_weights = run_ranks(_sharded_lora, 2, base_dir, checkpoint)
+    history, weights, resumed, resumed_weights, adapters = run_ranks(
+        _sharded_lora, 2, base_dir, checkpoint
+    )
     single = Trainer.from_pretrained(base_dir, _config())
     want = _steps(single, 0, 3)
     for (loss, norm), (want_loss, want_norm) in zip(history, want, strict=True):
         assert loss == pytest.approx(want_loss, rel=1e-5)
         assert norm == pytest.approx(want_norm, rel=1e-5)
     _assert_close(weights, single.named_tensors())
+    _assert_close(adapters, single.adapter_tensors())
     assert (checkpoint / "adapter_model.safetensors").is_file()
     assert not (checkpoint / "model.safetensors").exists()
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), checkpoint)

@@ -88,14 +88,14 @@ class InstanceRecovery:
         log.warning("engine instance %d died; starting a replacement (%d)", iid, self.restarts)
         self.fleet.replace(iid, self.respawn(iid))
         instance = self.driver.controller.instance(iid)
+        hosted = instance.version if instance.ready else None
         # the versions its requests run under go back before them: older ones it held for
-        # requests still running there, and the one it hosts (if its load had ended)
-        versions = [*instance.held, *([instance.version] if instance.ready else [])]
-        for version in versions:
+        # requests still running there, then the one it hosts (if its load had ended)
+        for version in [*instance.held, *([] if hosted is None else [hosted])]:
             self.fleet.restore(iid, version, self._source(version, avoid=iid))
         # requests caught in a migration are the migration's to redo (`redo`)
         requests = self.driver.requests.on(iid)
-        self.fleet.start(iid, requests)
+        self.fleet.start(iid, requests, hosted, held=set(instance.held))
         self.driver.recorder.restarted(iid, len(requests), self.driver.now())
 
     def _source(self, version: int, avoid: int) -> int:

@@ -66,9 +66,10 @@ class CollectiveWeights(ObjectStoreWeights):
         return self.trainer.export_weights.options(concurrency_group=WEIGHTS_GROUP).remote(version)
 
     def load(self, engine: Any, version: int, peer: Any | None) -> ray.ObjectRef:
+        if self.resident_everywhere(version):
+            return engine.host_resident.remote(version)
         source = self.trainer if peer is None else peer
-        manifest = self.manifest_for(version, peer)
-        self._loaded[actor_key(engine)] = manifest
+        manifest = self.loading(engine, version, peer)
         found = self._route(source, engine)
         if found is None:  # a replacement, outside the group
             return engine.load_weights.remote(self._copy(version, peer), version, manifest)
@@ -87,4 +88,4 @@ class CollectiveWeights(ObjectStoreWeights):
     def _copy(self, version: int, peer: Any | None) -> ray.ObjectRef:
         if peer is None:
             return self.trainer_copy(version)
-        return peer.weights.options(concurrency_group=WEIGHTS_GROUP).remote()
+        return peer.weights.options(concurrency_group=WEIGHTS_GROUP).remote(version)

@@ -22,6 +22,7 @@ import torch
 from dorarl.runtime.calls import DEATHS
 from dorarl.runtime.transfer.weight_group import BucketShape, WeightGroup, open_shared, share
 from dorarl.runtime.transfer.weight_layout import (
+    AdapterSpec,
     Manifest,
     WeightsRefused,
     allocate,
@@ -50,6 +51,7 @@ class WeightServing:
     bucket_bytes: int
     window: int  # versions the trainer keeps serving, newest first
     wait_s: float = MADE_WAIT_S
+    adapters: bool = False  # a LoRA trainer publishes its adapters alone (weight_layout)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -82,12 +84,17 @@ class ServedVersions:
 
 
 def publish(
-    named: dict[str, torch.Tensor], version: int, serving: WeightServing, served: ServedVersions
+    named: dict[str, torch.Tensor],
+    version: int,
+    serving: WeightServing,
+    served: ServedVersions,
+    adapter: AdapterSpec | None = None,
 ) -> tuple[dict[str, torch.Tensor] | None, Manifest]:
-    """The trainer's `version` (`named` on its device): its manifest, and the CPU copies the
-    object store carries (None for the collective transport, which keeps buckets here)."""
+    """The trainer's `version` (`named` on its device: full weights, or with `adapter` an
+    adapter's tensors): its manifest, and the CPU copies the object store carries (None for
+    the collective transport, which keeps buckets here)."""
     wire = wire_tensors(named, serving.torch_dtype)
-    manifest = build_manifest(wire, version, serving.bucket_bytes)
+    manifest = build_manifest(wire, version, serving.bucket_bytes, adapter)
     if serving.transport == "collective":
         buckets = [flatten(wire, manifest, i) for i in range(len(manifest.buckets))]
         served.add(manifest, buckets, serving.window)

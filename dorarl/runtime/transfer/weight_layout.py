@@ -8,6 +8,12 @@ most `bucket_bytes` of one dtype each (a larger tensor is a bucket of its own). 
 transport carries the manifest beside the bytes, and every receiver refuses a load whose
 tensors do not match it (`Manifest.verify`): one line naming the version, the instance,
 the tensor and its bucket.
+
+A LoRA run whose engines hold adapters (`engine.max_versions > 1`) sends a version as its
+adapter alone: peft's `lora_A` / `lora_B` tensors by name, laid out, fingerprinted and
+checked the same way, the manifest naming the adapter's alpha and rank (`AdapterSpec`).
+Version 0 of such a run is the base itself (peft starts every B at zero), which every
+engine holds from its start (`BASE_VERSION`): it never travels.
 """
 
 from __future__ import annotations
@@ -19,9 +25,20 @@ import torch
 
 from dorarl.runtime.transfer.fingerprint import fingerprints
 
+BASE_VERSION = 0
+"""The version a LoRA run's base is: its adapters start with B = 0, so version 0 adds nothing."""
+
 
 class WeightsRefused(RuntimeError):
     """A received version does not match its sender's manifest; the message names it."""
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """What makes a version an adapter on the wire: its scale is alpha / rank."""
+
+    alpha: float
+    rank: int
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,12 @@ class Manifest:
     version: int
     tensors: tuple[TensorEntry, ...]
     buckets: tuple[Bucket, ...]
+    adapter: AdapterSpec | None = None  # None: full weights
+
+    @property
+    def what(self) -> str:
+        """What the version is on the wire, for messages."""
+        return "weights" if self.adapter is None else "adapter"
 
     @property
     def nbytes(self) -> int:
@@ -72,7 +95,7 @@ class Manifest:
     def verify(self, named: dict[str, torch.Tensor], version: int, where: str) -> None:
         """Raise WeightsRefused unless `named` is this manifest's version, tensor for tensor
         (names, shapes, dtypes and fingerprints)."""
-        head = f"weights of version {version} refused on {where}"
+        head = f"{self.what} of version {version} refused on {where}"
         if version != self.version:
             raise WeightsRefused(f"{head}: the sender's manifest is of version {self.version}")
         for entry in self.tensors:
@@ -121,8 +144,14 @@ def wire_tensors(named: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str
     return wire
 
 
-def build_manifest(named: dict[str, torch.Tensor], version: int, bucket_bytes: int) -> Manifest:
-    """The manifest of `named` (already `wire_tensors`), fingerprints computed on device."""
+def build_manifest(
+    named: dict[str, torch.Tensor],
+    version: int,
+    bucket_bytes: int,
+    adapter: AdapterSpec | None = None,
+) -> Manifest:
+    """The manifest of `named` (already `wire_tensors`; with `adapter`, an adapter's
+    tensors), fingerprints computed on device."""
     prints = fingerprints(named)
     entries: list[TensorEntry] = []
     buckets: list[Bucket] = []
@@ -137,7 +166,7 @@ def build_manifest(named: dict[str, torch.Tensor], version: int, bucket_bytes: i
         buckets[-1] = Bucket(dtype, offset + tensor.numel())
         shape = tuple(tensor.shape)
         entries.append(TensorEntry(name, shape, len(buckets) - 1, offset, prints[name]))
-    return Manifest(version, tuple(entries), tuple(buckets))
+    return Manifest(version, tuple(entries), tuple(buckets), adapter)
 
 
 def flatten(named: dict[str, torch.Tensor], manifest: Manifest, index: int) -> torch.Tensor:

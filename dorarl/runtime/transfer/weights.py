@@ -15,6 +15,10 @@ weights, do not match the manifest of the copy it loads from: the trainer's, or 
 peer the one that peer loaded (so a replayed version that differs from the original, see
 dorarl.runtime.recovery.trainer_recovery, is still checked against the bits the peer holds).
 
+A LoRA run whose engines hold adapters (`TransportSpec.adapters`) publishes and loads each
+version as its adapter alone, by the same calls, verified the same way; its version 0 is
+the base every engine starts on, so a load of it moves nothing (`host_resident`).
+
 `ObjectStoreWeights` moves weights as Ray object references: the trainer's CPU copies of
 a version stay in the object store while the version can still be hosted (the staleness
 window), and a peer's copy is asked of the peer when it is the source. On a cluster the
@@ -31,6 +35,7 @@ import ray
 
 from dorarl.data import Group
 from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP, WeightServing
+from dorarl.runtime.transfer.weight_layout import BASE_VERSION
 from dorarl.runtime.transfer.weights_config import TransportSpec
 
 
@@ -68,7 +73,9 @@ class WeightTransport(Protocol):
 
     def load(self, engine: Any, version: int, peer: Any | None) -> ray.ObjectRef:
         """Make `engine` host `version`, from `peer` (an engine actor hosting it) or, with
-        None, from the trainer's copy; returns the engine's load result."""
+        None, from the trainer's copy; returns the engine's load result. With adapters on
+        the wire the engine takes `version`'s adapter into a slot (version 0: the base it
+        holds, nothing moves) and drops those no request there uses."""
 
     def trainer_copy(self, version: int) -> ray.ObjectRef:
         """A reference to the trainer's CPU copies of `version` (the evaluator loads it)."""
@@ -90,11 +97,14 @@ class ObjectStoreWeights:
         self.spec = spec
         # The books keep window + 1 versions; a trainer serving them itself keeps one more,
         # as it can be a step ahead of them (its next version made, not yet heard of).
-        self.serving = WeightServing(spec.kind, spec.dtype, spec.bucket_bytes, window + 2)
+        self.serving = WeightServing(
+            spec.kind, spec.dtype, spec.bucket_bytes, window + 2, adapters=spec.adapters
+        )
         self.trainer: Any = None  # the trainer actor now
         self._trainer: dict[int, Published] = {}
         self._first: ray.ObjectRef | None = None  # the run's first manifest: engines start there
-        self._loaded: dict[str, ray.ObjectRef] = {}  # engine actor -> the manifest it loaded
+        # (engine actor, version) -> the manifest it loaded that version by
+        self._loaded: dict[tuple[str, int], ray.ObjectRef] = {}
 
     # ---- the trainer's side ----------------------------------------------------------------
     def start(self, trainer: Any, engines: Sequence[Any]) -> None:
@@ -118,6 +128,8 @@ class ObjectStoreWeights:
     def publish(self, version: int, handle: Published) -> None:
         self._trainer[version] = handle
         self._trainer.pop(version - self.window - 1, None)
+        oldest = version - self.window
+        self._loaded = {key: m for key, m in self._loaded.items() if key[1] >= oldest}
 
     def replace(self, version: int, handle: Published) -> None:
         if version in self._trainer:
@@ -136,20 +148,33 @@ class ObjectStoreWeights:
 
     # ---- loads -------------------------------------------------------------------------
     def load(self, engine: Any, version: int, peer: Any | None) -> ray.ObjectRef:
-        manifest = self.manifest_for(version, peer)
-        self._loaded[actor_key(engine)] = manifest
+        if self.resident_everywhere(version):
+            return engine.host_resident.remote(version)
+        manifest = self.loading(engine, version, peer)
         if peer is None:
             weights = self.trainer_copy(version)
         else:
-            weights = peer.weights.options(concurrency_group=WEIGHTS_GROUP).remote()
+            weights = peer.weights.options(concurrency_group=WEIGHTS_GROUP).remote(version)
         return engine.load_weights.remote(weights, version, manifest)
+
+    def resident_everywhere(self, version: int) -> bool:
+        """Whether every engine holds `version` from its start: a LoRA run's base, whose
+        engines hold adapters."""
+        return self.spec.adapters and version == BASE_VERSION
+
+    def loading(self, engine: Any, version: int, peer: Any | None) -> ray.ObjectRef:
+        """The manifest `engine` loads `version` by from `peer` (None: the trainer), noted as
+        the one it then serves that version by."""
+        manifest = self.manifest_for(version, peer)
+        self._loaded[(actor_key(engine), version)] = manifest
+        return manifest
 
     def manifest_for(self, version: int, peer: Any | None) -> ray.ObjectRef:
         """What a copy of `version` must match: the trainer's manifest, or the one `peer`
         loaded (the run's first for a peer still on the weights it started with)."""
         if peer is None:
             return self._trainer[version].manifest
-        loaded = self._loaded.get(actor_key(peer))
+        loaded = self._loaded.get((actor_key(peer), version))
         if loaded is not None:
             return loaded
         assert self._first is not None, "a peer serves before the first version was published"

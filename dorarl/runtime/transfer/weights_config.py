@@ -47,14 +47,18 @@ class WeightsConfig:
             )
         return self.transport
 
-    def spec(self, engine_device: str, trainer_device: str, engine_dtype: str) -> TransportSpec:
+    def spec(
+        self, engine_device: str, trainer_device: str, engine_dtype: str, adapters: bool = False
+    ) -> TransportSpec:
         """`engine_dtype` as engine.dtype holds it: `auto` is the engines' own choice for
-        their device (dorarl.engine.backends), what they hold and thus what is sent."""
+        their device (dorarl.engine.backends), what they hold and thus what is sent.
+        `adapters`: a LoRA run whose engines hold adapters, whose versions travel as such."""
         kind = self.resolve(engine_device, trainer_device)
         if engine_dtype == "auto":
             engine_dtype = "bfloat16" if _kind(engine_device) == "cuda" else "float32"
         backend = "nccl" if _kind(engine_device) == "cuda" else "gloo"
-        return TransportSpec(kind, engine_dtype, self.bucket_mb * MIB, self.timeout_s, backend)
+        bucket_bytes = self.bucket_mb * MIB
+        return TransportSpec(kind, engine_dtype, bucket_bytes, self.timeout_s, backend, adapters)
 
 
 def _kind(device: str) -> str:
@@ -63,10 +67,12 @@ def _kind(device: str) -> str:
 
 @dataclass(frozen=True)
 class TransportSpec:
-    """A resolved transport: which, the engines' dtype, bucket size, timeout, backend."""
+    """A resolved transport: which, the engines' dtype, bucket size, timeout, backend, and
+    whether versions travel as LoRA adapters (dorarl.runtime.transfer.weight_layout)."""
 
     kind: str = "object_store"  # "collective" | "object_store"
     dtype: str = "float32"
     bucket_bytes: int = 256 * MIB
     timeout_s: float = 300.0
     backend: str = "gloo"
+    adapters: bool = False

@@ -5,7 +5,13 @@ Every method returns plain picklable data. Calls on one worker run in submission
 only sends of its weights (or of migrated KV) to a peer run beside them, on the actor's
 `weights` concurrency group (dorarl.runtime.transfer.weight_endpoints, dorarl.runtime.transfer.kv_transfer).
 Every weight load is checked against the sender's manifest before it is swapped in,
-whatever carried it, and the engine's own weights against it once copied. With a
+whatever carried it, and the engine's own weights against it once copied.
+
+A load is of full weights, or, with an adapter manifest (a LoRA run on engines with
+`engine.max_versions > 1`), of one version's adapter over the base the engine started on
+(version 0, the base itself, never travels): the adapter goes into a free slot, adapters
+of versions no request here still uses are dropped, and every request names its version.
+`resident_versions` and `unload_version` are the rest of that interface. With a
 `DeviceModel`, every engine step lasts its device time (dorarl.record.pacing). On cuda the
 engine's memory share is its GPU share in Ray unless `engine.gpu_memory_share` says
 otherwise. A setting the engine refuses at start (`ConfigError`, `UserInputError`) is raised
@@ -58,6 +64,7 @@ class NewRequest:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    version: int | None = None  # what it runs under on an engine holding adapters
 
 
 @dataclass
@@ -86,7 +93,8 @@ class WeightsReport:
 
 
 class EngineWorker:
-    """Hosts one engine (one version at a time) and executes the runtime's calls on it."""
+    """Hosts one engine (one version at a time, or with adapters several) and executes the
+    runtime's calls on it."""
 
     def __init__(
         self,
@@ -145,8 +153,14 @@ class EngineWorker:
 
     def add(self, requests: list[NewRequest]) -> int:
         for req in requests:
-            self.engine.add_request(req.request_id, req.prompt_ids, req.params)
+            version = self._version(req.version)
+            self.engine.add_request(req.request_id, req.prompt_ids, req.params, version)
         return len(requests)
+
+    def _version(self, version: int | None) -> int | None:
+        """The version to name to the engine: a request's own where the engine holds
+        adapters (several versions), else none (its one version)."""
+        return version if self.engine.adapters is not None else None
 
     def run(self, max_steps: int, until_finished: bool = True) -> RunReport:
         """Step up to `max_steps` times; stop early once a request finished (to report it)."""
@@ -219,7 +233,7 @@ class EngineWorker:
             log.warning("instance %d: the KV of %d migrated requests is lost with its source; "
                         "they re-prefill", self.instance_id, len(parcel.snapshots))  # fmt: skip
             for snap in parcel.snapshots:
-                self.engine.resume_request(snap.tokens_only())
+                self.engine.resume_request(snap.tokens_only(), self._version(snap.version))
             return [snap.request_id for snap in parcel.snapshots]
         return self.import_(parcel.with_kv(tensors))
 
@@ -247,14 +261,17 @@ class EngineWorker:
         present = set(self.engine.request_ids())
         return [self.engine.abort(rid) for rid in request_ids if rid in present]
 
-    def resume(self, request_ids: list[str], *aborted: list[RequestSnapshot]) -> list[str]:
-        """Re-prefill `request_ids` from the snapshots of earlier `abort` calls (any version).
+    def resume(
+        self, request_ids: list[str], *aborted: list[RequestSnapshot], version: int | None = None
+    ) -> list[str]:
+        """Re-prefill `request_ids` from the snapshots of earlier `abort` calls (any version),
+        their new tokens under `version` (None: the engine's full weights').
 
         A request missing from them finished before its abort ran and was reported then."""
         wanted = set(request_ids)
         snaps = [snap for batch in aborted for snap in batch if snap.request_id in wanted]
         for snap in snaps:
-            self.engine.resume_request(snap.tokens_only())
+            self.engine.resume_request(snap.tokens_only(), self._version(version))
         return [snap.request_id for snap in snaps]
 
     def continue_(self, request_id: str, observation_ids: list[int]) -> bool:
@@ -272,14 +289,13 @@ class EngineWorker:
     def offload(self, request_id: str) -> bool:
         return request_id in self.engine.request_ids() and self.engine.offload(request_id)
 
-    def release_version(self, version: int) -> None:
-        """Drop `version`'s adapter, which no request here uses now (the controller's word);
-        a version served by the full weights has nothing to drop."""
-        if version in self.engine.resident_versions()[1:]:
-            self.engine.unload_version(version)
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """This instance's weights, to serve a peer that switches to its version."""
+    def weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
+        """This instance's copy of `version`, to serve a peer that switches to it: its
+        adapter when one is resident (compact CPU copies), else the full weights."""
+        if version is not None and version in self._adapters():
+            named, _, _ = self.engine.adapter_tensors(version)
+            return {n: t.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+                    for n, t in named.items()}  # fmt: skip
         return {name: t.detach().to("cpu") for name, t in self.engine.state_dict().items()}
 
     def load_weights(
@@ -288,12 +304,17 @@ class EngineWorker:
         version: int,
         manifest: Manifest | None = None,
     ) -> WeightsReport:
-        """Swap weights, once they match the sender's `manifest` (WeightsRefused names the
-        tensor that does not). Each request's KV blocks went back to the pool when it left
+        """Host `version` from `named_tensors`, once they match the sender's `manifest`
+        (WeightsRefused names the tensor that does not): an adapter manifest's go into an
+        adapter slot (`_host_adapter`), full weights are swapped in.
+
+        Full weights: each request's KV blocks went back to the pool when it left
         (finished, exported or aborted; timed with that step or migration), and the
         controller moved every request off first, so both pools hold nothing in use
         (checked); the engine forgets the prefix cache's idle blocks of the old version as
         it loads (bookkeeping, no device work)."""
+        if manifest is not None and manifest.adapter is not None:
+            return self._host_adapter(named_tensors, version, manifest)
         self._check_empty()
         start = time.time()
         where = f"instance {self.instance_id}"
@@ -303,6 +324,73 @@ class EngineWorker:
         if manifest is not None:
             self._verify_hosted(manifest, version, where)
         return WeightsReport(self.instance_id, version, time.time() - start, time.time())
+
+    # ---- adapter versions (engine.max_versions > 1) ------------------------------------------
+    def _host_adapter(
+        self, named: dict[str, torch.Tensor], version: int, manifest: Manifest
+    ) -> WeightsReport:
+        """Load `version`'s adapter into a free slot (beside requests of other versions), then
+        drop the adapters no request here still uses. Checked against `manifest` first (a
+        refusal changes nothing) and once in its slot (a mismatch unloads it); slots are
+        freed before the load only when none is free."""
+        if version in self.engine.resident_versions():
+            return self.host_resident(version)
+        start = time.time()
+        where = f"instance {self.instance_id}"
+        manifest.verify(named, version, where)
+        assert manifest.adapter is not None
+        if self.engine.adapters is not None and self.engine.adapters.free_slot() is None:
+            self._drop_unused(keep=version)
+        self.engine.load_adapter(version, named, manifest.adapter.alpha, manifest.adapter.rank)
+        hosted, _, _ = self.engine.adapter_tensors(version)
+        try:
+            manifest.verify(hosted, version, f"{where} after the copy")
+        except WeightsRefused:
+            self.engine.unload_version(version)
+            raise
+        self._drop_unused(keep=version)
+        return WeightsReport(self.instance_id, version, time.time() - start, time.time())
+
+    def host_resident(self, version: int) -> WeightsReport:
+        """Host `version`, which this engine holds already (a LoRA run's base, version 0,
+        or a resident adapter): nothing moves; the adapters no request uses are dropped."""
+        start = time.time()
+        if version not in self.engine.resident_versions():
+            raise WeightsRefused(
+                f"version {version} is not resident on instance {self.instance_id} "
+                f"(resident: {self.engine.resident_versions()})"
+            )
+        self._drop_unused(keep=version)
+        return WeightsReport(self.instance_id, version, time.time() - start, time.time())
+
+    def unload_version(self, version: int) -> bool:
+        """Drop `version`'s adapter unless a request here still runs under it; returns
+        whether it went (False: still in use, or no such adapter)."""
+        if version not in self._adapters() or version in self.engine.versions_in_use():
+            return False
+        self.engine.unload_version(version)
+        return True
+
+    def resident_versions(self) -> list[int]:
+        """The versions this engine serves now: its full weights' first, then its adapters'."""
+        return self.engine.resident_versions()
+
+    def _adapters(self) -> list[int]:
+        return self.engine.resident_versions()[1:]
+
+    def _drop_unused(self, keep: int) -> None:
+        for version in self._adapters():
+            if version != keep:
+                self.unload_version(version)
+
+    def _served(self, version: int, manifest: Manifest) -> dict[str, torch.Tensor] | None:
+        """What this engine holds of `version` laid out as `manifest` asks (an adapter, or
+        the full weights), or None when it does not hold it so."""
+        if manifest.adapter is not None:
+            if version not in self._adapters():
+                return None
+            return self.engine.adapter_tensors(version)[0]
+        return self.engine.state_dict() if self.engine.version == version else None
 
     def _verify_hosted(self, manifest: Manifest, version: int, where: str) -> None:
         """Check the engine's own tensors after the copy against `manifest`: what it will
@@ -345,26 +433,31 @@ class EngineWorker:
         """Load `version` from `source` (the trainer or a peer, rank `source_rank`) over the
         group, or through CUDA IPC when it shares this GPU (`via="ipc"`)."""
         assert self.group is not None, "receive_weights before join_weights"
-        self._check_empty()
+        if manifest.adapter is None:
+            self._check_empty()
+        elif version in self.engine.resident_versions():
+            return self.host_resident(version)  # nothing to receive: the source is not asked
         start = time.time()
         named = endpoints.receive(self.group, manifest, source, source_rank, via)
         report = self.load_weights(named, version, manifest)
         return WeightsReport(self.instance_id, version, time.time() - start, report.ended_at)
 
     def send_weights(self, version: int, manifest: Manifest, dst: int) -> None:
-        """Serve the hosted version to rank `dst` (runs on the `weights` group)."""
+        """Serve the hosted version (its full weights, or its adapter) to rank `dst`, laid
+        out as `manifest` (runs on the `weights` group)."""
         assert self.group is not None, "send_weights before join_weights"
-        if self.engine.version != version:
+        named = self._served(version, manifest)
+        if named is None:
             self.group.refuse(version, dst)
             return
-        endpoints.send_hosted(self.group, self.engine.state_dict(), manifest, dst)
+        endpoints.send_hosted(self.group, named, manifest, dst)
 
     def share_weights(self, version: int, manifest: Manifest, dst: int) -> list | None:
         """CUDA IPC handles of the hosted version laid out as `manifest`, kept alive until
         `release_shared` (a peer on this GPU; runs on the `weights` group)."""
-        if self.engine.version != version:
+        named = self._served(version, manifest)
+        if named is None:
             return None
-        named = self.engine.state_dict()
         count = len(manifest.buckets)
         self._shared[version] = [flatten(named, manifest, i) for i in range(count)]
         return share(self._shared[version])

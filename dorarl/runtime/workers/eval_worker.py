@@ -1,21 +1,38 @@
 """Held-out evaluation as a worker: greedy decoding (and, with `sampling.samples` = k, k
 seeded samples per prompt) through its own engine, any version.
 
-Runs beside rollout so an evaluation never stalls the instances or the trainer.
+Runs beside rollout so an evaluation never stalls the instances or the trainer. In a LoRA
+run whose versions travel as adapters (`EvalAdapters`) it is given adapters and merges
+each into the base its folder holds, read again from the folder each time (its engine
+then holds that merge, not the base).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dorarl.engine import Engine, EngineConfig
+from dorarl.engine.lora import merge_adapter
+from dorarl.engine.weights import from_checkpoint, load_folder
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import EvalSampling, evaluate
+from dorarl.trainer.lora import read_adapter
+
+
+@dataclass(frozen=True)
+class EvalAdapters:
+    """Versions arrive as adapters of this alpha and rank over the folder's base; `first`:
+    the checkpoint folder whose adapter is the run's first version (None: the base)."""
+
+    alpha: float
+    rank: int
+    first: str | None = None
 
 
 class EvalWorker:
@@ -28,19 +45,34 @@ class EvalWorker:
         threads: int = 1,
         nice: int = 0,
         sampling: EvalSampling | None = None,
+        adapters: EvalAdapters | None = None,
     ) -> None:
         clock = StartupClock()
         apply_threads(threads, nice)
+        self.model_folder = model_folder
         self.engine = Engine.from_pretrained(model_folder, config, version=0)
         self.task, self.max_prompts = task, max_prompts
         self.sampling = sampling or EvalSampling()
+        self.adapters = adapters
+        if adapters is not None and adapters.first is not None:
+            self.engine.load_weights(self._merged(read_adapter(adapters.first)), 0)
         self._startup = clock.done()
 
     def startup(self) -> ActorStartup:
         return self._startup
 
+    def _merged(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The folder's base with `adapter` merged in."""
+        assert self.adapters is not None
+        base = from_checkpoint(self.engine.spec, load_folder(self.model_folder))
+        return merge_adapter(base, adapter, self.adapters.alpha, self.adapters.rank)
+
     def evaluate(self, weights: dict[str, torch.Tensor] | None, version: int) -> dict[str, Any]:
+        """Evaluate `version`: `weights` (full, or an adapter with EvalAdapters), or with
+        None what the engine holds."""
         if weights is not None:
+            if self.adapters is not None:
+                weights = self._merged(weights)
             self.engine.load_weights(weights, version)
         started = time.time()
         result: dict[str, Any] = dict(

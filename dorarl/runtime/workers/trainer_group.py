@@ -75,6 +75,9 @@ class TrainerRank:
     def weights(self) -> None:
         self.trainer.named_tensors()
 
+    def adapter_weights(self) -> None:
+        self.trainer.adapter_tensors()
+
     def save_checkpoint(self, folder: str, extra_state: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(Path(folder), extra_state)
 
@@ -140,6 +143,14 @@ class TrainerGroupWorker(TrainerWorker):
     def _device_tensors(self) -> dict[str, torch.Tensor]:
         refs = [r.weights.remote() for r in self.ranks]  # the gathers are collective
         return self._with_ranks(refs, lambda: self.trainer.named_tensors(on_device=True))
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        refs = [r.adapter_weights.remote() for r in self.ranks]
+        return self._with_ranks(refs, self.trainer.adapter_tensors)
+
+    def _device_adapters(self) -> dict[str, torch.Tensor]:
+        refs = [r.adapter_weights.remote() for r in self.ranks]  # the gathers are collective
+        return self._with_ranks(refs, lambda: self.trainer.adapter_tensors(on_device=True))
 
     def _save(self, folder: Path, extra_state: dict[str, Any]) -> Path:
         refs = [r.save_checkpoint.remote(str(folder), extra_state) for r in self.ranks]

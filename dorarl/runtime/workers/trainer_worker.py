@@ -1,7 +1,8 @@
 """The trainer as a runtime worker: one optimizer step per call, weights out for transfer.
 
 A plain class; the Ray runtime wraps it in an actor. Each version is published as the
-transport asks (`WeightServing`, dorarl.runtime.transfer.weight_endpoints): a manifest with the
+transport asks (`WeightServing`, dorarl.runtime.transfer.weight_endpoints; a LoRA trainer's
+as its adapter alone when the engines hold adapters): a manifest with the
 fingerprint of every tensor, computed on the trainer's device, and either CPU copies put
 once in the object store for every loader to share, or flat buckets kept here that the
 `weights` concurrency group sends to the engines that ask, beside the next training step.
@@ -33,7 +34,7 @@ from dorarl.runtime.transfer.weight_group import (
     open_store,
     own_host,
 )
-from dorarl.runtime.transfer.weight_layout import Manifest
+from dorarl.runtime.transfer.weight_layout import AdapterSpec, Manifest
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer.config import TrainerConfig
@@ -117,7 +118,12 @@ class TrainerWorker:
         if serving is None:
             return self.weights(), None
         self.serving = serving
-        return endpoints.publish(self._device_tensors(), self.trainer.version, serving, self.served)
+        version = self.trainer.version
+        if serving.adapters:  # a LoRA run whose engines hold adapters: the adapter alone
+            adapter = AdapterSpec(self.config.lora.alpha, self.config.lora.rank)
+            named = self._device_adapters()
+            return endpoints.publish(named, version, serving, self.served, adapter)
+        return endpoints.publish(self._device_tensors(), version, serving, self.served)
 
     def weights(self) -> dict[str, torch.Tensor]:
         return self.trainer.named_tensors()
@@ -126,6 +132,13 @@ class TrainerWorker:
         """The current weights by HF name on the trainer's device (the ones that are views
         of live parameters are copied before the next step changes them)."""
         return self.trainer.named_tensors(on_device=True)
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """A LoRA trainer's adapters by peft's names, as CPU copies."""
+        return self.trainer.adapter_tensors()
+
+    def _device_adapters(self) -> dict[str, torch.Tensor]:
+        return self.trainer.adapter_tensors(on_device=True)
 
     # ---- the weight-transfer group (dorarl.runtime.transfer.collective) ---------------------------
     def open_weight_store(self, loopback: bool, timeout_s: float) -> tuple[str, int]:
