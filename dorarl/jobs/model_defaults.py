@@ -8,6 +8,9 @@ size: 1e-5 under 1B parameters (SmolLM2-135M learns arith at 2e-5 in
 configs/smollm2-arith.yaml, and two steps at 2e-4 took its held-out accuracy from 1.0 to 0),
 1e-6 from 1B up (configs/node-8gpu-qwen2.5-7b.yaml's rate, and the usual one of GRPO recipes
 for 7B models). A run resumed from a checkpoint takes the rate the checkpoint trained at.
+LoRA adapters left without `trainer.lora.lr` take ten times the model's full-weight rate
+(adapters learn best at about 10x a full fine-tune's rate, Thinking Machines' "LoRA Without
+Regret"; on SmolLM2 arith 2e-4 learned where full weights use 2e-5).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ SHIPPED_BASE_LR = 2e-4
 SMALL_MODEL_LR = 1e-5
 LARGE_MODEL_LR = 1e-6
 LARGE_MODEL_PARAMETERS = 10**9
+LORA_RATE_FACTOR = 10
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,18 @@ def with_model_defaults(
         return config, []
     chosen = default_lr(folder, point)
     trainer = dataclasses.replace(config.trainer, lr=chosen.value)
-    return dataclasses.replace(config, trainer=trainer), [chosen.line()]
+    lines = [chosen.line()]
+    lora = trainer.lora
+    if lora.enabled:  # only the adapters train: their rate is the one to say
+        lines = []
+        if lora.lr is None:
+            adapters = LORA_RATE_FACTOR * chosen.value
+            trainer = dataclasses.replace(trainer, lora=dataclasses.replace(lora, lr=adapters))
+            lines = [
+                f"trainer.lora.lr: {rate(adapters)} ({LORA_RATE_FACTOR}x the full-weight "
+                f"{rate(chosen.value)}, {chosen.why}; trainer.lora.lr=X sets another)"
+            ]
+    return dataclasses.replace(config, trainer=trainer), lines
 
 
 def _checkpoint_lr(folder: Path) -> float | None:

@@ -68,7 +68,7 @@ def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
     if config.runtime != "ray":
         return to_yaml(config)
     from dorarl.jobs.engine_plan import model_folder
-    from dorarl.jobs.model_defaults import default_lr, rate
+    from dorarl.jobs.model_defaults import LORA_RATE_FACTOR, default_lr, rate
     from dorarl.jobs.workload import check_inputs
 
     folder = model_folder(config, point)
@@ -77,6 +77,10 @@ def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
     if config.trainer.lr is None:
         chosen = default_lr(folder, point)
         notes["trainer.lr"] = f"by the model: {rate(chosen.value)} here ({chosen.why})"
+        lora = config.trainer.lora
+        if lora.enabled and lora.lr is None:
+            adapters = rate(LORA_RATE_FACTOR * chosen.value)
+            notes["trainer.lora.lr"] = f"by the model: {adapters} here ({LORA_RATE_FACTOR}x lr)"
     return to_yaml(config, notes)
 
 

@@ -143,8 +143,8 @@ class LoraConfig:
     lr: float | None = field(
         default=None,
         metadata={
-            "help": "AdamW learning rate of the adapters (unset: trainer.lr; adapters "
-            "usually want about ten times a full-weight rate)",
+            "help": "AdamW learning rate of the adapters (unset: dorarl train takes ten "
+            "times trainer.lr; a Trainer built directly, trainer.lr itself)",
             "gt": 0,
         },
     )

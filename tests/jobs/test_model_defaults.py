@@ -61,3 +61,13 @@ def test_a_run_records_the_rate_chosen_and_an_explicit_one_stays(tiny_model_dir)
     assert config.trainer.temperature == config.sampling.temperature  # still derived
     given = load_config(TrainConfig, None, ["trainer.lr=2e-4"])
     assert with_model_defaults(given, str(tiny_model_dir), None) == (given, [])
+
+
+def test_lora_adapters_get_ten_times_the_full_weight_rate_unless_given(tiny_model_dir):
+    lora = load_config(TrainConfig, None, ["trainer.lora.rank=8"])
+    config, lines = with_model_defaults(lora, str(tiny_model_dir), None)
+    assert config.trainer.lora.lr == pytest.approx(1e-4) and config.trainer.lr == 1e-5
+    assert len(lines) == 1 and lines[0].startswith("trainer.lora.lr: 1e-4 (10x the full-weight")
+    given = load_config(TrainConfig, None, ["trainer.lora.rank=8", "trainer.lora.lr=3e-4"])
+    config, lines = with_model_defaults(given, str(tiny_model_dir), None)
+    assert config.trainer.lora.lr == 3e-4 and lines == []  # trainer.lr trains nothing: unsaid
