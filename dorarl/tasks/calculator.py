@@ -264,7 +264,7 @@ class CalculatorTask(Task):
         tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
         seed: int = 0,
         config: CalculatorConfig | None = None,
-        max_new_tokens: int = 48,
+        max_new_tokens: int = 40,
         max_model_len: int | None = None,
         latency_s: float = 0.0,
         timeout_s: float = 30.0,

@@ -75,7 +75,7 @@ def _multiturn_sum(
 def _calculator(
     seed: int = 0,
     tokenizer: Any = None,
-    max_new_tokens: int = 48,
+    max_new_tokens: int = 40,
     max_model_len: int | None = None,
     latency_s: float = 0.0,
     timeout_s: float = 30.0,
