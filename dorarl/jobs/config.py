@@ -75,8 +75,9 @@ class TaskSection:
     max_factor: int = field(
         default=99, metadata={"help": "calculator: largest second factor of a product"}
     )
-    ops: str = field(
-        default="+-*", metadata={"help": "calculator: the operations asked, a string of + - *"}
+    ops: list[str] = field(
+        default_factory=lambda: ["add", "subtract", "multiply"],
+        metadata={"help": "calculator: the operations asked, of add, subtract, multiply"},
     )
     demonstration: bool = field(
         default=True,

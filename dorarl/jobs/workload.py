@@ -122,7 +122,7 @@ def _calculator(config: TrainConfig, model_folder: str) -> Task:
         timeout_s=section.env_timeout_s,
         system_prompt=section.system_prompt,
         demonstration=section.demonstration,
-        ops=section.ops,
+        ops=tuple(section.ops),
         min_factor=section.min_factor,
         max_factor=section.max_factor,
         **_operand_range(section),

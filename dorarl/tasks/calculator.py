@@ -68,6 +68,7 @@ PHRASINGS = {
     "-": ("What is {a} minus {b}?", "Subtract {b} from {a}.", "Take {b} away from {a}."),
     "*": ("What is {a} times {b}?", "Multiply {a} by {b}.", "What is the product of {a} and {b}?"),
 }
+OPERATIONS = {"add": "+", "subtract": "-", "multiply": "*"}
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 10**18  # a calculator's display: larger intermediate values are refused
 _OPERATORS: dict[type, Callable[[Any, Any], Any]] = {
@@ -91,7 +92,7 @@ class CalculatorConfig:
     max_value: int = 999
     min_factor: int = 11
     max_factor: int = 99
-    ops: str = "+-*"
+    ops: tuple[str, ...] = ("add", "subtract", "multiply")
     n_train: int = 10000
     n_eval: int = 500
     system_prompt: str | None = None  # None: SYSTEM_PROMPT
@@ -109,8 +110,10 @@ class CalculatorConfig:
                 f"min_factor, max_factor: need 0 <= min_factor < max_factor, got "
                 f"{self.min_factor}..{self.max_factor}"
             )
-        if not self.ops or set(self.ops) - set(PHRASINGS):
-            raise ValueError(f"ops: a non-empty string of + - *, got {self.ops!r}")
+        if not self.ops or not set(self.ops) <= set(OPERATIONS):
+            raise ValueError(
+                f"ops: a non-empty list of {', '.join(OPERATIONS)}, got {list(self.ops)}"
+            )
         if self.n_train < 1 or self.n_eval < 1:
             raise ValueError(f"n_train, n_eval: must be >= 1, got {self.n_train}, {self.n_eval}")
         if self.max_turns < 2:
@@ -137,7 +140,7 @@ class Problem:
 def draw_problem(rng: random.Random, cfg: CalculatorConfig) -> Problem:
     """A uniform problem of one of `cfg.ops` whose result is none of its operands."""
     while True:
-        op = rng.choice(cfg.ops)
+        op = OPERATIONS[rng.choice(cfg.ops)]
         a = rng.randint(cfg.min_value, cfg.max_value)
         if op == "*":
             b = rng.randint(cfg.min_factor, cfg.max_factor)
@@ -241,6 +244,12 @@ class CalculatorEnv(ChatEnv):
         return ChatStep(reward=final_answer_reward(reply, self.answer), done=True)
 
 
+def _last_special(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
+    """Where the last added (special) token in `text` starts; 0 when none."""
+    added = [t.content for t in tokenizer.added_tokens_decoder.values() if t.content]
+    return max([text.rfind(a) for a in added] + [0])
+
+
 def first_messages(
     question_text: str, system_prompt: str, demonstration: bool = True
 ) -> list[Message]:
@@ -317,7 +326,8 @@ class CalculatorTask(Task):
         """Distinct problems, drawn before (and so independent of) the training set."""
         cfg = self.config
         span, factors = cfg.max_value - cfg.min_value + 1, cfg.max_factor - cfg.min_factor + 1
-        distinct = sum(span * factors if op == "*" else span * span // 2 for op in set(cfg.ops))
+        sizes = {"add": span * span // 2, "subtract": span * span // 2, "multiply": span * factors}
+        distinct = sum(sizes[op] for op in set(cfg.ops))
         n_eval = min(cfg.n_eval, distinct // 4)
         if n_eval < 1:
             raise UserInputError(
@@ -341,20 +351,24 @@ class CalculatorTask(Task):
 
     def _first_prompt_ids(self, texts: list[str]) -> list[list[int]]:
         """Each question's first prompt as its episode renders it (system prompt, tool
-        instructions, question, generation prompt): the conversation is rendered once
-        around a marker and the question put in its place, after checking that this equals
-        a full rendering."""
-        marker = "\x00QUESTION\x00"
+        instructions, question, generation prompt). The conversation is rendered once around
+        a marker; the text before the last special token ahead of the question is tokenized
+        once (no merge crosses a special token) and only the rest per question, after
+        checking on the first questions that this equals a full rendering."""
+        marker = "QUESTIONMARKER"  # letters: any tokenizer decodes them as written
         text = self.tokenizer.decode(
             self._conversation_ids(marker),
             skip_special_tokens=False,
             clean_up_tokenization_spaces=False,
         )
         prefix, _, suffix = text.partition(marker)
-        sample = texts[0] if texts else "What is 12 plus 3?"
-        if self._conversation_ids(sample) != self._encode(prefix + sample + suffix):
+        cut = _last_special(self.tokenizer, prefix)
+        head, tail = self._encode(prefix[:cut]), prefix[cut:]
+        rest = self.tokenizer([tail + t + suffix for t in texts], add_special_tokens=False)
+        ids = [head + list(r) for r in rest["input_ids"]]
+        if any(ids[i] != self._conversation_ids(t) for i, t in enumerate(texts[:4])):
             return [self._conversation_ids(t) for t in texts]
-        return self.tokenizer([prefix + t + suffix for t in texts], add_special_tokens=False)["input_ids"]  # fmt: skip
+        return ids
 
     def _conversation_ids(self, question_text: str) -> list[int]:
         conversation = Conversation(
