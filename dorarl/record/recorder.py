@@ -233,6 +233,7 @@ class Recorder:
         self.groups.sample_done(e.group_id)
 
     def _on_env_waiting(self, e: ev.EnvWaiting) -> None:
+        self._totals["env_waits"] += 1
         self.usage.waits(cmd.request_id(e.group_id, e.sample_index), e.now)
 
     def _on_env_answered(self, e: ev.EnvAnswered) -> None:
@@ -441,6 +442,10 @@ class Recorder:
             "mean_step_time_s": _share(totals["step_time_s"], len(self.steps)),
             "rollout_only_share": _share(totals["rollout_only_s"], totals["step_time_s"]),
             "slot_utilization": _share(sum(self.usage.area), wall * run.slots * run.num_instances),
+            # episodes waiting for their environment hold a request but no slot: an instance
+            # may hold more requests than slots (up to orchestrator.episode_overcommit x)
+            "peak_requests_held": max(self.usage.peak_held, default=0),
+            "env_waits": totals["env_waits"],
             "overhead_share": {
                 k: _share(totals[f"overhead_{k}"], wall * run.num_instances)
                 for k in run.overhead_kinds

@@ -27,12 +27,15 @@ class SlotUsage:
         self._where: dict[str, int] = {}  # request -> instance it occupies
         self._parked: dict[str, int] = {}  # interrupted request -> instance it left
         self._idle: set[str] = set()  # episodes waiting for their environment: no slot
+        self.held = [0] * instances  # requests on each instance, waiting episodes included
+        self.peak_held = [0] * instances  # the most it held at once
         self.on_change = on_change
 
     def placed(self, request_ids: Iterable[str], instance: int, now: float) -> None:
         ids = list(request_ids)
         for rid in ids:
             self._where[rid] = instance
+        self._hold(instance, len(ids))
         self._change(instance, len(ids), now)
 
     def finished(self, request_id: str, now: float) -> None:
@@ -40,6 +43,7 @@ class SlotUsage:
         self._idle.discard(request_id)
         instance = self._where.pop(request_id, None)
         if instance is not None:
+            self._hold(instance, -1)
             self._change(instance, -(not idle), now)
         else:
             self._parked.pop(request_id, None)
@@ -63,6 +67,8 @@ class SlotUsage:
         for rid in moved:
             self._where[rid] = dst
         busy = self._busy(moved)
+        self._hold(src, -len(moved))
+        self._hold(dst, len(moved))
         self._change(src, -busy, now)
         self._change(dst, busy, now)
         return len(moved)
@@ -72,13 +78,19 @@ class SlotUsage:
         for rid in stopped:
             del self._where[rid]
             self._parked[rid] = instance
+        self._hold(instance, -len(stopped))
         self._change(instance, -self._busy(stopped), now)
 
     def resumed(self, request_ids: Iterable[str], instance: int, now: float) -> None:
         resumed = [r for r in request_ids if self._parked.pop(r, None) is not None]
         for rid in resumed:
             self._where[rid] = instance
+        self._hold(instance, len(resumed))
         self._change(instance, self._busy(resumed), now)
+
+    def _hold(self, instance: int, delta: int) -> None:
+        self.held[instance] += delta
+        self.peak_held[instance] = max(self.peak_held[instance], self.held[instance])
 
     def _busy(self, request_ids: list[str]) -> int:
         return sum(rid not in self._idle for rid in request_ids)
