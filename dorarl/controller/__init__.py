@@ -31,6 +31,8 @@ from dorarl.controller.config import (
 from dorarl.controller.controller import Controller
 from dorarl.controller.errors import ProtocolError
 from dorarl.controller.events import (
+    EnvAnswered,
+    EnvWaiting,
     Event,
     InstanceStats,
     MigrationDone,
@@ -48,6 +50,8 @@ __all__ = [
     "Controller",
     "ControllerConfig",
     "Dispatch",
+    "EnvAnswered",
+    "EnvWaiting",
     "Event",
     "FilterGroup",
     "Finish",

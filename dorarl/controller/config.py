@@ -52,9 +52,29 @@ class OrchestratorConfig:
         },
     )
 
+    # An episode waiting for its environment keeps its KV but no decode slot, so counting it
+    # as a running request idles the slots of an instance whose episodes wait on slow tools.
+    # It takes none, but an instance holds at most this many times its slots in requests:
+    # the KV of waiting episodes stays bounded (at 2, their KV is at most the running
+    # requests'; the engine offloads it to host memory first under pressure), and so does
+    # the queue of episodes whose environments all answer at once (they wait for a slot in
+    # the engine, resumed before fresh prompts). At 2 the slots stay busy as long as an
+    # episode's environment takes no longer per turn than its decoding does.
+    episode_overcommit: float = field(
+        default=2.0,
+        metadata={
+            "help": "requests an instance holds at most, as a multiple of its slots: "
+            "episodes waiting for their environment take no slot, only room under this "
+            "bound (1: a waiting episode keeps its slot)",
+            "ge": 1,
+        },
+    )
+
     def validate(self) -> None:
         if not math.isfinite(self.rebalance_period_s):
             raise ConfigError(f"rebalance_period_s: must be finite, got {self.rebalance_period_s}")
+        if not math.isfinite(self.episode_overcommit):
+            raise ConfigError(f"episode_overcommit: must be finite, got {self.episode_overcommit}")
 
 
 @dataclass(kw_only=True)
@@ -205,6 +225,12 @@ class ControllerConfig:
         if self.mode in ("sync", "one_step_off"):
             return self.tbs
         return min(self.rbs, (self.effective_K + 1) * self.tbs)
+
+    @property
+    def max_held(self) -> int:
+        """Requests one instance holds at most, episodes waiting for their environment
+        included (`orchestrator.episode_overcommit` x slots, never under the slots)."""
+        return max(self.slots, int(self.slots * self.orchestrator.episode_overcommit))
 
     @property
     def lockstep(self) -> bool:

@@ -25,6 +25,9 @@ where out(<= w) counts outstanding (dispatched, not consumed) groups of version 
   weight source. A busy trainer always answers TrainDone.
 - Versions: instances host window versions (newest-K .. newest); work exists only there
   (INV), and out-of-window instances are re-assigned at the TrainDone that pushed them out.
+- Multi-turn episodes: one waiting for its environment (`EnvWaiting` .. `EnvAnswered`)
+  keeps its instance, version and KV but frees its decode slot; an instance holds at most
+  `max_held` requests in all. Nothing above depends on slots, so every argument stands.
 - Dynamic sampling (`rollout.filter_groups`, `filtering.py`): a complete group of equal
   rewards may be filtered instead of queued. It leaves `out` for good, which only lowers
   every prefix, so INV, admission and the batch rule above hold for what is trained, and
@@ -50,6 +53,8 @@ from dorarl.controller.config import ControllerConfig
 from dorarl.controller.dora import DoraOrchestrator
 from dorarl.controller.errors import require
 from dorarl.controller.events import (
+    EnvAnswered,
+    EnvWaiting,
     Event,
     InstanceStats,
     MigrationDone,
@@ -89,6 +94,8 @@ class Controller:
         self._handlers = {
             Start: self._on_start,
             SampleDone: self._on_sample_done,
+            EnvWaiting: self._on_env_waiting,
+            EnvAnswered: self._on_env_answered,
             InstanceStats: self._on_stats,
             WeightsLoaded: self._on_loaded,
             MigrationDone: self._on_migrated,
@@ -186,6 +193,16 @@ class Controller:
         filtered = self.filter.complete(group) if group is not None else []
         commands = filtered + self.orchestrator.on_sample_done(inst)
         return commands + (self.orchestrator.on_group_filtered() if filtered else [])
+
+    def _on_env_waiting(self, event: EnvWaiting) -> list[Command]:
+        """Its decode slot is free (the supplement after every event fills it); its KV and
+        its place stay, so nothing else changes: it keeps its instance and version."""
+        self.ledger.wait(request_id(event.group_id, event.sample_index), True)
+        return []
+
+    def _on_env_answered(self, event: EnvAnswered) -> list[Command]:
+        self.ledger.wait(request_id(event.group_id, event.sample_index), False)
+        return []
 
     def _on_stats(self, event: InstanceStats) -> list[Command]:
         inst = self.ledger.instances[event.instance_id]

@@ -109,20 +109,24 @@ class DoraOrchestrator(Orchestrator):
         return plan_partition(workload, floors, caps, ledger.newest, self.config.instances)
 
     def _floor(self, version: int, running: int) -> int:
-        """Instances `version`'s running requests need.
+        """Instances `version`'s requests need: a slot for each one not waiting for its
+        environment, within `max_held` requests per instance.
 
         A legacy version holds the stragglers the trainer waits for. Packed by slots alone,
         they overflow the KV pool, and an offloaded request makes no progress until others
         finish; so (with `kv_packing`) a legacy version keeps as many instances as its
-        requests need at the count that fit under the KV threshold at the last reports. It
-        never grows: the floor is capped at its current instances.
+        decoding requests need at the count that fit under the KV threshold at the last
+        reports (a waiting episode's KV is the first its engine offloads). It never grows:
+        the floor is capped at its current instances (episodes answered at once may hold
+        more than their slots there).
         """
-        ledger, slots = self.ledger, self.config.slots
-        if version == ledger.newest or not self.config.orchestrator.kv_packing:
-            return capacity_floor(running, slots)
+        ledger, per = self.ledger, self.config.slots
         hosts = ledger.hosts[version]
-        per = packing_limit(slots, (ledger.instances[i].kv_fit for i in hosts))
-        return min(len(hosts), capacity_floor(running, per))
+        if version != ledger.newest and self.config.orchestrator.kv_packing:
+            per = packing_limit(per, (ledger.instances[i].kv_fit for i in hosts))
+        decoding = running - ledger.waiting_on(version)
+        need = max(capacity_floor(decoding, per), capacity_floor(running, ledger.max_held))
+        return min(len(hosts), need)
 
     def _shrink(self, version: int, target: int) -> tuple[list[Command], list[InstanceState]]:
         """Release instances of `version` down to `target`; move their requests to the rest."""

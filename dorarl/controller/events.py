@@ -65,6 +65,28 @@ class MigrationDone:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvWaiting:
+    """A multi-turn episode (request `request_id(group_id, sample_index)`) ended a turn and
+    waits for its environment: its engine keeps its KV but gives it no decode slot. Its
+    reward and completion still come as one `SampleDone` (possibly straight from waiting)."""
+
+    group_id: int
+    sample_index: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class EnvAnswered:
+    """The waiting episode's environment answered and its next turn is queued on its engine
+    (where it sits now: an answer that finds it migrating or interrupted is reported once it
+    is handed over). An episode that starts again from its prompt is running again too."""
+
+    group_id: int
+    sample_index: int
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
 class TrainDone:
     """Answer to `Train`: the trainer published `new_version` (= the Train's version + 1)."""
 
@@ -79,4 +101,14 @@ class Timer:
     now: float
 
 
-Event = Start | SampleDone | InstanceStats | WeightsLoaded | MigrationDone | TrainDone | Timer
+Event = (
+    Start
+    | SampleDone
+    | EnvWaiting
+    | EnvAnswered
+    | InstanceStats
+    | WeightsLoaded
+    | MigrationDone
+    | TrainDone
+    | Timer
+)

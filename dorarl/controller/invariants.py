@@ -4,7 +4,8 @@
 invariant (INV, hence Eq. 1 for any future step), ready instances host window versions
 only (a weight source may finish an in-flight transfer first), every in-flight request sits
 on an instance of its own version or one that holds it (so no version with work is left
-without weights), at most `versions_per_instance` versions and the slots on each instance,
+without weights), at most `versions_per_instance` versions and `max_held` requests (waiting
+episodes included, counted exactly) on each instance,
 and the derived counters match a recount: every
 dispatched group is outstanding, consumed or filtered (exactly one), and the completion
 queues hold exactly the complete outstanding groups, each once.
@@ -44,9 +45,14 @@ def _instances(ledger: Ledger) -> list[str]:
         finishing = inst.serving > 0 and not inst.requests
         if inst.ready and inst.version not in allowed and not finishing:
             problems.append(f"instance {inst.instance_id} hosts v{inst.version} outside {allowed}")
-        if len(inst.requests) > ledger.slots:
+        if len(inst.requests) > ledger.max_held:
             problems.append(
-                f"instance {inst.instance_id} holds {len(inst.requests)} > {ledger.slots}"
+                f"instance {inst.instance_id} holds {len(inst.requests)} > {ledger.max_held}"
+            )
+        waiting = sum(ledger.requests[r].waiting for r in inst.requests if r in ledger.requests)
+        if waiting != inst.waiting:
+            problems.append(
+                f"instance {inst.instance_id} counts {inst.waiting} waiting, not {waiting}"
             )
         held = inst.held_versions
         too_many = len(held) > ledger.config.versions_per_instance

@@ -8,6 +8,9 @@ dynamic sampling, it is filtered; never both (`consume` and `filter` pop it from
 With several versions per instance, an instance that takes a newer version keeps its live
 requests under their own: they are *held* (counted in `draining`, not in `requests_on`), and
 when the last one of a version ends there the ledger notes a release for the controller.
+A multi-turn episode waiting for its environment stays on its instance (its KV is there) but
+takes no decode slot: an instance's free slots are its slots less the requests that are not
+waiting, within `max_held` requests in all (`orchestrator.episode_overcommit` x slots).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class InstanceState:
     # since the version was assigned); decode is KV-bound long before slots run out
     kv_fit: float | None = None
     offloaded: set[str] = field(default_factory=set)
+    waiting: int = 0  # requests here waiting for their environment (no decode slot)
     # older versions whose requests still run here -> how many (several versions per instance)
     draining: dict[int, int] = field(default_factory=dict)
 
@@ -57,6 +61,7 @@ class RequestState:
     parked: bool = False  # interrupted, waiting for Resume (partial rollout)
     relieved: bool = False  # already moved once for KV relief: never again (no ping-pong)
     held_as: int | None = None  # its version, once its instance has moved on to a newer one
+    waiting: bool = False  # an episode between turns: its environment is working
 
 
 @dataclass(slots=True, eq=False)
@@ -80,6 +85,7 @@ class Ledger:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.slots = config.slots
+        self.max_held = config.max_held  # requests an instance may hold, waiting ones included
         start = config.initial_version
         self.instances = [InstanceState(i, start) for i in range(config.instances)]
         self.groups: dict[int, GroupState] = {}
@@ -125,6 +131,10 @@ class Ledger:
         buckets = self.buckets.get(version, [])
         return [self.instances[i] for bucket in buckets[1:] for i in bucket]
 
+    def waiting_on(self, version: int) -> int:
+        """Requests on the instances of `version` that wait for their environment."""
+        return sum(self.instances[i].waiting for i in self.hosts.get(version, ()))
+
     def done_counts(self) -> dict[int, int]:
         return {v: len(q) for v, q in self.done.items() if q}
 
@@ -132,7 +142,11 @@ class Ledger:
         return {v: n for v, n in self.out.items() if n}
 
     def free_slots(self, inst: InstanceState) -> int:
-        return self.slots - len(inst.requests)
+        """Requests `inst` can take now: decode slots not held by a running request, within
+        `max_held` requests in all. Episodes whose environment answered at once can hold more
+        than the slots (the engine queues them), so it is clamped at 0."""
+        held = len(inst.requests)
+        return max(0, min(self.slots - (held - inst.waiting), self.max_held - held))
 
     def own_requests(self, inst: InstanceState) -> int:
         """Requests on `inst` of the version it hosts (not held ones of older versions)."""
@@ -222,6 +236,19 @@ class Ledger:
         req.moving = True
         dst.incoming += 1
         self._add(dst, rid)
+
+    def wait(self, rid: str, waiting: bool) -> bool:
+        """An episode waits for its environment (True) or runs again (False); False when
+        that changes nothing (an unknown request, or a repeated report)."""
+        req = self.requests.get(rid)
+        if req is None or req.waiting == waiting:
+            return False
+        inst = self.instances[req.instance_id]
+        self._unindex(inst)
+        req.waiting = waiting
+        inst.waiting += 1 if waiting else -1
+        self._index(inst)
+        return True
 
     def arrived(self, rid: str) -> None:
         req = self.requests.get(rid)
@@ -360,12 +387,14 @@ class Ledger:
     def _add(self, inst: InstanceState, rid: str) -> None:
         self._unindex(inst)
         inst.requests[rid] = None
+        inst.waiting += self.requests[rid].waiting
         self.requests_on[inst.version] += 1
         self._index(inst)
 
     def _remove(self, inst: InstanceState, rid: str, req: RequestState) -> None:
         self._unindex(inst)
         del inst.requests[rid]
+        inst.waiting -= req.waiting
         inst.offloaded.discard(rid)
         if req.held_as is None:
             self.requests_on[inst.version] -= 1

@@ -103,7 +103,9 @@ class Recorder:
         self.steps: list[dict[str, Any]] = []
         self.summary: dict[str, Any] | None = None
         self.groups = GroupAccount()
-        self.usage = SlotUsage(num_instances, self._busy_counter if self.trace else None)
+        self.usage = SlotUsage(
+            num_instances, self._busy_counter if self.trace else None, slots_per_instance
+        )
         self.lanes = VersionLanes(
             num_instances, first_version, self.trace, keeps_old=versions_per_instance > 1
         )
@@ -219,6 +221,8 @@ class Recorder:
     def _event_handlers(self) -> dict[type, Any]:
         return {
             ev.SampleDone: self._on_sample_done,
+            ev.EnvWaiting: self._on_env_waiting,
+            ev.EnvAnswered: self._on_env_answered,
             ev.WeightsLoaded: self.lanes.loaded,
             ev.MigrationDone: self._on_migrated,
             ev.TrainDone: self._on_train_done,
@@ -227,6 +231,13 @@ class Recorder:
     def _on_sample_done(self, e: ev.SampleDone) -> None:
         self.usage.finished(cmd.request_id(e.group_id, e.sample_index), e.now)
         self.groups.sample_done(e.group_id)
+
+    def _on_env_waiting(self, e: ev.EnvWaiting) -> None:
+        self._totals["env_waits"] += 1
+        self.usage.waits(cmd.request_id(e.group_id, e.sample_index), e.now)
+
+    def _on_env_answered(self, e: ev.EnvAnswered) -> None:
+        self.usage.waits(cmd.request_id(e.group_id, e.sample_index), e.now, waiting=False)
 
     def _on_migrated(self, e: ev.MigrationDone) -> None:
         pending = self._migrating[(e.src, e.dst)]
@@ -431,6 +442,10 @@ class Recorder:
             "mean_step_time_s": _share(totals["step_time_s"], len(self.steps)),
             "rollout_only_share": _share(totals["rollout_only_s"], totals["step_time_s"]),
             "slot_utilization": _share(sum(self.usage.area), wall * run.slots * run.num_instances),
+            # episodes waiting for their environment hold a request but no slot: an instance
+            # may hold more requests than slots (up to orchestrator.episode_overcommit x)
+            "peak_requests_held": max(self.usage.peak_held, default=0),
+            "env_waits": totals["env_waits"],
             "overhead_share": {
                 k: _share(totals[f"overhead_{k}"], wall * run.num_instances)
                 for k in run.overhead_kinds

@@ -166,7 +166,7 @@ LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
         "resume_command")  # fmt: skip
 # Work that only a segment's own books count: summed (a killed segment's is unknown, 0),
 # rolled-back work included.
-SUMMED = ("dispatched", "completed", "consumed", "filtered")
+SUMMED = ("dispatched", "completed", "consumed", "filtered", "env_waits")
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
           "replay_mismatches", "reward_errors", "env_errors")  # fmt: skip
 
@@ -227,6 +227,7 @@ def run_summary(
     summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
     summary |= _prefill(rows)
     summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}
+    summary["peak_requests_held"] = max((s.get("peak_requests_held", 0) for s in own), default=0)
     summary |= _evaluations(segments, evaluations or {})
     pace = _pace([s["pace"] for s in own if "pace" in s])
     return summary | ({"pace": pace} if pace else {}) | {"segments": [s.entry() for s in segments]}

@@ -21,7 +21,11 @@ finished request; the episode's environment answers on its own loop (`poll_envs`
 the observation goes to the instance the request is on then (held back while it migrates
 or is interrupted, and sent where it lands). A waiting episode is held by its instance,
 KV and all, but no stepping call is queued for it, and the controller's KV-pressure
-relief sees it like any request there.
+relief sees it like any request there. The controller hears of each wait (`EnvWaiting`, at
+the turn's end) and of its end (`EnvAnswered`: the next turn is sent to the engine, or
+the episode starts again from its prompt), so a waiting episode's decode slot takes
+another request. The engine holds the extra requests as they come (a waiting episode
+keeps no slot there either; answered ones queue for a slot before fresh prompts).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ import ray
 from dorarl.controller import (
     TRAINER,
     Dispatch,
+    EnvAnswered,
+    EnvWaiting,
     InstanceStats,
     Interrupt,
     LoadWeights,
@@ -168,14 +174,15 @@ class EngineFleet:
         restarting them under what its instance hosts, as full weights would) but those of
         an older version it `held` for them, which keep theirs."""
         if requests:
+            restarted = [s for s in requests if s.request_id in self._env_waiting]
             for spec in requests:  # started (again) from its prompt: a fresh episode
                 self._env_waiting.discard(spec.request_id)
                 self._held_back.pop(spec.request_id, None)
-            new = [
-                self.plan.request(spec, None if spec.version in held else version)
-                for spec in requests
-            ]
+            versions = [None if spec.version in held else version for spec in requests]
+            new = self.plan.requests(requests, versions)
             self.workers[iid].add.remote(new)
+            for spec in restarted:  # it decodes again: the controller counts its slot
+                self.driver.deliver(EnvAnswered(spec.group_id, spec.sample_index, self.now()))
         self.keep_running(iid)
 
     def load(self, iid: int, version: int, source: int) -> None:
@@ -305,6 +312,8 @@ class EngineFleet:
         assert self.plan.episodes is not None, "a turn ended on a single-turn task"
         self._env_waiting.add(output.request_id)
         self.plan.episodes.turn_ended(output.request_id, output)
+        spec = self.driver.requests.spec(output.request_id)
+        self.driver.deliver(EnvWaiting(spec.group_id, spec.sample_index, self.now()))
 
     @property
     def envs_pending(self) -> int:
@@ -340,6 +349,8 @@ class EngineFleet:
                 self._end_episode(rid, iid, reason)
             else:
                 self.workers[iid].continue_.remote(rid, ids)
+                spec = requests.spec(rid)
+                self.driver.deliver(EnvAnswered(spec.group_id, spec.sample_index, self.now()))
                 self.keep_running(iid)
 
     def _end_episode(self, rid: str, iid: int, reason: str | None) -> None:

@@ -3,6 +3,10 @@
 Environments run as coroutines on one asyncio loop in a daemon thread of the driver's
 process (`EnvLoop`), so an episode waiting on a slow tool holds neither a thread nor an
 engine slot; answers come back through a queue the runtime drains between Ray answers.
+The resets of the episodes one command starts run there together (a plain, blocking
+`reset` in a thread of its own), and the driver waits for them at most the task's
+`env_timeout_s` (and a grace): one that fails or hangs ends its episode at its first turn
+(reward 0, one line for the run's first), never the driver.
 `Episodes` keeps each live episode (its env, its turns, the last turn's engine output)
 under an incarnation number: an episode started again (its engine died) gets a new env,
 and an answer of the old one is dropped. Invariant: every episode that begins either ends
@@ -12,6 +16,7 @@ once (`finish`) or is started again; nothing it did is lost from the sample it b
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -36,9 +41,15 @@ class EnvLoop:
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0
 
-    def run(self, coro: Coroutine) -> Any:
-        """Run to the end and wait (the reset before an episode's first turn)."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def run(self, coro: Coroutine, timeout_s: float) -> Any:
+        """Run and wait at most `timeout_s` (the resets before episodes' first turns);
+        raises TimeoutError past it, the coroutine cancelled."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError from None
 
     def submit(self, key: Any, coro: Coroutine) -> None:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -73,15 +84,27 @@ class Episodes:
         self.env_errors = 0  # episodes an environment's failure ended
         self.first_error: str | None = None
 
-    def begin(self, request_id: str, prompt: Prompt) -> list[int]:
-        """A fresh env for the request; the ids of its first turn's prompt."""
+    def begin(self, episodes: list[tuple[str, Prompt]]) -> list[list[int]]:
+        """A fresh env for each (request, prompt); the ids of their first turns' prompts.
+        Their resets run together; past `env_timeout_s` and a grace (an env that blocks the
+        loop), those not done end at their first turn with the task's prompt."""
+        states = [self._fresh(rid, prompt) for rid, prompt in episodes]
+        if not states:
+            return []
+        timeout_s = self.task.env_timeout_s + RESET_GRACE_S
+        try:
+            return self.loop.run(_resets(self.task, states), timeout_s)
+        except TimeoutError:
+            return [_hung(self.task, state, timeout_s) for state in states]
+
+    def _fresh(self, request_id: str, prompt: Prompt) -> EpisodeState:
         number = self._incarnations.get(request_id, 0) + 1
         self._incarnations[request_id] = number
         if request_id in self._live:  # started again: its old episode's agent is dropped
             _close(self._live[request_id].state)
         live = _Live(EpisodeState(prompt, self.task.make_env()), number)
         self._live[request_id] = live
-        return self.loop.run(reset(self.task, live.state))
+        return live.state
 
     def turn_ended(self, request_id: str, output: RequestOutput) -> None:
         live = self._live[request_id]
@@ -137,6 +160,23 @@ class Episodes:
     @property
     def pending(self) -> int:
         return self.loop.pending
+
+
+RESET_GRACE_S = 5.0
+"""How long past `env_timeout_s` the driver waits for resets: their own timeout fires
+first unless an environment blocks the loop they share."""
+
+
+async def _resets(task: Any, states: list[EpisodeState]) -> list[list[int]]:
+    return list(await asyncio.gather(*(reset(task, state) for state in states)))
+
+
+def _hung(task: Any, state: EpisodeState, timeout_s: float) -> list[int]:
+    """A reset the loop never finished (an environment blocking it): the episode ends at
+    its first turn, as a failed reset does; one finished meanwhile keeps its end."""
+    if not state.done:
+        state.end("env_error", f"reset timed out after {timeout_s:g} s (the loop was blocked)")
+    return task.episode_prompt_ids(state.prompt)
 
 
 def _close(state: EpisodeState) -> None:

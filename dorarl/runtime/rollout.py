@@ -8,6 +8,7 @@ function that raises scores 0 and is counted (`reward_errors`), never stopping t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dorarl.data import Sample
@@ -49,11 +50,27 @@ class RolloutPlan:
     def prompt(self, prompt_index: int) -> Prompt:
         return self.prompts[prompt_index % len(self.prompts)]
 
-    def request(self, spec: RequestSpec, version: int | None = None) -> NewRequest:
-        """The engine request of `spec`, under its own version or `version`."""
-        version = spec.version if version is None else version
+    def requests(
+        self, specs: Sequence[RequestSpec], versions: Sequence[int | None]
+    ) -> list[NewRequest]:
+        """The engine requests of `specs`, each under its own version or the one given;
+        a multi-turn task's episodes reset together (the first observation is in the
+        prompt)."""
+        prompts = [self.prompt(spec.prompt_index) for spec in specs]
+        if self.episodes is not None:
+            ids = self.episodes.begin(
+                [(s.request_id, p) for s, p in zip(specs, prompts, strict=True)]
+            )
+        else:
+            ids = [list(p.prompt_ids) for p in prompts]
+        return [
+            NewRequest(spec.request_id, first, self._params(spec), spec.version if v is None else v)
+            for spec, first, v in zip(specs, ids, versions, strict=True)
+        ]
+
+    def _params(self, spec: RequestSpec) -> SamplingParams:
         s = self.settings
-        params = SamplingParams(
+        return SamplingParams(
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
@@ -64,11 +81,6 @@ class RolloutPlan:
             target_len=spec.target_len,
             multi_turn=self.episodes is not None,
         )
-        prompt = self.prompt(spec.prompt_index)
-        if self.episodes is not None:
-            ids = self.episodes.begin(spec.request_id, prompt)
-            return NewRequest(spec.request_id, ids, params, version)
-        return NewRequest(spec.request_id, list(prompt.prompt_ids), params, version)
 
     def sample(
         self, spec: RequestSpec, out: RequestOutput, episode: EpisodeState | None = None

@@ -7,6 +7,7 @@ application (presets, validation, what-if grids) is `dorarl.simulate`.
 """
 
 from dorarl.sim.cost import PRESETS, CostModel, kv_bytes_per_token, local
+from dorarl.sim.episodes import EpisodeModel
 from dorarl.sim.rewards import RewardModel
 from dorarl.sim.runtime import Deadlock, ProtocolError, RunResult, SimRuntime
 
@@ -14,6 +15,7 @@ __all__ = [
     "PRESETS",
     "CostModel",
     "Deadlock",
+    "EpisodeModel",
     "ProtocolError",
     "RewardModel",
     "RunResult",

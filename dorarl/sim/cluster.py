@@ -6,6 +6,10 @@ happened to the driver). A strict executor: a command a real runtime could not h
 (dispatch to a busy or wrong-version instance, a weight load on an instance that still
 holds requests or serves a peer, or that would hold more versions than it may, training at
 the wrong version) raises `ProtocolError`.
+Multi-turn episodes (`episodes`): at each turn's end a request parks (`EnvWaiting`) until
+its environment answers, after a seeded latency; then it runs its next turn (`EnvAnswered`)
+or, after its last, finishes. An answer that finds it moving or interrupted is carried out
+where it lands or resumes.
 Deterministic: ties on the clock pop in push order.
 """
 
@@ -19,6 +23,8 @@ from dorarl.controller import (
     Command,
     ControllerConfig,
     Dispatch,
+    EnvAnswered,
+    EnvWaiting,
     InstanceStats,
     Interrupt,
     LoadWeights,
@@ -36,6 +42,7 @@ from dorarl.driver import Driver, RequestSpec
 from dorarl.record import Recorder
 from dorarl.sim.clock import EventQueue
 from dorarl.sim.cost import CostModel
+from dorarl.sim.episodes import EpisodeModel
 from dorarl.sim.instance import SimInstance, SimRequest
 from dorarl.sim.rewards import RewardModel
 from dorarl.sim.samples import sample_of
@@ -45,6 +52,11 @@ from dorarl.sim.samples import sample_of
 class _Wake:
     instance_id: int
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class _EnvAnswer:
+    request_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +76,15 @@ class SimCluster:
         driver: Driver,
         rewards: RewardModel | None = None,
         seed: int = 0,
+        episodes: EpisodeModel | None = None,
     ) -> None:
         self.config, self.cost, self.prompt_len = config, cost, prompt_len
         self.recorder = recorder
         self.driver = driver  # where answers go
         self.rewards, self.seed = rewards or RewardModel(), seed
+        self.episodes = episodes
+        # requests an instance may hold: without episodes no request waits, so the slots
+        self.max_held = config.max_held if episodes is not None else config.slots
         threshold = config.orchestrator.kv_offload_threshold
         self.instances = [
             SimInstance(i, cost, config.slots, threshold) for i in range(config.instances)
@@ -81,7 +97,7 @@ class SimCluster:
         self.pending = 0  # queued items other than timers: none left and not done is a deadlock
         self.published = config.initial_version
         self._links: dict[int, float] = {}  # weight source -> busy until
-        self._parked: dict[str, SimRequest] = {}
+        self._interrupted: dict[str, SimRequest] = {}
         self._transit: dict[str, SimRequest] = {}
 
     # ---- the clock -----------------------------------------------------------------------
@@ -95,6 +111,8 @@ class SimCluster:
             self._on_wake(item)
         elif isinstance(item, _Arrival):
             self._on_arrival(item)
+        elif isinstance(item, _EnvAnswer):
+            self._on_env_answer(item.request_id)
         elif isinstance(item, WeightsLoaded):
             inst = self.instances[item.instance_id]
             inst.version, inst.ready = item.version, True
@@ -108,9 +126,9 @@ class SimCluster:
 
     def known_requests(self) -> set[str]:
         """Every request this machinery holds (running, offloaded, parked or in transit)."""
-        known = set(self._parked) | set(self._transit)
+        known = set(self._interrupted) | set(self._transit)
         for inst in self.instances:
-            known.update(inst.active, inst.offloaded)
+            known.update(inst.active, inst.offloaded, inst.parked)
         return known
 
     def _reward(self, req: SimRequest) -> float:
@@ -135,10 +153,59 @@ class SimCluster:
             return
         inst.advance(self.now)
         for req in inst.pop_finished():
-            sample = sample_of(req, req.prompt_index, self._reward(req))
-            self.driver.sample_done(inst.instance_id, sample)
+            if self.episodes is not None:
+                self._turn_ended(inst, req)
+            else:
+                self._finish(inst, req)
         self._kv_housekeeping(inst)
         self._touch(inst)
+
+    def _finish(self, inst: SimInstance, req: SimRequest) -> None:
+        sample = sample_of(req, req.prompt_index, self._reward(req))
+        self.driver.sample_done(inst.instance_id, sample)
+
+    # ---- multi-turn episodes ---------------------------------------------------------------
+    def _turn_ended(self, inst: SimInstance, req: SimRequest) -> None:
+        """The episode parks, keeping its KV, while its environment works on the turn."""
+        assert self.episodes is not None
+        req.turns_done += 1
+        req.waiting = True
+        inst.park(req)
+        latency = self.episodes.latency(self.seed, req.group_id, req.sample_index, req.turns_done)
+        self._push(self.now + latency, _EnvAnswer(req.rid))
+        self.driver.deliver(EnvWaiting(req.group_id, req.sample_index, self.now))
+
+    def _on_env_answer(self, rid: str) -> None:
+        """Next turn or the end, where the episode is parked; one moving or interrupted
+        gets its answer where it lands or resumes."""
+        inst = next((i for i in self.instances if rid in i.parked), None)
+        if inst is None:
+            req = self._transit.get(rid) or self._interrupted.get(rid)
+            assert req is not None and req.waiting, f"an answer for {rid}, which is nowhere"
+            req.answered = True
+            return
+        inst.advance(self.now)
+        req = inst.parked[rid]
+        req.waiting = req.answered = False
+        if req.last_turn:
+            self._finish(inst, inst.unpark(rid))
+        else:
+            if req.on_host:  # restored when there is room, like an offloaded request
+                inst.offloaded[rid] = inst.unpark(rid)
+            self._kv_housekeeping(inst)
+            self._touch(inst)
+            self.driver.deliver(EnvAnswered(req.group_id, req.sample_index, self.now))
+
+    def _land(self, inst: SimInstance, req: SimRequest) -> None:
+        """A request arriving or resumed on `inst`: an episode waiting for its environment
+        parks (its answer, if it came meanwhile, is carried out now); others run."""
+        if req.waiting:
+            req.on_host = False
+            inst.park(req)
+            if req.answered:
+                self._push(self.now, _EnvAnswer(req.rid))
+        else:
+            inst.join(req)
 
     def _kv_housekeeping(self, inst: SimInstance) -> None:
         """Report threshold crossings, offload at the hard cap, restore when room returns."""
@@ -150,12 +217,36 @@ class SimCluster:
             self._push(
                 self.now, InstanceStats(inst.instance_id, len(inst.active), 0, frac, self.now)
             )
-        if inst.kv_above and resident >= inst.kv_cap - 1e-6 * inst.kv_cap and len(inst.active) >= 2:
-            self._offload_request(inst, next(reversed(inst.active)))  # engine safety net
+        if inst.kv_above and resident >= inst.kv_cap - 1e-6 * inst.kv_cap:
+            self._relieve(inst)  # the engine's safety net
         while inst.offloaded and inst.can_restore():
             req = inst.offloaded.pop(next(iter(inst.offloaded)))
             inst.stall(self.now, self.cost.host_transfer_s(req.context))
             inst.join(req)
+        while (req := inst.ready_parked()) is not None:
+            inst.join(inst.unpark(req.rid))
+
+    def _relieve(self, inst: SimInstance) -> None:
+        """At the pool's end the engine offloads parked KV first (waiting episodes', then
+        answered ones'), then the youngest running request's, keeping one running."""
+        parked = sorted(
+            (r for r in inst.parked.values() if not r.on_host), key=lambda r: not r.waiting
+        )
+        if parked:
+            self._park_on_host(inst, parked[0].rid)
+        elif len(inst.active) >= 2:
+            self._offload_request(inst, next(reversed(inst.active)))
+
+    def _park_on_host(self, inst: SimInstance, rid: str) -> None:
+        """A parked episode's KV goes to host memory: one still waiting stays parked there,
+        one answered waits for room with the offloaded requests."""
+        req = inst.parked[rid]
+        req.offloads += 1
+        if req.waiting:
+            inst.to_host(rid)
+        else:
+            inst.offloaded[rid] = inst.unpark(rid)
+        inst.stall(self.now, self.cost.host_transfer_s(req.context))
 
     def _on_arrival(self, arrival: _Arrival) -> None:
         dst = self.instances[arrival.dst]
@@ -166,8 +257,11 @@ class SimCluster:
             )
         dst.advance(self.now)
         for rid in arrival.request_ids:
-            dst.join(self._transit.pop(rid))
+            req = self._transit.pop(rid)
+            dst.incoming_waiting -= req.waiting
+            self._land(dst, req)
         dst.incoming -= len(arrival.request_ids)
+        self._kv_housekeeping(dst)
         self._touch(dst)
         moved = arrival.request_ids
         self.driver.migration_done(arrival.src, arrival.dst, moved, moved)
@@ -175,6 +269,8 @@ class SimCluster:
     # ---- commands (Executor) -------------------------------------------------------------
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
         inst = self._serving(c.instance_id, c.version, len(requests), c)
+        if inst.holding - inst.env_waiting + len(requests) > inst.slots:
+            raise ProtocolError(f"{c}: instance {c.instance_id} would exceed {inst.slots} slots")
         inst.advance(self.now)
         self._prefill(inst, c.group_id, [self.prompt_len] * len(requests))
         for spec in requests:
@@ -188,6 +284,7 @@ class SimCluster:
                 target,
                 segments=[(c.version, 0)],
                 prompt_index=spec.prompt_index,
+                turn_ends=self._turn_ends(spec, target),
             )
             inst.join(req)
         self._touch(inst)
@@ -227,7 +324,8 @@ class SimCluster:
     def _held_versions(self, inst: SimInstance) -> set[int]:
         """The versions of the requests it runs (none migrate in while it loads: the
         controller never switches an instance with incoming requests)."""
-        return {r.segments[-1][0] for r in (*inst.active.values(), *inst.offloaded.values())}
+        held = (*inst.active.values(), *inst.offloaded.values(), *inst.parked.values())
+        return {r.segments[-1][0] for r in held}
 
     def release_version(self, c: ReleaseVersion) -> None:
         inst = self.instances[c.instance_id]
@@ -252,9 +350,9 @@ class SimCluster:
         moved = [
             self._take(src, rid)
             for rid in c.request_ids
-            if rid in src.active or rid in src.offloaded
+            if rid in src.active or rid in src.offloaded or rid in src.parked
         ]
-        if dst.holding + len(moved) > dst.slots:
+        if dst.holding + len(moved) > self.max_held:
             raise ProtocolError(f"{c}: destination has no room")
         duration = self.cost.migration_s(sum(r.context for r in moved))
         for req in moved:
@@ -262,6 +360,7 @@ class SimCluster:
             self._transit[req.rid] = req
         src.busy_until = max(src.busy_until, self.now) + duration
         dst.incoming += len(moved)
+        dst.incoming_waiting += sum(r.waiting for r in moved)
         self.recorder.overhead("request_transfer", duration)
         self._push(self.now + duration, _Arrival(tuple(r.rid for r in moved), c.src, c.dst))
         self._touch(src)
@@ -270,8 +369,8 @@ class SimCluster:
         inst = self.instances[c.instance_id]
         inst.advance(self.now)
         for rid in c.request_ids:
-            if rid in inst.active or rid in inst.offloaded:
-                self._parked[rid] = self._take(inst, rid)
+            if rid in inst.active or rid in inst.offloaded or rid in inst.parked:
+                self._interrupted[rid] = self._take(inst, rid)
         self._touch(inst)
 
     def resume(self, c: Resume) -> None:
@@ -279,15 +378,16 @@ class SimCluster:
         inst.advance(self.now)
         groups: dict[int, list[int]] = {}  # each group's contexts: its prompt is shared
         for rid in c.request_ids:
-            req = self._parked.pop(rid)
+            req = self._interrupted.pop(rid)
             tokens = int(round(req.context))
             if req.segments[-1][0] != c.version:
                 req.segments.append((c.version, int(round(req.gen))))
             groups.setdefault(req.group_id, []).append(tokens)
             self.recorder.reprefill(tokens)
-            inst.join(req)
+            self._land(inst, req)
         for group_id, contexts in groups.items():
             self._prefill(inst, group_id, contexts)
+        self._kv_housekeeping(inst)
         self._touch(inst)
 
     def _prefill(self, inst: SimInstance, group_id: int, contexts: list[int]) -> None:
@@ -307,6 +407,8 @@ class SimCluster:
         inst.advance(self.now)
         if c.request_id in inst.active and len(inst.active) >= 2:
             self._offload_request(inst, c.request_id)
+        elif c.request_id in inst.parked:
+            self._park_on_host(inst, c.request_id)
         self._touch(inst)
 
     def _offload_request(self, inst: SimInstance, rid: str) -> None:
@@ -327,15 +429,22 @@ class SimCluster:
         self._push(at, Timer(at))
 
     # ---- helpers -------------------------------------------------------------------------
+    def _turn_ends(self, spec: RequestSpec, length: int) -> list[int]:
+        if self.episodes is None:
+            return []
+        return self.episodes.turn_ends(self.seed, spec.group_id, spec.sample_index, length)
+
     def _serving(self, iid: int, version: int, extra: int, c: Command) -> SimInstance:
         inst = self.instances[iid]
         if not inst.ready or inst.version != version:
             raise ProtocolError(f"{c}: instance {iid} is not serving v{version}")
-        if inst.holding + extra > inst.slots:
-            raise ProtocolError(f"{c}: instance {iid} would exceed {inst.slots} slots")
+        if inst.holding + extra > self.max_held:
+            raise ProtocolError(f"{c}: instance {iid} would hold over {self.max_held} requests")
         return inst
 
     def _take(self, inst: SimInstance, rid: str) -> SimRequest:
         if rid in inst.offloaded:
             return inst.offloaded.pop(rid)
+        if rid in inst.parked:
+            return inst.unpark(rid)
         return inst.leave(rid)

@@ -5,6 +5,8 @@ batch last emptied; a request that joined at progress p0 with g tokens has g + (
 Resident KV is `kv_base + B * P`, so a step costs A + D * P' as P' grows and the time of
 any future progress point is a quadratic: no per-token events, O(log B) per change.
 Prefill, offload and restore stall the whole instance (no compute/transfer overlap).
+A multi-turn episode between turns is `parked`: out of the batch, its KV kept (on the device,
+or on the host once offloaded); answered, it takes a free slot or waits parked for one.
 """
 
 from __future__ import annotations
@@ -33,10 +35,27 @@ class SimRequest:
     migrations: int = 0
     offloads: int = 0
     prompt_index: int = 0  # the dataset prompt its group samples
+    turn_ends: list[int] = field(default_factory=list)  # episodes: where turns end, but the last
+    turns_done: int = 0  # episodes: turns ended so far
+    waiting: bool = False  # episodes: its environment is working
+    answered: bool = False  # its environment answered while it moved or was interrupted
+    on_host: bool = False  # parked with its KV offloaded
 
     @property
     def context(self) -> float:
         return self.prompt_len + self.gen
+
+    @property
+    def stop_at(self) -> int:
+        """Generated tokens at which it leaves the batch next: its turn's end, or its length."""
+        if self.turns_done < len(self.turn_ends):
+            return self.turn_ends[self.turns_done]
+        return self.target_len
+
+    @property
+    def last_turn(self) -> bool:
+        """Its last turn has ended."""
+        return self.turns_done > len(self.turn_ends)
 
 
 class SimInstance:
@@ -52,7 +71,10 @@ class SimInstance:
         self.weights_held: set[int] = {0}
         self.active: dict[str, SimRequest] = {}
         self.offloaded: dict[str, SimRequest] = {}
+        self.parked: dict[str, SimRequest] = {}  # episodes between turns
+        self.kv_parked = 0.0  # their KV on the device
         self.incoming = 0
+        self.incoming_waiting = 0  # of those, episodes waiting for their environment
         self.progress = 0.0
         self.kv_base = 0.0
         self.clock = 0.0
@@ -67,10 +89,42 @@ class SimInstance:
     # ---- state ---------------------------------------------------------------------------
     @property
     def holding(self) -> int:
-        return len(self.active) + len(self.offloaded) + self.incoming
+        return len(self.active) + len(self.offloaded) + len(self.parked) + self.incoming
+
+    @property
+    def env_waiting(self) -> int:
+        """Requests here (or coming) that wait for their environment: they need no slot."""
+        return sum(r.waiting for r in self.parked.values()) + self.incoming_waiting
 
     def resident(self) -> float:
-        return self.kv_base + len(self.active) * self.progress
+        return self.kv_base + len(self.active) * self.progress + self.kv_parked
+
+    def park(self, req: SimRequest) -> None:
+        """An episode leaves the batch between turns, keeping its KV."""
+        self.parked[req.rid] = req
+        if not req.on_host:
+            self.kv_parked += req.context
+
+    def unpark(self, rid: str) -> SimRequest:
+        req = self.parked.pop(rid)
+        if not req.on_host:
+            self.kv_parked -= req.context
+        if not self.parked:  # a fresh origin keeps float error from accumulating
+            self.kv_parked = 0.0
+        return req
+
+    def to_host(self, rid: str) -> None:
+        """A parked episode's KV goes to host memory (it stays parked)."""
+        req = self.parked[rid]
+        if not req.on_host:
+            self.kv_parked -= req.context
+            req.on_host = True
+
+    def ready_parked(self) -> SimRequest | None:
+        """A parked episode whose environment answered, with its KV here, if a slot is free."""
+        if len(self.active) >= self.slots:
+            return None
+        return next((r for r in self.parked.values() if not r.waiting and not r.on_host), None)
 
     def advance(self, now: float) -> None:
         start = max(self.clock, self.stall_until)
@@ -86,12 +140,12 @@ class SimInstance:
         req.pjoin, req.seq = self.progress, self._joins
         self.kv_base += req.context - self.progress
         self.active[req.rid] = req
-        heapq.heappush(self._finish, (self.progress + req.target_len - req.gen, req.seq, req.rid))
+        heapq.heappush(self._finish, (self.progress + req.stop_at - req.gen, req.seq, req.rid))
 
     def leave(self, rid: str) -> SimRequest:
         req = self.active.pop(rid)
         self.kv_base -= req.context - req.pjoin
-        req.gen = min(float(req.target_len), req.gen + self.progress - req.pjoin)
+        req.gen = min(float(req.stop_at), req.gen + self.progress - req.pjoin)
         if not self.active:  # a fresh origin keeps float error from accumulating
             self.progress = self.kv_base = 0.0
             self._finish.clear()
@@ -102,7 +156,7 @@ class SimInstance:
         while (top := self._valid_top()) is not None and top[0] - self.progress <= FINISH_TOL:
             heapq.heappop(self._finish)
             req = self.leave(top[2])
-            req.gen = float(req.target_len)
+            req.gen = float(req.stop_at)
             done.append(req)
         return done
 
@@ -112,7 +166,7 @@ class SimInstance:
         resident = self.resident()
         if self.kv_above != (resident >= self.kv_limit - 1e-6 * self.kv_cap):
             return self.clock
-        if self.offloaded and self.can_restore():
+        if self.offloaded and self.can_restore() or self.ready_parked() is not None:
             return self.clock
         top = self._valid_top()
         if top is None:
@@ -121,11 +175,13 @@ class SimInstance:
         batch = len(self.active)
         if not self.kv_above:
             steps.append((self.kv_limit - resident) / batch)
-        elif batch >= 2:
+        elif batch >= 2 or self.kv_parked > 0:  # then something can leave the device
             steps.append(max(0.0, (self.kv_cap - resident) / batch))
         return max(self.clock, self.stall_until) + self._time_for(min(steps))
 
     def can_restore(self) -> bool:
+        if len(self.active) >= self.slots:  # episodes answered at once can outnumber the slots
+            return False
         first = next(iter(self.offloaded.values()))
         return self.resident() + first.context <= RESTORE_LEVEL * self.kv_limit or not self.active
 

@@ -7,7 +7,8 @@ honour); a run whose queue holds nothing but timers raises `Deadlock`, and so do
 that handles `watchdog_events` events without a training step. Deterministic for a seed.
 Token ids are placeholders (the cost model has no vocabulary): samples carry O(1)
 sequences of the right length and per-token versions; rewards come from a `RewardModel`
-(a seeded share of uniform groups, for dynamic sampling).
+(a seeded share of uniform groups, for dynamic sampling). With `episodes` every request is
+a multi-turn episode whose environment takes a seeded latency after each turn.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dorarl.driver import Driver, Executor, Observer
 from dorarl.record import Recorder
 from dorarl.sim.cluster import SimCluster
 from dorarl.sim.cost import CostModel
+from dorarl.sim.episodes import EpisodeModel
 from dorarl.sim.rewards import RewardModel
 
 __all__ = ["Deadlock", "ProtocolError", "RunResult", "SimRuntime"]
@@ -65,11 +67,14 @@ class SimRuntime:
         trajectories: bool = True,
         watchdog_events: int = 5_000_000,
         rewards: RewardModel | None = None,
+        episodes: EpisodeModel | None = None,
     ) -> None:
         cost, lengths = cost or CostModel(), lengths or LengthDist()
         rewards = rewards or RewardModel()
         _validate(config, cost, lengths)
         rewards.validate()
+        if episodes is not None:
+            episodes.validate()
         self.recorder = Recorder(
             out_dir,
             mode=config.mode,
@@ -87,8 +92,9 @@ class SimRuntime:
         def machinery(driver: Driver) -> Executor:
             """The cluster, made with the driver it answers to: the driver's executor."""
             self.cluster = SimCluster(
-                config, cost, lengths.prompt_len, self.recorder, driver, rewards=rewards, seed=seed
-            )
+                config, cost, lengths.prompt_len, self.recorder, driver,
+                rewards=rewards, seed=seed, episodes=episodes,
+            )  # fmt: skip
             return Executor(self.cluster, self.cluster.train, self.cluster.set_timer)
 
         self.driver = Driver(

@@ -15,6 +15,7 @@ what the model was shown stops the run in one line (`TemplateDrift`), never only
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -67,6 +68,15 @@ class EpisodeSource(ABC):
     @abstractmethod
     def close(self) -> None:
         """The episode is over or started again: release what it holds (no wait)."""
+
+
+def off_loop(method: Any, *args: Any) -> Any:
+    """Call an environment's method without blocking the loop its episodes share: a
+    coroutine method as it is, a plain one (a user's blocking `reset`, say) in a thread,
+    where a hang outlives its episode's timeout but holds only that thread."""
+    if inspect.iscoroutinefunction(method):
+        return method(*args)
+    return asyncio.to_thread(method, *args)
 
 
 async def env_call(awaitable: Any, timeout_s: float, what: str) -> Any:
@@ -123,7 +133,9 @@ async def reset(task: Any, episode: EpisodeState) -> list[int]:
         return await _chat_reset(task, episode, episode.env)
     prefix = task.episode_prompt_ids(episode.prompt)
     try:
-        first = await env_call(episode.env.reset(episode.prompt), task.env_timeout_s, "reset")
+        first = await env_call(
+            off_loop(episode.env.reset, episode.prompt), task.env_timeout_s, "reset"
+        )
     except EnvError as exc:
         episode.end("env_error", str(exc))
         return prefix
@@ -149,7 +161,7 @@ async def step(
         return await _chat_step(task, episode, episode.env, turn_ids, finish_reason, stop_string)
     text = task.response_text(turn_ids)
     try:
-        answer = await env_call(episode.env.step(text), task.env_timeout_s, "step")
+        answer = await env_call(off_loop(episode.env.step, text), task.env_timeout_s, "step")
     except EnvError as exc:
         episode.record(sampled, finish_reason, None, 0)
         episode.end("env_error", str(exc))
@@ -170,7 +182,7 @@ async def _chat_reset(task: Any, episode: EpisodeState, env: ChatEnv) -> list[in
         template_kwargs=env.template_kwargs,
     )  # fmt: skip
     try:
-        messages = await env_call(env.reset(episode.prompt), task.env_timeout_s, "reset")
+        messages = await env_call(off_loop(env.reset, episode.prompt), task.env_timeout_s, "reset")
         return episode.conversation.start(messages)
     except (EnvError, UserInputError) as exc:  # a failed reset, or messages it got wrong
         episode.end("env_error", str(exc))
@@ -193,7 +205,7 @@ async def _chat_step(
         served = [await _result(task, env, call) for call in reply.calls]
         results = [message for message, _ in served]
         calls = (calls[0], calls[1] + sum(failed for _, failed in served))
-        answer = await env_call(env.step(reply, results), task.env_timeout_s, "step")
+        answer = await env_call(off_loop(env.step, reply, results), task.env_timeout_s, "step")
     except EnvError as exc:
         episode.record(sampled, finish_reason, None, 0, calls)
         episode.end("env_error", str(exc))

@@ -36,6 +36,10 @@ class MultiTurnSumConfig:
     n_eval: int = 300
     seed: int = 0
     stop_on_wrong: bool = True  # False (benchmarks): every item is revealed, reward per turn
+    # An episode that ends at a wrong answer earns the share of the items it got right
+    # (leading ones): all-or-nothing, a group of a long list almost always scores all 0 and
+    # teaches nothing. Only a full episode earns 1 (the held-out accuracy).
+    partial_credit: bool = True
 
     def __post_init__(self) -> None:
         if self.max_chunk < 1:
@@ -65,10 +69,15 @@ class MultiTurnSumEnv(Env):
     """The built-in environment: reveal, check, reveal; optional simulated tool latency."""
 
     def __init__(
-        self, max_chunk: int = 3, seed: int = 0, latency_s: float = 0.0, stop_on_wrong: bool = True
+        self,
+        max_chunk: int = 3,
+        seed: int = 0,
+        latency_s: float = 0.0,
+        stop_on_wrong: bool = True,
+        partial_credit: bool = False,
     ) -> None:
         self.max_chunk, self.seed, self.latency_s = max_chunk, seed, latency_s
-        self.stop_on_wrong = stop_on_wrong
+        self.stop_on_wrong, self.partial_credit = stop_on_wrong, partial_credit
         self._items: list[int] = []
         self._chunks: list[list[int]] = []
         self._turn = 0
@@ -94,10 +103,24 @@ class MultiTurnSumEnv(Env):
             reward = (response == want) / len(self._chunks)
             return EnvStep("" if last else self._observation(self._turn), reward, last)
         if response != want:
-            return EnvStep("", 0.0, True)
+            return EnvStep("", self._credit(offset, response, want), True)
         if self._turn == len(self._chunks):
             return EnvStep("", 1.0, True)
         return EnvStep(self._observation(self._turn), 0.0, False)
+
+    def _credit(self, offset: int, response: str, want: str) -> float:
+        """A wrong answer's reward: with partial credit the share of the list's items right
+        before the first wrong one (this turn's leading items and the earlier turns'), in
+        one division, so only a full episode reaches 1."""
+        if not self.partial_credit:
+            return 0.0
+        right = 0
+        while (
+            right < len(want) // 3
+            and response[3 * right : 3 * right + 3] == want[3 * right : 3 * right + 3]
+        ):
+            right += 1
+        return (offset + right) / len(self._items)
 
 
 class MultiTurnSumTask(RunningSumTask):
@@ -129,8 +152,9 @@ class MultiTurnSumTask(RunningSumTask):
         self.bos_ids = self.tokenizer("")["input_ids"]
 
     def make_env(self) -> MultiTurnSumEnv:
+        mt = self.mt
         return MultiTurnSumEnv(
-            self.mt.max_chunk, self.mt.seed, self.latency_s, self.mt.stop_on_wrong
+            mt.max_chunk, mt.seed, self.latency_s, mt.stop_on_wrong, mt.partial_credit
         )
 
     def episode_prompt_ids(self, prompt: Prompt) -> list[int]:

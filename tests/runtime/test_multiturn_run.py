@@ -59,6 +59,19 @@ def test_episodes_with_env_latency_keep_the_audit(tmp_path):
     assert summary["eval"]
 
 
+def test_waiting_episodes_free_their_slots_and_nothing_is_lost(tmp_path):
+    """Four slots an instance and a slow environment: episodes waiting for it free their
+    decode slot, so an instance holds more requests than slots (at most twice, the default
+    orchestrator.episode_overcommit), and the audit holds."""
+    summary, trajectories, _ = _run(
+        tmp_path, "steps=3", "task.env_latency_s=0.3", "K=1", "engine.max_num_seqs=4"
+    )
+    _audit(summary, trajectories, k=1)
+    assert summary["env_waits"] >= sum(t["turns"] - 1 for t in trajectories) > 0
+    assert 4 < summary["peak_requests_held"] <= 8
+    assert 0 < summary["slot_utilization"] <= 1
+
+
 class FlakyEnv(Env):
     """Fails on every third episode's first step; the others end after one turn."""
 

@@ -7,7 +7,9 @@ consumed once, filtered once (never both) or still in flight/queued at the end; 
 group is complete and uniform and no version filters more than its budget; a group's
 samples share one version (except partial rollout); the run finishes all its steps (no
 deadlock, even when every group is uniform); ready instances host window versions only; no
-request sits on an instance of another version.
+request sits on an instance of another version. With multi-turn episodes (random turns and
+environment latencies, waiting episodes over-committing the slots up to a random bound) the
+same holds, and no instance ever holds more requests than its bound.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sim_checks import InvariantWatch, check_run
 
 from dorarl.controller import MODES, ControllerConfig, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
-from dorarl.sim import CostModel, RewardModel, SimRuntime
+from dorarl.sim import CostModel, EpisodeModel, RewardModel, SimRuntime
 
 
 @st.composite
@@ -29,8 +31,10 @@ def scenarios(
     max_steps: int = 12,
     filtering: bool | None = None,
     several: bool = False,
+    episodes: bool = False,
 ):
-    """`several`: dora with instances that hold K+1 or K+2 versions (LoRA adapters)."""
+    """`several`: dora with instances that hold K+1 or K+2 versions (LoRA adapters);
+    `episodes`: every request a multi-turn episode, waiting on its environment between turns."""
     mode = "dora" if several else mode or draw(st.sampled_from(MODES))
     filtering = draw(st.booleans()) if filtering is None else filtering
     k = draw(st.integers(0 if mode in ("dora", "partial_rollout") else 1, 4))
@@ -59,6 +63,7 @@ def scenarios(
             p2p_weights=draw(st.booleans()),
             legacy_fill=draw(st.booleans()),
             kv_packing=draw(st.booleans()),
+            episode_overcommit=draw(st.sampled_from([1.0, 1.5, 2.0, 4.0])) if episodes else 2.0,
         ),
         rollout=RolloutConfig(
             filter_groups=filtering, max_filtered_per_step=draw(st.integers(1, 3 * tbs))
@@ -86,11 +91,17 @@ def scenarios(
         uniform_share=draw(st.sampled_from([0.0, 0.3, 0.7, 1.0])),
         correct_share=draw(st.sampled_from([0.0, 0.5, 1.0])),
     )
-    return cfg, cost, lengths, rewards, draw(st.integers(0, 2**16))
+    model = None
+    if episodes:
+        model = EpisodeModel(
+            max_turns=draw(st.integers(1, 6)),
+            latency_s=draw(st.sampled_from([0.0, 1e-3, 0.05, 1.0, 10.0])),
+        )
+    return cfg, cost, lengths, rewards, draw(st.integers(0, 2**16)), model
 
 
 def run_and_check(scenario, out_dir) -> int:
-    cfg, cost, lengths, rewards, seed = scenario
+    cfg, cost, lengths, rewards, seed, episodes = scenario
     watch = InvariantWatch()
     sim = SimRuntime(
         cfg,
@@ -101,6 +112,7 @@ def run_and_check(scenario, out_dir) -> int:
         observer=watch,
         watchdog_events=50_000,
         rewards=rewards,
+        episodes=episodes,
     )
     result = sim.run()
     assert watch.problems == []
@@ -174,7 +186,26 @@ def test_a_request_interrupted_the_instant_its_version_ends(tmp_path):
     )
     lengths = LengthDist(median=24.0, p99_ratio=20.0, group_corr=1.0, max_len=512, prompt_len=27)
     rewards = RewardModel(uniform_share=0.0, correct_share=0.0)
-    run_and_check((cfg, cost, lengths, rewards, 49675), tmp_path)
+    run_and_check((cfg, cost, lengths, rewards, 49675, None), tmp_path)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=60, **SETTINGS)
+@given(data=st.data())
+def test_invariants_hold_with_multi_turn_episodes(mode, data, tmp_path_factory):
+    """Episodes wait on their environments between turns (freeing their decode slot, not
+    their place or KV) for random latencies: Eq. 1, exactly once, one version per episode, no
+    deadlock, and (the ledger's invariants, the simulator's strict placement) never more
+    requests on an instance than `episode_overcommit` x slots, nor more running than slots."""
+    scenario = data.draw(scenarios(mode, max_steps=12, episodes=True))
+    run_and_check(scenario, tmp_path_factory.mktemp(f"{mode}-episodes"))
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(data=st.data())
+def test_invariants_hold_with_episodes_on_several_versions_per_instance(data, tmp_path_factory):
+    scenario = data.draw(scenarios(max_steps=12, several=True, episodes=True))
+    run_and_check(scenario, tmp_path_factory.mktemp("several-episodes"))
 
 
 @pytest.mark.slow

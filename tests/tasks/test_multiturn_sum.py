@@ -51,12 +51,17 @@ def test_right_answers_earn_1_and_reveal_every_item_in_order(task):
     assert "".join(o.rstrip("=") for o in observations) == prompt.text.rstrip("=")
 
 
-def test_a_wrong_partial_answer_ends_the_episode_with_0(task):
+def test_a_wrong_answer_ends_the_episode_with_the_share_of_items_right_before_it(task):
     prompt = next(p for p in task.train_prompts() if len(chunks(p, 3, 0)) >= 3)
+    parts = chunks(prompt, 3, 0)
     answers = _right_answers(task, prompt)
-    answers[1] = answers[1][:-1] + str((int(answers[1][-1]) + 1) % 10)
+    answers[1] = answers[1][:-1] + str((int(answers[1][-1]) + 1) % 10)  # its last item wrong
     state, _ = _play(task, prompt, answers)
-    assert state.reward == 0.0 and len(state.turns) == 2 and state.end_reason == "env"
+    right = len(parts[0]) + len(parts[1]) - 1
+    assert state.reward == right / sum(map(len, parts)) and 0 < state.reward < 1
+    assert len(state.turns) == 2 and state.end_reason == "env"
+    strict = make_task("multiturn_sum", seed=0, partial_credit=False)  # all or nothing
+    assert _play(strict, prompt, answers)[0].reward == 0.0
 
 
 def test_turn_counts_are_long_tailed_and_the_chunking_is_fixed(task):
