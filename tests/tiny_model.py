@@ -153,3 +153,77 @@ def save_with_head_dim(source: Path, folder: Path, head_dim: int) -> Path:
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "head_dim": head_dim}))
     return folder
+
+
+def save_calculator_model(folder: Path, seed: int = 0) -> Path:
+    """A tiny Qwen2 that has learnt by heart one episode of the calculator task (its first
+    training prompt at the default keys): the call, then, after the tool's result, the right
+    answer. Saved with a BPE chat tokenizer (ChatML, as SmolLM2's) trained on the task's
+    text, so a calculator run on it plays real calls through the real tool; other prompts
+    get the same call, and the answer to the wrong question."""
+    from dorarl.tasks.calculator import (
+        CALCULATOR_TOOL,
+        DEMONSTRATION,
+        SYSTEM_PROMPT,
+        CalculatorTask,
+        calculate,
+        first_messages,
+    )
+    from dorarl.tasks.conversation import Conversation
+    from dorarl.tasks.tool_calls import Tools, default_instructions
+
+    texts = [SYSTEM_PROMPT, default_instructions(Tools.of([CALCULATOR_TOOL]))]
+    texts += [m["content"] for m in DEMONSTRATION] + ["What is 123 plus 456? The answer is 579."]
+    built = build_bpe_chat_tokenizer(texts * 4, vocab_size=500)
+    built.save_pretrained(str(folder))
+    end = built.convert_tokens_to_ids(IM_END)
+    config = Qwen2Config(
+        vocab_size=len(built), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=2048,
+        eos_token_id=end, pad_token_id=built.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    config.save_pretrained(str(folder))
+    # The tokenizer as runs load it: beside a qwen2 config.json transformers picks Qwen2's
+    # class, which splits text otherwise than the tokenizer built here.
+    task = CalculatorTask(folder, max_new_tokens=64, max_model_len=2048)
+    tokenizer = task.tokenizer
+    prompt = task.train_prompts()[0]
+    a, b = (int(w.strip("?.")) for w in prompt.text.split() if w.strip("?.").isdigit())
+    expression = next(
+        e for e in (f"{a} + {b}", f"{a} - {b}", f"{b} - {a}", f"{a} * {b}")
+        if calculate(e) == prompt.answer
+    )  # fmt: skip
+    call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    conversation = Conversation(tokenizer, [CALCULATOR_TOOL], stop_token_ids=[end])
+    first = conversation.start(first_messages(prompt.text, SYSTEM_PROMPT))
+    reply = encode(f"<tool_call>{call}</tool_call>") + [end]
+    conversation.add_reply(reply, "stop")
+    result = {"role": "tool", "content": prompt.answer, "tool_call_id": "call_0", "name": "calculator"}  # fmt: skip
+    shown = conversation.render_delta([result])
+    answer = encode(f"The answer is {prompt.answer}.") + [end]
+    sequence = first + reply + shown + answer
+    learnt = [False] * len(first) + [True] * len(reply) + [False] * len(shown) + [True] * len(answer)  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    _learn_by_heart(model, sequence, learnt)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _learn_by_heart(model: torch.nn.Module, sequence: list[int], learnt: list[bool]) -> None:
+    """Adam on one sequence, the loss on the `learnt` tokens, until the model repeats them."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-2)
+    inputs = torch.tensor([sequence])
+    labels = torch.tensor([[t if k else -100 for t, k in zip(sequence, learnt, strict=True)]])
+    for _ in range(300):
+        loss = model(inputs, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 1e-3:
+            return
+    raise AssertionError(f"the tiny model did not learn its episode (loss {loss.item():.4f})")

@@ -20,7 +20,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import ray
 
@@ -71,12 +71,27 @@ class WorkloadSection:
     multi_turn: bool = field(
         default=False,
         metadata={
-            "help": "multiturn_sum episodes on the multi-turn base (natural lengths, every "
-            "item revealed, long-tailed turn counts) instead of forced lengths"
+            "help": "episodes of workload.task at their natural lengths instead of forced lengths"
+        },
+    )
+    task: Literal["multiturn_sum", "calculator"] = field(
+        default="multiturn_sum",
+        metadata={
+            "help": "multi_turn: multiturn_sum (on the multi-turn base; every item revealed, "
+            "long-tailed turn counts) | calculator (on a chat model, model=...: tool calls, "
+            "each answered env_latency_s late, then the answer)"
         },
     )
     env_latency_s: float = field(
-        default=0.05, metadata={"help": "multi_turn: simulated tool latency per env step"}
+        default=0.05,
+        metadata={"help": "multi_turn: simulated tool latency per env step (tool call)"},
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "multi_turn: sampling temperature (the calculator config's is 0.7)",
+            "gt": 0,
+        },
     )
 
     def dist(self) -> LengthDist:
@@ -126,6 +141,8 @@ class ModesConfig:
             raise ConfigError(f"warmup_steps: must be in [0, steps), got {self.warmup_steps}")
         if not self.dora_k or min(self.dora_k) < 1:
             raise ConfigError(f"dora_k: needs K values >= 1, got {self.dora_k}")
+        if self.workload.multi_turn and self.workload.task == "calculator" and not self.model:
+            raise ConfigError("model: workload.task=calculator needs a chat model folder")
         if self.workload.max_len >= self.max_model_len:
             raise ConfigError(
                 f"workload.max_len: {self.workload.max_len} leaves no room for the prompt "
@@ -213,9 +230,10 @@ def run_mode(
     controller = cfg.controller(mode, k)
     multi = cfg.workload.multi_turn
     rollout = RolloutSettings(
-        temperature=1.0,
+        temperature=cfg.workload.temperature if multi else 1.0,
         max_new_tokens=task.max_new_tokens if multi else cfg.workload.max_len,
         stop_token_ids=list(task.stop_token_ids),
+        stop_strings=list(getattr(task, "stop_strings", [])),  # the calculator's </tool_call>
         seed=cfg.seed,
         forced_lengths=None if multi else cfg.workload.dist(),
     )
@@ -255,11 +273,22 @@ def run_bench(cfg: ModesConfig, out: Path, *, say=print) -> dict[str, Any]:
 
 
 def _workload_task(cfg: ModesConfig) -> tuple[str, Task]:
-    """The model folder and task of the workload: running_sum at forced lengths, or
-    multiturn_sum episodes that play every turn, each env step `env_latency_s` late."""
+    """The model folder and task of the workload: running_sum at forced lengths,
+    multiturn_sum episodes that play every turn, each env step `env_latency_s` late, or
+    calculator episodes whose tool calls are each answered `env_latency_s` late."""
     if not cfg.workload.multi_turn:
         folder = str(cfg.model or shipped_base_model())
         return folder, make_task("running_sum", seed=cfg.seed, tokenizer=_tokenizer(folder))
+    if cfg.workload.task == "calculator":
+        assert cfg.model is not None, "validate() asks for the chat model"
+        task = make_task(
+            "calculator",
+            seed=cfg.seed,
+            tokenizer=str(cfg.model),
+            max_model_len=cfg.max_model_len,
+            latency_s=cfg.workload.env_latency_s,
+        )
+        return str(cfg.model), task
     folder = str(cfg.model or shipped_base_model("multiturn_sum"))
     task = make_task(
         "multiturn_sum",

@@ -27,7 +27,8 @@ from dorarl.trainer import LossConfig, TrainerConfig
 @dataclass(kw_only=True)
 class TaskSection:
     name: str = field(
-        default="running_sum", metadata={"help": "running_sum | jsonl | arith | multiturn_sum"}
+        default="running_sum",
+        metadata={"help": "running_sum | jsonl | arith | multiturn_sum | calculator"},
     )
     path: str | None = field(
         default=None,
@@ -61,12 +62,36 @@ class TaskSection:
     chat_template: bool = field(
         default=False, metadata={"help": "jsonl: render prompts through the chat template"}
     )
-    min_value: int = field(default=1, metadata={"help": "arith: smallest operand"})
-    max_value: int = field(default=99, metadata={"help": "arith: largest operand"})
+    min_value: int | None = field(
+        default=None,
+        metadata={"help": "arith, calculator: smallest operand (None: arith 1, calculator 100)"},
+    )
+    max_value: int | None = field(
+        default=None,
+        metadata={"help": "arith, calculator: largest operand (None: arith 99, calculator 999)"},
+    )
+    min_factor: int = field(
+        default=11, metadata={"help": "calculator: smallest second factor of a product"}
+    )
+    max_factor: int = field(
+        default=99, metadata={"help": "calculator: largest second factor of a product"}
+    )
+    ops: list[str] = field(
+        default_factory=lambda: ["add", "subtract", "multiply"],
+        metadata={"help": "calculator: the operations asked, of add, subtract, multiply"},
+    )
+    demonstration: bool = field(
+        default=True,
+        metadata={
+            "help": "calculator: one worked exchange (a call, its result, the answer) "
+            "before the question"
+        },
+    )
     system_prompt: str | None = field(
         default=None,
         metadata={
-            "help": "arith, and jsonl with chat_template: system message (None: the template's own)"
+            "help": "arith, calculator, and jsonl with chat_template: system message (None: the "
+            "template's own; calculator: its own, which describes the tool)"
         },
     )
 
@@ -93,7 +118,7 @@ class TaskSection:
         default=0,
         metadata={
             "help": "multi-turn: turns per episode at most (0: the task's own; 8 for a task "
-            "without one, as jsonl and arith)",
+            "without one, as jsonl and arith; calculator's is 4)",
             "ge": 0,
         },
     )
@@ -111,7 +136,10 @@ class TaskSection:
     )
     env_latency_s: float = field(
         default=0.0,
-        metadata={"help": "multiturn_sum: simulated tool latency per env step", "ge": 0},
+        metadata={
+            "help": "multiturn_sum, calculator: simulated tool latency per env step (tool call)",
+            "ge": 0,
+        },
     )
 
     def resolved_reward(self) -> str:

@@ -101,6 +101,8 @@ def headline_scores(result: dict[str, Any]) -> dict[str, float]:
 
 
 def format_scores(result: dict[str, Any]) -> str:
-    """'0.500' greedy only; '0.500 mean@4 0.375 pass@4 0.750' when it sampled."""
+    """'0.500' greedy only; '0.500 mean@4 0.375 pass@4 0.750' when it sampled; chat
+    episodes add the share that called a tool ('0.500 tool use 0.620')."""
     scores = "".join(f" {key} {value:.3f}" for key, value in headline_scores(result).items())
-    return f"{result['accuracy']:.3f}{scores}"
+    tools = f" tool use {result['tool_use']:.3f}" if result.get("tool_use") is not None else ""
+    return f"{result['accuracy']:.3f}{scores}{tools}"

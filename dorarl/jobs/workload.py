@@ -104,13 +104,40 @@ def _named_task(config: TrainConfig, model_folder: str) -> Task:
             "arith",
             tokenizer=model_folder,
             seed=config.seed,
-            min_value=section.min_value,
-            max_value=section.max_value,
             system_prompt=section.system_prompt,
             max_model_len=config.engine.max_model_len,
+            **_operand_range(section),
             **({"max_new_tokens": cap} if cap else {}),
         )
+    if section.name == "calculator":
+        return _calculator(config, model_folder)
     return make_task(section.name, seed=config.seed, tokenizer=load_tokenizer(model_folder)[0])
+
+
+def _calculator(config: TrainConfig, model_folder: str) -> Task:
+    section, cap = config.task, config.sampling.max_new_tokens
+    return make_task(
+        "calculator",
+        tokenizer=model_folder,
+        seed=config.seed,
+        max_model_len=config.engine.max_model_len,
+        latency_s=section.env_latency_s,
+        timeout_s=section.env_timeout_s,
+        system_prompt=section.system_prompt,
+        demonstration=section.demonstration,
+        ops=tuple(section.ops),
+        min_factor=section.min_factor,
+        max_factor=section.max_factor,
+        **_operand_range(section),
+        **({"max_turns": section.max_turns} if section.max_turns else {}),
+        **({"max_new_tokens": cap} if cap else {}),
+    )
+
+
+def _operand_range(section: Any) -> dict[str, int]:
+    """task.min_value and task.max_value where set (None: the task's own range)."""
+    keys = ("min_value", "max_value")
+    return {k: getattr(section, k) for k in keys if getattr(section, k) is not None}
 
 
 def rollout_settings(config: TrainConfig, task: Task) -> RolloutSettings:

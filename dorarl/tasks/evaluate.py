@@ -80,9 +80,26 @@ def _evaluate_episodes(engine: Any, task: Any, prompts: list[Prompt]) -> dict[st
         "n": len(results),
         "mean_len": sum(len(out.output_ids) for _, out in results) / n,
         "mean_turns": sum(len(e.turns) for e, _ in results) / n,
+        **_tool_use([e for e, _ in results]),
         "reward_errors": sum(e.error is not None for e, _ in results),
         "env_errors": len(errors),
         **({"env_error": errors[0]} if errors else {}),
+    }
+
+
+def _tool_use(episodes: list[Any]) -> dict[str, float]:
+    """Chat episodes (messages, tools): the share that attempted a tool call, and the share
+    that had one answered without an error; nothing for text episodes."""
+    from dorarl.tasks.episodes import EpisodeSource
+
+    chat = [e for e in episodes if e.conversation is not None or isinstance(e.env, EpisodeSource)]
+    if not chat:
+        return {}
+    n = len(episodes)
+    return {
+        "tool_use": sum(any(t.tool_calls for t in e.turns) for e in episodes) / n,
+        "tool_served": sum(any(t.tool_calls > t.tool_errors for t in e.turns) for e in episodes)
+        / n,
     }
 
 

@@ -7,11 +7,12 @@ from typing import Any
 from dorarl.errors import UserInputError
 from dorarl.tasks.arith import ArithConfig, ArithTask
 from dorarl.tasks.base import Task
+from dorarl.tasks.calculator import CalculatorConfig, CalculatorTask
 from dorarl.tasks.jsonl import JsonlTask
 from dorarl.tasks.multiturn_sum import MultiTurnSumConfig, MultiTurnSumTask
 from dorarl.tasks.running_sum import RunningSumConfig, RunningSumTask
 
-TASK_NAMES = ("running_sum", "jsonl", "arith", "multiturn_sum")
+TASK_NAMES = ("running_sum", "jsonl", "arith", "multiturn_sum", "calculator")
 
 
 def make_task(name: str, **options: Any) -> Task:
@@ -23,6 +24,8 @@ def make_task(name: str, **options: Any) -> Task:
         return _arith(**options)
     if name == "multiturn_sum":
         return _multiturn_sum(**options)
+    if name == "calculator":
+        return _calculator(**options)
     if name == "jsonl":
         if "path" not in options:
             raise UserInputError("task jsonl: needs a data file (path=...)")
@@ -67,3 +70,23 @@ def _multiturn_sum(
     task = MultiTurnSumTask(config, tokenizer, latency_s, timeout_s)
     task.max_turns = max_turns or task.max_turns
     return task
+
+
+def _calculator(
+    seed: int = 0,
+    tokenizer: Any = None,
+    max_new_tokens: int = 40,
+    max_model_len: int | None = None,
+    latency_s: float = 0.0,
+    timeout_s: float = 30.0,
+    **fields: Any,
+) -> CalculatorTask:
+    try:
+        config = CalculatorConfig(**fields)
+    except TypeError as exc:
+        raise UserInputError(f"task calculator: {exc}") from None
+    except ValueError as exc:  # its message starts with the key
+        raise UserInputError(f"task.{exc}") from None
+    return CalculatorTask(
+        tokenizer, seed, config, max_new_tokens, max_model_len, latency_s, timeout_s
+    )

@@ -118,8 +118,12 @@ def test_an_evaluator_that_dies_costs_its_evaluations_not_the_run(local_ray, tmp
     evaluator = local_ray.remote(num_cpus=0, max_restarts=0)(Evaluator).remote()
     record = tmp_path / "evaluations.jsonl"
     evals = Evaluations(evaluator, {0, 2, 4}, 0, False, record, timeout_s=30)
-    evals.offer(2, None)
     deadline = time.monotonic() + 30
+    # v0's reply must reach us before v2 takes the process down, or it dies with it
+    while 0 not in evals.recorded and time.monotonic() < deadline:
+        evals.finished()
+        time.sleep(0.1)
+    evals.offer(2, None)
     while 2 in evals.running and time.monotonic() < deadline:
         evals.finished()
         time.sleep(0.1)
