@@ -5,6 +5,6 @@ Torch-free: the controller, the simulator and the Ray runtime pass these around.
 long-tailed response-length distributions benchmarks and the simulator draw from.
 """
 
-from dorarl.data.samples import Group, Sample, Turn
+from dorarl.data.samples import Group, NewSegment, Sample, SegmentStart, Turn
 
-__all__ = ["Group", "Sample", "Turn"]
+__all__ = ["Group", "NewSegment", "Sample", "SegmentStart", "Turn"]

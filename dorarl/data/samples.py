@@ -3,7 +3,10 @@
 Torch-free on purpose: the controller, the simulator and the Ray runtime pass these
 around, and they must pickle cheaply. Invariant: a `Sample` carries one behavior
 version per response token, so mixed-version (partial rollout) trajectories need no
-special case downstream.
+special case downstream. An episode of several segments (an agent's call that did not
+extend its conversation opened a fresh context) is one flat response whose later segments'
+prompts sit in it as observed tokens; `Sample.segments` says where each begins, and the
+trainer gives each segment a context of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,22 @@ class Turn:
     finish_reason: str  # "stop" | "stop_string" | "length"
     tool_calls: int = 0
     tool_errors: int = 0
+
+
+@dataclass(frozen=True)
+class SegmentStart:
+    """Where a later segment of an episode begins in its response: at index `at`, its fresh
+    prompt of `prompt` tokens (observed), then its turns. A segment's tokens attend to
+    nothing before `at`: its KV was computed from its own prompt."""
+
+    at: int
+    prompt: int
+
+
+class NewSegment(list[int]):
+    """Prompt ids that open a new segment of an episode (a fresh context, prefilled from
+    scratch under the episode's version), where plain ids extend the current one. An
+    episode source returns it in place of observation ids."""
 
 
 @dataclass
@@ -48,6 +67,9 @@ class Sample:
     # MoE with engine.record_routes: per response token, the expert ids each sparse layer
     # chose when the engine sampled it (dorarl.data.routes); empty when not recorded.
     routes: bytes = b""
+    # An episode's segments after its first, in order; empty for one segment (every
+    # single-turn sample, every Env's episode).
+    segments: list[SegmentStart] = field(default_factory=list)
 
     @property
     def behavior_version(self) -> int:
@@ -63,6 +85,10 @@ class Sample:
         """Sampled tokens per turn, what the engines' length cap bounds (one for a
         single-turn sample: its whole response)."""
         return [t.sampled for t in self.turns] if self.turns else [len(self.response_ids)]
+
+    @property
+    def num_segments(self) -> int:
+        return 1 + len(self.segments)
 
     @property
     def truncated(self) -> bool:

@@ -3,8 +3,10 @@ up to `engine.max_versions - 1` LoRA adapter versions over it, lora.py) at a tim
 
 A step reads as schedule, move KV, run, postprocess. Between steps the engine accepts new
 requests, continues multi-turn requests with an environment's observation (on the KV they
-kept: the history is not prefilled again), exports and imports requests with their KV (same version only), resumes requests
-from tokens (any version), offloads KV to host memory, and swaps weights. With
+kept: the history is not prefilled again) or opens a new segment of one (a fresh prompt,
+its KV computed anew, the request's output keeping every segment), exports and imports
+requests with their KV (same version only), resumes requests from tokens (any version),
+offloads KV to host memory, and swaps weights. With
 `engine.prefix_cache=on` requests of the hosted version read the KV blocks of prompt tokens
 another request computed (block_manager.py, prefix_cache.py); a weight load frees every
 cached block of the old weights first. Invariants: every
@@ -29,6 +31,7 @@ from transformers import PretrainedConfig
 
 from dorarl.config import ConfigError
 from dorarl.data.routes import route_bytes, unrecorded
+from dorarl.data.samples import SegmentStart
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
@@ -42,6 +45,7 @@ from dorarl.engine.model import Transformer, rms_norm, rotate
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
 from dorarl.engine.outputs import (
+    EarlierSegments,
     EngineSetup,
     EngineStats,
     FastPathFallback,
@@ -51,7 +55,7 @@ from dorarl.engine.outputs import (
 )
 from dorarl.engine.preflight import check_triton_attention
 from dorarl.engine.scheduler import Batch, Restore, Scheduler
-from dorarl.engine.sequence import KVPlace, Sequence
+from dorarl.engine.sequence import KVPlace, Sequence, next_segment_seed
 from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.weights import (
@@ -488,6 +492,52 @@ class Engine:
         self.scheduler.unpark(seq)
         return True
 
+    def start_segment(self, request_id: str, prompt_ids: list[int]) -> bool:
+        """Open a new segment of a request waiting for its environment: `prompt_ids` is a
+        fresh context (an agent's call that does not extend its conversation), its KV
+        computed from scratch (or the prefix cache) under the request's version; the
+        request's KV so far is freed and its tokens stay in its output, the new prompt
+        observed there. False (nothing changed) when the prompt leaves no room for a
+        sampled token under max_model_len: the caller ends the episode."""
+        seq = self._waiting(request_id)
+        prompt = checked_token_ids(request_id, prompt_ids, "prompt_ids")
+        bad = [t for t in prompt if not 0 <= t < self.spec.vocab_size]
+        if not prompt:
+            raise UserInputError(f"request {request_id!r}: a new segment with an empty prompt")
+        if bad:
+            raise UserInputError(
+                f"request {request_id!r}: segment prompt token id {bad[0]} is outside the "
+                f"vocabulary (size {self.spec.vocab_size})"
+            )
+        if self.config.max_model_len - len(prompt) < (seq.params.target_len or 1):
+            return False
+        fresh = Sequence(
+            request_id, prompt, seq.params, next_segment_seed(seq.seed), seq.stop_ids,
+            migrations=seq.migrations, offloads=seq.offloads,
+            reprefill_tokens=seq.reprefill_tokens,
+            earlier=self._earlier(seq, prompt),
+        )  # fmt: skip
+        fresh.lora_version = seq.lora_version
+        fresh.stop_text = self._stop_text(seq.params, prompt, [])
+        self._drop(seq)
+        self._seqs[request_id] = fresh
+        self.scheduler.add(fresh)
+        return True
+
+    def _earlier(self, seq: Sequence, prompt: list[int]) -> EarlierSegments:
+        """`seq`'s segments, its own included, with `prompt` opening the next one."""
+        e = seq.earlier or EarlierSegments(list(seq.prompt_ids), [], [], [], [], b"", [])
+        routes = self._no_routes(len(prompt)) if self.record_routes else b""
+        return EarlierSegments(
+            e.prompt_ids,
+            e.output_ids + seq.output_ids + prompt,
+            e.logprobs + seq.logprobs + [0.0] * len(prompt),
+            e.versions + seq.versions + [self._version_of(seq)] * len(prompt),
+            e.observed + seq.observed + [True] * len(prompt),
+            e.routes + bytes(seq.routes) + routes,
+            [*e.starts, SegmentStart(len(e.output_ids) + seq.num_output, len(prompt))],
+        )
+
     def _no_routes(self, tokens: int) -> bytes:
         assert self.spec.moe is not None
         return unrecorded(tokens, self.spec.moe.route_width, self.spec.moe.num_experts)
@@ -587,7 +637,7 @@ class Engine:
             reprefill_tokens=snap.reprefill_tokens,
             observed=list(snap.observed) or [False] * len(output_ids),
             turn_start=snap.turn_start, waits_env=snap.waits_env,
-            routes=bytearray(self._snapshot_routes(snap)),
+            routes=bytearray(self._snapshot_routes(snap)), earlier=snap.earlier,
         )  # fmt: skip
         if seq.waits_env:
             seq.finish_reason, seq.stop_string = snap.turn_reason, snap.turn_stop_string
@@ -804,7 +854,7 @@ def _one_line(exc: Exception) -> str:
 
 
 def _output(seq: Sequence) -> RequestOutput:
-    return RequestOutput(
+    out = RequestOutput(
         request_id=seq.request_id,
         prompt_ids=list(seq.prompt_ids),
         output_ids=seq.output_ids,
@@ -819,6 +869,22 @@ def _output(seq: Sequence) -> RequestOutput:
         waits_env=seq.waits_env,
         stop_string=seq.stop_string,
         routes=bytes(seq.routes),
+    )
+    return out if seq.earlier is None else _with_earlier(out, seq.earlier)
+
+
+def _with_earlier(out: RequestOutput, e: EarlierSegments) -> RequestOutput:
+    """A later segment's output preceded by the segments before it, as one flat response."""
+    return dataclasses.replace(
+        out,
+        prompt_ids=list(e.prompt_ids),
+        output_ids=e.output_ids + out.output_ids,
+        logprobs=e.logprobs + out.logprobs,
+        versions=e.versions + out.versions,
+        observed=e.observed + out.observed,
+        turn_start=len(e.output_ids) + out.turn_start,
+        routes=e.routes + out.routes,
+        segments=list(e.starts),
     )
 
 
@@ -845,4 +911,5 @@ def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSn
         kv_mixed=kv is not None and seq.kv_version is None,  # None once a weight load came
         turn_stop_string=seq.stop_string if seq.waits_env else None,
         routes=bytes(seq.routes),
+        earlier=seq.earlier,
     )

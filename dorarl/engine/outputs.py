@@ -5,6 +5,8 @@ All are plain picklable dataclasses (lists, ints, floats, one CPU tensor), cheap
 send through Ray's object store. A snapshot's KV covers its first `num_computed` tokens in
 the layout `[2 (k, v), num_layers, num_kv_heads, num_computed, head_dim]` on the CPU; the
 random stream of the request is (seed, len(output_ids)), so no generator state is needed.
+A request of several segments (`Engine.start_segment`) shows them all in its output, flat:
+the first segment's prompt, then every segment's tokens with each later prompt observed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dorarl.data.samples import SegmentStart
 from dorarl.engine.config import SamplingParams
 
 if TYPE_CHECKING:
@@ -35,11 +38,34 @@ class RequestOutput:
     waits_env: bool = False  # multi-turn: a turn ended; continue_request or end_request next
     stop_string: str | None = None  # the stop string that ended the (last) turn
     routes: bytes = b""  # MoE, engine.record_routes: each output token's experts (data/routes.py)
+    segments: list[SegmentStart] = field(default_factory=list)  # where later segments begin
 
     @property
     def turn_ids(self) -> list[int]:
         """The last turn's sampled tokens."""
         return self.output_ids[self.turn_start :]
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of the current segment (its prompt and output): what max_model_len bounds."""
+        if self.segments:
+            return len(self.output_ids) - self.segments[-1].at
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass
+class EarlierSegments:
+    """A request's segments before its current one, as its output shows them: the first
+    segment's prompt, then every earlier segment's output, each followed by the next
+    segment's prompt as observed tokens (the current one's last), and where each begins."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    observed: list[bool]
+    routes: bytes
+    starts: list[SegmentStart]
 
 
 @dataclass
@@ -68,6 +94,7 @@ class RequestSnapshot:
     kv_mixed: bool = False
     turn_stop_string: str | None = None  # and the stop string that ended it, if one did
     routes: bytes = b""  # the output tokens' recorded experts (data/routes.py), if any
+    earlier: EarlierSegments | None = None  # segments before the current one (its tokens above)
 
     @property
     def num_tokens(self) -> int:

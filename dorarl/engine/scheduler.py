@@ -98,8 +98,11 @@ class Scheduler:
 
     # --- queue management -------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        """Queue a sequence; one with progress (KV or output) goes before fresh prompts."""
-        has_progress = seq.num_output > 0 or seq.kv_place is not KVPlace.NONE
+        """Queue a sequence; one with progress (KV, output or earlier segments) goes before
+        fresh prompts."""
+        has_progress = (
+            seq.num_output > 0 or seq.kv_place is not KVPlace.NONE or seq.earlier is not None
+        )
         (self.resumed if has_progress else self.fresh).append(seq)
 
     def remove(self, seq: Sequence) -> None:

@@ -16,7 +16,9 @@ that version only, and keys its first `num_cached` prompt blocks.
 A request added under a resident LoRA adapter keeps its `lora_version` to its last token.
 A request with stop strings carries its turn's `StopText`; a turn ends on a stop token,
 then a stop string, then the length cap, so a turn that completes a stop string at its cap
-ends "stop_string".
+ends "stop_string". A request in a later segment (`Engine.start_segment`) holds that
+segment's tokens as above and the earlier ones in `earlier`; each segment has a seed of its
+own (`next_segment_seed`), so no two segments share random draws.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from dataclasses import dataclass, field
 
 from dorarl.engine.block_manager import PromptKeys
 from dorarl.engine.config import SamplingParams
+from dorarl.engine.outputs import EarlierSegments
 from dorarl.engine.stop_strings import StopText
+
+_M64 = (1 << 64) - 1
 
 
 class KVPlace(enum.Enum):
@@ -64,6 +69,7 @@ class Sequence:
     stop_text: StopText | None = None  # the current turn's text, with sampling.stop_strings
     stop_string: str | None = None  # the stop string that ended the last turn
     routes: bytearray = field(default_factory=bytearray)  # per output token, when recorded
+    earlier: EarlierSegments | None = None  # the request's segments before this one
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -146,3 +152,12 @@ class Sequence:
         if self.turn_output >= self.params.max_new_tokens or self.num_tokens >= max_model_len:
             return "length"
         return None
+
+
+def next_segment_seed(seed: int) -> int:
+    """The seed of the segment after one seeded `seed`: a splitmix64 step, so a request's
+    segments draw independent random streams, the same on every engine."""
+    z = (seed + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return (z ^ (z >> 31)) >> 1  # 63 bits, as the engine draws seeds

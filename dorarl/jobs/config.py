@@ -122,6 +122,14 @@ class TaskSection:
             "ge": 0,
         },
     )
+    max_segments: int = field(
+        default=8,
+        metadata={
+            "help": "task.agent: conversations per episode at most (a call that does not extend "
+            "the last one opens another; one past the bound gets HTTP 400, code max_segments)",
+            "ge": 1,
+        },
+    )
     env_timeout_s: float = field(
         default=30.0,
         metadata={"help": "multi-turn: timeout of one env call (reset or step)", "gt": 0},

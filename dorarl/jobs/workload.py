@@ -61,7 +61,10 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
         if section.env is not None:
             raise UserInputError("task.agent: an episode is an env's or an agent's; set one")
         load_agent(section.agent)  # checked before anything starts
-        return AgentTask(task, section.agent, max_turns, section.env_timeout_s, section.agent_host)
+        return AgentTask(
+            task, section.agent, max_turns, section.env_timeout_s, section.agent_host,
+            section.max_segments,
+        )  # fmt: skip
     if section.env is None:
         return task
     env_class = load_env_class(section.env)
@@ -176,17 +179,19 @@ def trajectory_texts(task: Task) -> Callable[[Sample], dict[str, Any]]:
 def episode_turns(task: Task, sample: Sample) -> list[dict[str, str]]:
     """An episode's turns as text, cut where its tokens change hands (`sample.observed`
     marks the environment's): {"reply": what the model sampled, stop token included,
-    "observation": what it was shown next ("" after the last turn)}."""
-    runs: list[tuple[bool, list[int]]] = []
-    for token, observed in zip(sample.response_ids, sample.observed, strict=True):
-        if runs and runs[-1][0] == observed:
-            runs[-1][1].append(token)
+    "observation": what it was shown next ("" after the last turn)}; a turn after which
+    the agent opened a new segment has that segment's prompt as "new_segment" instead."""
+    runs: list[tuple[int, bool, list[int]]] = []
+    for i, (token, observed) in enumerate(zip(sample.response_ids, sample.observed, strict=True)):
+        if runs and runs[-1][1] == observed:
+            runs[-1][2].append(token)
         else:
-            runs.append((observed, [token]))
+            runs.append((i, observed, [token]))
+    starts = {s.at for s in sample.segments}
     turns: list[dict[str, str]] = []
-    for observed, ids in runs:
+    for at, observed, ids in runs:
         if observed and turns:
-            turns[-1]["observation"] = _decoded(task, ids)
+            turns[-1]["new_segment" if at in starts else "observation"] = _decoded(task, ids)
         else:
             turns.append({"reply": _decoded(task, ids), "observation": ""})
     return turns

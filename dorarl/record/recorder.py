@@ -483,12 +483,14 @@ def _share(part: float, whole: float) -> float:
 
 
 def _turns(sample: Sample) -> dict[str, Any]:
-    """A multi-turn sample's turns: how many, per turn its sampled and observed tokens, and
-    (a chat episode's) its tool calls and those answered with an error."""
+    """A multi-turn sample's turns: how many, per turn its sampled and observed tokens (a new
+    segment's prompt is the observation of the turn before it), its segments, and (a chat
+    episode's) its tool calls and those answered with an error."""
     row: dict[str, Any] = {
         "turns": len(sample.turns),
         "turn_tokens": [t.sampled for t in sample.turns],
         "observation_tokens": [t.observed for t in sample.turns],
+        "segments": sample.num_segments,
     }
     if any(t.tool_calls for t in sample.turns):
         row["tool_calls"] = sum(t.tool_calls for t in sample.turns)

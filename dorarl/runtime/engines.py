@@ -51,6 +51,7 @@ from dorarl.controller import (
     Resume,
     WeightsLoaded,
 )
+from dorarl.data import NewSegment
 from dorarl.driver import Driver, RequestSpec
 from dorarl.record.pacing import PaceTally
 from dorarl.runtime.calls import CallTable, EngineCall, LoadCall, MigrateCall, RunCall, lives
@@ -327,7 +328,7 @@ class EngineFleet:
             if not self.driver.requests.live(rid) or rid not in self._env_waiting:
                 continue
             last = self.plan.episodes.last_output(rid)
-            if ids is not None and _tokens(last) + len(ids) + 1 > self.max_model_len:
+            if ids is not None and _tokens(last, ids) + 1 > self.max_model_len:
                 self._held_back[rid] = (None, "no_room")
             else:
                 self._held_back[rid] = (ids, None)
@@ -348,7 +349,7 @@ class EngineFleet:
             if ids is None:
                 self._end_episode(rid, iid, reason)
             else:
-                self.workers[iid].continue_.remote(rid, ids)
+                self.workers[iid].continue_.remote(rid, ids, isinstance(ids, NewSegment))
                 spec = requests.spec(rid)
                 self.driver.deliver(EnvAnswered(spec.group_id, spec.sample_index, self.now()))
                 self.keep_running(iid)
@@ -379,5 +380,6 @@ class EngineFleet:
         return {"ref": ref, "started": self.now(), "generations": tuple(self.generations)}
 
 
-def _tokens(output) -> int:
-    return len(output.prompt_ids) + len(output.output_ids)
+def _tokens(output, ids: list[int]) -> int:
+    """The request's context once `ids` land: a new segment's prompt alone."""
+    return len(ids) + (0 if isinstance(ids, NewSegment) else output.context_tokens)

@@ -107,4 +107,5 @@ class RolloutPlan:
             observed=list(out.observed) if episode is not None else [],
             turns=list(episode.turns) if episode is not None else [],
             routes=out.routes,
+            segments=list(out.segments),
         )

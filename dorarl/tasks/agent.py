@@ -4,17 +4,19 @@ The function is `async def agent(client: openai.AsyncOpenAI, prompt: Prompt) -> 
 makes any number of `client.chat.completions.create` calls (with tools, if it likes) and
 returns the episode's reward. Its client's base URL names the episode
 (`http://127.0.0.1:PORT/episodes/<id>/v1`, dorarl.tasks.openai_endpoint), and the episode
-is one engine request: each call's messages must extend the ones of its previous call
-and the reply it got, so only their chat-template delta (`Conversation.render_delta`) is
-prefilled, on the KV the request kept, by the policy version the request is pinned to.
+is one engine request, every call sampled by the policy version the request is pinned to.
+A call whose messages extend those of its previous call and the reply it got prefills
+only their chat-template delta (`Conversation.render_delta`) on the KV the request kept; a
+call that does not (the agent rewrote its history, started a sub-conversation, changed its
+tools) opens a new segment: a fresh conversation whose prompt is computed anew
+(`NewSegment`), which later calls extend in turn.
 
 Bounds, as for an `Env`: the agent has `task.env_timeout_s` from a reply (or its start) to
-its next call or its return; its episode has `task.max_turns` calls; a call beyond is
-answered with an error, and the agent's return still gives the reward. An agent that
-raises, returns a non-number, or overruns its timeout ends its episode with reward 0 and
-one line. A call that does not extend the conversation is refused (HTTP 400,
-`not_an_extension`, counted): an episode is one token sequence. The sampling settings are
-the run's; a call's `temperature`, `max_tokens` and the like are ignored.
+its next call or its return; its episode has `task.max_turns` calls and
+`task.max_segments` segments; a call beyond either is answered with an error, and the
+agent's return still gives the reward. An agent that raises, returns a non-number, or
+overruns its timeout ends its episode with reward 0 and one line. The sampling settings
+are the run's; a call's `temperature`, `max_tokens` and the like are ignored.
 Invariant: the tokens an episode trains on are those its turns sampled and were shown.
 """
 
@@ -24,7 +26,6 @@ import asyncio
 import importlib
 import inspect
 import json
-import logging
 import math
 import re
 import time
@@ -33,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from dorarl.data import NewSegment
 from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.conversation import Conversation, Reply, TemplateDrift
@@ -47,9 +49,8 @@ from dorarl.tasks.openai_endpoint import (
 )
 from dorarl.tasks.tool_calls import HERMES, ToolCall
 
-log = logging.getLogger(__name__)
-
 AgentFunction = Callable[[Any, Prompt], Awaitable[float]]
+DEFAULT_MAX_SEGMENTS = 8  # task.max_segments
 _CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.S)
 
 
@@ -76,7 +77,13 @@ class AgentTask(Task):
     multi_turn = True
 
     def __init__(
-        self, base: Task, agent: str, max_turns: int, timeout_s: float, host: str = "127.0.0.1"
+        self,
+        base: Task,
+        agent: str,
+        max_turns: int,
+        timeout_s: float,
+        host: str = "127.0.0.1",
+        max_segments: int = DEFAULT_MAX_SEGMENTS,
     ) -> None:
         self.base, self.agent_spec, self.host = base, agent, host
         self.name = f"{base.name}+agent"
@@ -85,6 +92,7 @@ class AgentTask(Task):
         self.stop_strings: list[str] = []
         self.max_new_tokens = base.max_new_tokens
         self.max_turns, self.env_timeout_s = max_turns, timeout_s
+        self.max_segments = max_segments
         self._agent: AgentFunction | None = None
 
     @property
@@ -138,7 +146,8 @@ class AgentEpisode(EpisodeSource):
         self.endpoint = task.endpoint()
         self.model = Path(getattr(task.tokenizer, "name_or_path", "") or "dorarl").name
         self.conversation: Conversation | None = None
-        self.refused = 0  # calls answered with an error (not an extension, bad messages, ..)
+        self.refused = 0  # calls answered with an error (bad messages, past a bound, ..)
+        self.segments = 0  # conversations opened: the first call's, then each non-extension
         self._calls: asyncio.Queue | None = None
         self._agent: asyncio.Task | None = None
         self._pending: _Call | None = None  # the call whose turn the engine samples
@@ -282,8 +291,7 @@ class AgentEpisode(EpisodeSource):
         if self.conversation is None:
             return self._first(call, messages, tools, seen)
         if tools != self._tools or seen[: len(self._seen)] != self._seen:
-            log.warning("episode %s: refused a call that does not extend its conversation", self.id)
-            raise self._refuse(400, "the messages do not extend the episode's conversation (the messages of its last call, then the reply it got); one episode is one conversation", "not_an_extension")  # fmt: skip
+            return self._new_segment(call, messages, tools, seen)
         new = [self._for_template(m) for m in messages[len(self._seen) :]]
         if not new:
             raise self._refuse(400, "no new messages after the last reply", "no_new_messages")
@@ -296,6 +304,16 @@ class AgentEpisode(EpisodeSource):
         self._seen, self._last = seen, None
         return ids
 
+    def _new_segment(
+        self, call: _Call, messages: list, tools: Any, seen: list[tuple]
+    ) -> NewSegment:
+        """A call that does not extend the conversation: its messages start a new one, a
+        segment of the same episode (counted, never logged: agents do this every episode)."""
+        bound = self.task.max_segments
+        if self.segments >= bound:
+            raise self._refuse(400, f"the episode has opened task.max_segments={bound} conversations; a call whose messages do not extend its last one (its messages, then the reply it got) would open another: extend it, or return the reward", "max_segments")  # fmt: skip
+        return NewSegment(self._first(call, messages, tools, seen))
+
     def _first(self, call: _Call, messages: list, tools: Any, seen: list[tuple]) -> list[int]:
         kwargs = call.body.get("chat_template_kwargs") or {}
         try:
@@ -307,6 +325,7 @@ class AgentEpisode(EpisodeSource):
         except UserInputError as exc:
             raise self._refuse(400, str(exc), "bad_messages") from None
         self.conversation, self._tools, self._seen = conversation, tools, seen
+        self._last, self.segments = None, self.segments + 1
         return ids
 
     def _refuse(self, status: int, message: str, code: str) -> CallError:

@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dorarl.data import Turn
+from dorarl.data import NewSegment, Turn
 from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt
 from dorarl.tasks.conversation import Conversation, Message, TemplateDrift, tool_message
@@ -267,7 +267,7 @@ async def _play(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> d
         )
         for out, ids in zip(ended, nexts, strict=True):
             episode = episodes[out.request_id]
-            if ids is not None and not engine.continue_request(out.request_id, ids):
+            if ids is not None and not _continue(engine, out.request_id, ids):
                 episode.end("no_room")
                 ids = None
             if ids is None:
@@ -275,3 +275,9 @@ async def _play(engine: Any, task: Any, prompts: list[Prompt], params: Any) -> d
                 if isinstance(episode.env, EpisodeSource):
                     episode.env.close()
     return results
+
+
+def _continue(engine: Any, request_id: str, ids: list[int]) -> bool:
+    if isinstance(ids, NewSegment):
+        return engine.start_segment(request_id, ids)
+    return engine.continue_request(request_id, ids)

@@ -7,8 +7,10 @@ acts here, per turn as the engines' cap counts: `soft` shapes the rewards before
 advantages, `mask` empties the truncated responses after them (they still count in their
 group's statistics). A multi-turn sample's observation tokens (`Sample.observed`) stay in
 the sequence, as context, but out of the loss: no weight, no metric, not counted in the
-token mean. Samples must carry one behavior logprob per response token (mixed-version
-samples included); anything else is a bug upstream.
+token mean. An episode of several segments (`Sample.segments`) becomes one sequence per
+segment, each with its own prompt as context, all with the episode's advantage and the
+weights the episode would have as one sequence. Samples must carry one behavior logprob
+per response token (mixed-version samples included); anything else is a bug upstream.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dorarl.data import Group, Sample
+from dorarl.data import Group, Sample, SegmentStart
 from dorarl.trainer.advantages import group_advantages, overlong_penalty
 from dorarl.trainer.config import LossConfig
 from dorarl.trainer.loss import token_weights
@@ -65,35 +67,85 @@ class MicroBatch:
 
 
 def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]:
-    """One TrainSequence per sample, with its group advantage and its global token weight."""
-    seqs: list[TrainSequence] = []
+    """One TrainSequence per sample (per segment of an episode of several), with its group
+    advantage and its global token weight."""
+    per_sample: list[list[TrainSequence]] = []
     for group in groups:
         rewards = [_shaped_reward(s, cfg) for s in group.samples]
         advs = group_advantages(rewards, cfg.normalize_std, cfg.adv_eps)
         for sample, adv in zip(group.samples, advs, strict=True):
-            if not sample.prompt_ids:
-                raise ValueError(f"group {group.group_id}: a sample has an empty prompt")
-            if len(sample.logprobs) != len(sample.response_ids):
-                raise ValueError(
-                    f"group {group.group_id} sample {sample.sample_index}: "
-                    f"{len(sample.logprobs)} logprobs for {len(sample.response_ids)} tokens"
-                )
+            _check(group, sample)
             # An episode with any turn cut by the cap is a truncated trajectory, whichever turn.
-            ids = [] if cfg.overlong == "mask" and sample.truncated else sample.response_ids
+            masked = cfg.overlong == "mask" and sample.truncated
+            if sample.segments and not masked:
+                per_sample.append(_segment_sequences(sample, adv))
+                continue
+            ids = [] if masked else sample.response_ids
             trained = [not o for o in sample.observed[: len(ids)]] if sample.observed else None
-            seqs.append(
-                TrainSequence(
-                    list(sample.prompt_ids),
-                    list(ids),
-                    list(sample.logprobs[: len(ids)]),
-                    adv,
-                    trained=trained,
-                    routes=sample.routes if ids else b"",
-                    version=_one_version(sample),
-                )
+            per_sample.append(
+                [
+                    TrainSequence(
+                        list(sample.prompt_ids),
+                        list(ids),
+                        list(sample.logprobs[: len(ids)]),
+                        adv,
+                        trained=trained,
+                        routes=sample.routes if ids else b"",
+                        version=_one_version(sample),
+                    )
+                ]
             )
-    _assign_weights(seqs, cfg.aggregation)
-    return seqs
+    _assign_weights(per_sample, cfg.aggregation)
+    return [seq for seqs in per_sample for seq in seqs]
+
+
+def _check(group: Group, sample: Sample) -> None:
+    where = f"group {group.group_id} sample {sample.sample_index}"
+    if not sample.prompt_ids:
+        raise ValueError(f"group {group.group_id}: a sample has an empty prompt")
+    if len(sample.logprobs) != len(sample.response_ids):
+        raise ValueError(
+            f"{where}: {len(sample.logprobs)} logprobs for {len(sample.response_ids)} tokens"
+        )
+    end = 0
+    for start in sample.segments:
+        if start.prompt < 1 or start.at < end or start.at + start.prompt > len(sample.response_ids):
+            raise ValueError(f"{where}: segment {start} does not fit its response")
+        if not all(sample.observed[start.at : start.at + start.prompt]):
+            raise ValueError(f"{where}: segment {start}'s prompt is not observed tokens")
+        end = start.at + start.prompt
+
+
+def _segment_sequences(sample: Sample, advantage: float) -> list[TrainSequence]:
+    """An episode's segments as sequences: the first under the sample's prompt, each later
+    one under its own prompt (cut from the response), so no segment sees another."""
+    version = _one_version(sample)
+    per_token = len(sample.routes) // len(sample.response_ids) if sample.routes else 0
+    bounds = [
+        (sample.prompt_ids, 0, sample.segments[0].at),
+        *(
+            (sample.response_ids[s.at : s.at + s.prompt], s.at + s.prompt, end)
+            for s, end in zip(sample.segments, _ends(sample), strict=True)
+        ),
+    ]
+    return [
+        TrainSequence(
+            list(prompt),
+            sample.response_ids[begin:end],
+            sample.logprobs[begin:end],
+            advantage,
+            trained=[not o for o in sample.observed[begin:end]],
+            routes=sample.routes[begin * per_token : end * per_token],
+            version=version,
+        )
+        for prompt, begin, end in bounds
+    ]
+
+
+def _ends(sample: Sample) -> list[int]:
+    """Where each later segment's tokens end: at the next segment's start, or the response's."""
+    starts: list[SegmentStart] = sample.segments
+    return [s.at for s in starts[1:]] + [len(sample.response_ids)]
 
 
 def _one_version(sample: Sample) -> int | None:
@@ -114,16 +166,19 @@ def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
     )
 
 
-def _assign_weights(seqs: list[TrainSequence], aggregation: str) -> None:
-    lengths = [s.trained_tokens for s in seqs]
+def _assign_weights(per_sample: list[list[TrainSequence]], aggregation: str) -> None:
+    """Weights per sample (seq_mean averages over samples, an episode's segments together),
+    given to each of its sequences."""
+    lengths = [sum(s.trained_tokens for s in seqs) for seqs in per_sample]
     total_tokens = sum(lengths)
     total_sequences = sum(1 for n in lengths if n)
     if total_tokens == 0:
         return
-    for seq, w in zip(
-        seqs, token_weights(lengths, aggregation, total_tokens, total_sequences), strict=True
+    for seqs, w in zip(
+        per_sample, token_weights(lengths, aggregation, total_tokens, total_sequences), strict=True
     ):
-        seq.weight = w
+        for seq in seqs:
+            seq.weight = w
 
 
 def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:

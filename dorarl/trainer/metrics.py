@@ -31,6 +31,8 @@ def batch_metrics(groups: list[Group], train_version: int) -> dict[str, float | 
         "tool_call_errors": float(sum(t.tool_errors for s in samples for t in s.turns)),
         # The share of episodes whose replies attempted a call (0 for single-turn samples).
         "tool_use": _fraction(any(t.tool_calls for t in s.turns) for s in samples),
+        # Agents' episodes: segments opened by calls that did not extend the conversation.
+        "new_segments": float(sum(len(s.segments) for s in samples)),
         "zero_advantage_groups": _fraction(len(set(g.rewards)) <= 1 for g in groups),
         "mixed_version_samples": float(sum(not s.single_version for s in samples)),
         "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,

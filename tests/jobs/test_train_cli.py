@@ -34,6 +34,7 @@ def _err(capsys, *args):
         (["task.name=arith"], "task.name=arith needs a chat model"),  # the shipped char model
         (["weights.transport=nccl"], "weights.transport: must be one of"),
         (["weights.bucket_mb=0"], "weights.bucket_mb: must be >= 1"),
+        (["task.max_segments=0"], "task.max_segments: must be >= 1"),
         (["weights.transport=collective", "engine.device=cuda"], "weights.transport: collective"),
         (["--frobnicate"], "unknown option --frobnicate"),
     ],
@@ -135,6 +136,25 @@ def test_an_env_on_a_task_without_a_turn_cap_gets_the_cap_the_help_names(
     assert f"0: the task's own; {DEFAULT_MAX_TURNS} for a task without one" in help_
     capped = load_config(TrainConfig, overrides=[*overrides, "task.max_turns=3"])
     assert build_task(capped, str(tiny_chat_model_dir)).max_turns == 3
+
+
+async def _agent(client, prompt):  # task.agent for the test below; never called
+    return 0.0
+
+
+def test_an_agent_task_gets_max_segments_and_its_default_is_the_agents(
+    tmp_path, tiny_chat_model_dir
+):
+    from dorarl.tasks.agent import DEFAULT_MAX_SEGMENTS
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    overrides = ["task.name=jsonl", f"task.path={data}", f"task.eval_path={data}",
+                 f"task.agent={__name__}:_agent"]  # fmt: skip
+    task = build_task(load_config(TrainConfig, overrides=overrides), str(tiny_chat_model_dir))
+    assert task.max_segments == DEFAULT_MAX_SEGMENTS == 8
+    capped = load_config(TrainConfig, overrides=[*overrides, "task.max_segments=2"])
+    assert build_task(capped, str(tiny_chat_model_dir)).max_segments == 2
 
 
 def test_help_is_fast_it_imports_no_torch_ray_or_transformers():

@@ -1,5 +1,6 @@
 """A user's agent end to end on local Ray: `task.agent` episodes through the real `openai`
-client, trained for 4 steps under dora, every episode on one version, the audit kept."""
+client, trained for a few steps under dora, every episode on one version, the audit kept;
+and an agent that summarises its history mid-episode, its episodes of two segments."""
 
 import json
 import os
@@ -24,35 +25,78 @@ async def asks_twice(client, prompt):
     return float(len(reply.content or "") % 2 == 0)
 
 
-def test_an_agent_trains_through_the_openai_endpoint_and_keeps_the_audit(
-    tmp_path, tiny_chat_model_dir, monkeypatch
-):
+async def summarises(client, prompt):
+    """Asks, then starts over from a summary of the exchange (a conversation that does not
+    extend the first: segment 2), then extends that one; the reward as `asks_twice`'s."""
+    messages = [{"role": "user", "content": prompt.text}]
+    first = await client.chat.completions.create(model="m", messages=messages)
+    said = first.choices[0].message.content or ""
+    summary = [{"role": "user", "content": f"Earlier you said {said[:10]!r}. Go on."}]
+    second = await client.chat.completions.create(model="m", messages=summary)
+    summary += [second.choices[0].message.model_dump(), {"role": "user", "content": "Again."}]
+    await client.chat.completions.create(model="m", messages=summary)
+    return float(len(said) % 2 == 0)
+
+
+def _run(tmp_path, model_dir, monkeypatch, agent: str, steps: int, *extra: str):
+    """Train `steps` steps with `agent`; the run's summary, trajectories and metrics rows,
+    with the audit checked: nothing dropped, every dispatched group accounted for once."""
     path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)  # the agent's module, for Ray's workers too
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(20)))  # fmt: skip
     out = tmp_path / "run"
     args = [
-        f"model={tiny_chat_model_dir}", "task.name=jsonl", f"task.path={data}",
-        f"task.agent={__name__}:asks_twice", "steps=4", "mode=dora", "K=1", "instances=2",
+        f"model={model_dir}", "task.name=jsonl", f"task.path={data}",
+        f"task.agent={__name__}:{agent}", f"steps={steps}", "mode=dora", "K=1", "instances=2",
         "tbs=4", "rbs=8", "group_size=4", "sampling.max_new_tokens=8",
-        "engine.max_model_len=256", "eval.every=0", "progress=false",
+        "engine.max_model_len=256", "eval.every=0", "progress=false", *extra,
     ]  # fmt: skip
     assert train_main([*args, "--out", str(out)]) == 0
     assert "127.0.0.1" not in openai_endpoint._ENDPOINTS  # served for the run only
     summary = json.loads((out / "summary.json").read_text())
     trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
-    assert summary["steps"] == 4 and summary["dropped_total"] == 0
+    assert summary["steps"] == steps and summary["dropped_total"] == 0
     assert summary["consumed"] * 4 == len(trajectories)
     assert summary["dispatched"] == (
         summary["consumed"] + summary["in_flight_at_end"] + summary["queued_at_end"]
     )
+    return trajectories, metrics
+
+
+def test_an_agent_trains_through_the_openai_endpoint_and_keeps_the_audit(
+    tmp_path, tiny_chat_model_dir, monkeypatch
+):
+    trajectories, metrics = _run(tmp_path, tiny_chat_model_dir, monkeypatch, "asks_twice", 4)
     for t in trajectories:  # every episode on one version, both its calls
         assert isinstance(t["behavior_version"], int), t
         assert 0 <= t["train_version"] - t["behavior_version"] <= 1
         assert t["turns"] == len(t["turn_tokens"]) == len(t["observation_tokens"]) == 2
         assert t["response_tokens"] == sum(t["turn_tokens"]) + sum(t["observation_tokens"])
+        assert t["segments"] == 1
     assert {t["reward"] for t in trajectories} == {0.0, 1.0}
     # The trainer sees the sampled tokens only: the second call's new messages are masked.
     assert sum(m["tokens"] for m in metrics) == sum(sum(t["turn_tokens"]) for t in trajectories)
+    assert sum(m["new_segments"] for m in metrics) == 0
+
+
+def test_an_agent_that_summarises_its_history_trains_on_both_segments_of_each_episode(
+    tmp_path, tiny_chat_model_dir, monkeypatch
+):
+    trajectories, metrics = _run(
+        tmp_path, tiny_chat_model_dir, monkeypatch, "summarises", 3, "record.text=true"
+    )
+    for t in trajectories:  # every episode on one version, its three calls in two segments
+        assert isinstance(t["behavior_version"], int), t
+        assert 0 <= t["train_version"] - t["behavior_version"] <= 1
+        assert (t["turns"], t["segments"]) == (3, 2)
+        assert t["response_tokens"] == sum(t["turn_tokens"]) + sum(t["observation_tokens"])
+        first, second, third = t["turn_texts"]
+        assert "Earlier you said" in first["new_segment"] and first["observation"] == ""
+        assert "Again." in second["observation"] and "new_segment" not in second
+    assert {t["reward"] for t in trajectories} == {0.0, 1.0}
+    # Every sampled token of both segments is trained on (their prompts masked), and each
+    # step counts the segments its episodes opened.
+    assert sum(m["tokens"] for m in metrics) == sum(sum(t["turn_tokens"]) for t in trajectories)
+    assert [m["new_segments"] for m in metrics] == [4.0 * 4] * 3

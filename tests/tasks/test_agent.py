@@ -65,14 +65,27 @@ async def says_yes(client, prompt):
     return "yes"
 
 
+async def summarises(client, prompt):
+    """Asks, then starts over from a summary of the exchange (a conversation that does not
+    extend the first: a new segment), then extends that one."""
+    first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt.text}])  # fmt: skip
+    said = first.choices[0].message.content or ""
+    messages = [{"role": "system", "content": f"Summary: asked, got {said[:12]!r}."}, {"role": "user", "content": "Go on."}]  # fmt: skip
+    second = await client.chat.completions.create(model="m", messages=messages)
+    messages += [second.choices[0].message.model_dump(), {"role": "user", "content": "Again."}]
+    third = await client.chat.completions.create(model="m", messages=messages)
+    return float(third.choices[0].finish_reason in ("stop", "length"))
+
+
 async def starts_over(client, prompt):
-    """Its second call starts another conversation: refused, and it says so in its reward."""
-    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    try:
-        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    except openai.BadRequestError as exc:
-        return 0.5 if exc.body["code"] == "not_an_extension" else 0.0
-    return 1.0
+    """Starts a new conversation at every call (its tools change too) until refused."""
+    for i in range(10):
+        tools = TOOLS[: 1 + i % 2]
+        try:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"x{i}"}], tools=tools)  # fmt: skip
+        except openai.BadRequestError as exc:
+            return float(i) if exc.body["code"] == "max_segments" else -1.0
+    return 0.0
 
 
 async def never_stops(client, prompt):
@@ -97,11 +110,13 @@ async def disconnects(client, prompt):
     return float(reply.choices[0].message.content == "Hello there.")
 
 
-def _task(tmp_path, agent: str, max_turns: int = 4, timeout_s: float = 5.0) -> AgentTask:
+def _task(
+    tmp_path, agent: str, max_turns: int = 4, timeout_s: float = 5.0, max_segments: int = 8
+) -> AgentTask:
     rows = [{"prompt": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2)] * 6]
     (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = JsonlTask(tmp_path / "sums.jsonl", tokenizer=chat_tokenizer("qwen2_5"), max_model_len=1024)  # fmt: skip
-    return AgentTask(base, f"{AGENT}:{agent}", max_turns, timeout_s)
+    return AgentTask(base, f"{AGENT}:{agent}", max_turns, timeout_s, max_segments=max_segments)
 
 
 def _turn(task, text: str) -> list[int]:
@@ -131,28 +146,6 @@ def test_an_agent_with_a_tool_plays_through_the_client_and_its_reward_is_the_epi
     assert conversation.messages[-1] == {"role": "tool", "content": "3", "tool_call_id": "call_0", "name": "add"}  # fmt: skip
 
 
-def test_an_extending_call_prefills_only_its_new_tokens_on_a_real_engine(tmp_path):
-    task = _task(tmp_path, "two_calls")
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(task.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-    )).eval()  # fmt: skip
-    config = EngineConfig(max_num_seqs=2, block_size=16, num_blocks=64, max_model_len=1024, attention="torch")  # fmt: skip
-    engine = _Counting(Engine.from_hf_config(model.config, config, model.state_dict()))
-    params = SamplingParams(
-        temperature=0.0, max_new_tokens=6, stop_token_ids=task.stop_token_ids, multi_turn=True
-    )
-    [(state, out)] = run_episodes(engine, task, task.train_prompts()[:1], params).values()
-    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
-    first_prompt, first_turn, shown = len(out.prompt_ids), state.turns[0].sampled, state.turns[0].observed  # fmt: skip
-    assert shown > 0 and state.env.conversation.token_ids == out.prompt_ids + out.output_ids
-    # Turn 2's prompt is the whole conversation, but only the new messages' tokens (and the
-    # stop token that ended turn 1, never fed) are prefilled: the KV of the rest is kept.
-    assert engine.prefills[0] == first_prompt
-    assert sum(engine.prefills[1:]) == shown + 1 < first_prompt + first_turn + shown
-
-
 class _Counting:
     """An engine whose steps' prefilled tokens are written down, one entry per prefill."""
 
@@ -167,6 +160,59 @@ class _Counting:
 
     def __getattr__(self, name):
         return getattr(self.engine, name)
+
+
+def _real_engine(task) -> _Counting:
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(task.tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
+    )).eval()  # fmt: skip
+    config = EngineConfig(max_num_seqs=2, block_size=16, num_blocks=64, max_model_len=1024, attention="torch")  # fmt: skip
+    return _Counting(Engine.from_hf_config(model.config, config, model.state_dict()))
+
+
+def _greedy(task) -> SamplingParams:
+    return SamplingParams(
+        temperature=0.0, max_new_tokens=6, stop_token_ids=task.stop_token_ids, multi_turn=True
+    )
+
+
+def test_an_extending_call_prefills_only_its_new_tokens_on_a_real_engine(tmp_path):
+    task = _task(tmp_path, "two_calls")
+    engine = _real_engine(task)
+    params = _greedy(task)
+    [(state, out)] = run_episodes(engine, task, task.train_prompts()[:1], params).values()
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
+    first_prompt, first_turn, shown = len(out.prompt_ids), state.turns[0].sampled, state.turns[0].observed  # fmt: skip
+    assert shown > 0 and state.env.conversation.token_ids == out.prompt_ids + out.output_ids
+    # Turn 2's prompt is the whole conversation, but only the new messages' tokens (and the
+    # stop token that ended turn 1, never fed) are prefilled: the KV of the rest is kept.
+    assert engine.prefills[0] == first_prompt
+    assert sum(engine.prefills[1:]) == shown + 1 < first_prompt + first_turn + shown
+
+
+def test_a_call_that_does_not_extend_starts_segment_2_which_later_calls_extend(tmp_path, caplog):
+    task = _task(tmp_path, "summarises")
+    engine = _real_engine(task)
+    [(state, out)] = run_episodes(engine, task, task.train_prompts()[:1], _greedy(task)).values()
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 3
+    assert state.env.segments == 2 and state.env.refused == 0
+    first, second = state.turns[0], state.turns[1]
+    # Segment 2 starts after turn 1's reply: its prompt is the new conversation's whole
+    # rendering, prefilled from scratch; turn 3 then prefills only its new messages on it.
+    [start] = out.segments
+    assert (start.at, start.prompt) == (first.sampled, first.observed)
+    conversation = state.env.conversation  # segment 2's
+    assert conversation.token_ids == out.output_ids[start.at :]
+    assert out.output_ids[start.at : start.at + start.prompt] == conversation.token_ids[: start.prompt]  # fmt: skip
+    assert engine.prefills == [len(out.prompt_ids), start.prompt, second.observed + 1]
+    assert out.observed == (
+        [False] * first.sampled + [True] * first.observed + [False] * second.sampled
+        + [True] * second.observed + [False] * state.turns[2].sampled
+    )  # fmt: skip
+    assert engine.stats().kv_blocks_used == 0
+    assert not [r for r in caplog.records if r.name.startswith("dorarl")]  # counted, not logged
 
 
 @pytest.mark.parametrize(
@@ -192,9 +238,14 @@ def test_an_agent_that_hangs_before_calling_ends_its_episode_on_its_first_turn(t
     assert state.env._agent.cancelled()
 
 
-def test_a_call_that_starts_another_conversation_is_refused_and_counted(tmp_path):
-    state, _ = asyncio.run(_episode(_task(tmp_path, "starts_over"), ["Hello there."]))
-    assert state.error is None and state.reward == 0.5 and state.env.refused == 1
+def test_calls_past_max_segments_are_refused_with_an_openai_error_and_counted(tmp_path):
+    task = _task(tmp_path, "starts_over", max_turns=8, max_segments=3)
+    state, shown = asyncio.run(_episode(task, ["One.", "Two.", "Three."]))
+    # Three conversations, each with other tools than the one before; the fourth is refused.
+    assert state.error is None and state.reward == 3.0 and state.env.refused == 1
+    assert state.env.segments == 3 and len(state.turns) == 3
+    assert [type(ids).__name__ for ids in shown] == ["list", "NewSegment", "NewSegment"]
+    assert task.tokenizer.decode(shown[2]).count("x2") == 1  # the third conversation alone
 
 
 def test_calls_past_max_turns_are_refused_and_the_agent_still_gives_the_reward(tmp_path):

@@ -1,6 +1,7 @@
 """The sharded trainer (FSDP2, gloo, world size 2) against one process: same losses, grad
 norms and weights; sharded checkpoints resumed at world sizes 1 and 2."""
 
+import random
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import _make_groups  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 
+from dorarl.data import SegmentStart  # noqa: E402
 from dorarl.runtime.transfer.weight_layout import wire_tensors  # noqa: E402
 from dorarl.trainer import Trainer, TrainerConfig  # noqa: E402
 from dorarl.trainer.sharded import ShardedTrainer  # noqa: E402
@@ -117,6 +119,36 @@ def test_world_size_two_equals_one_process(tied_model_dir, micro_batch_tokens, c
         _assert_close(weights, single.named_tensors())
         moved = single.named_tensors()["model.norm.weight"] - 1.0
         assert float(moved.abs().max()) > 1e-3  # the steps did change the weights
+
+
+def _with_segments(groups: list) -> list:
+    """Each group's first sample becomes an episode of two segments: its response, then a
+    second prompt (observed tokens) and what was sampled under it."""
+    rng = random.Random(len(groups[0].samples[0].response_ids))
+    for group in groups:
+        s = group.samples[0]
+        prompt = [2, *(rng.randrange(4, 100) for _ in range(rng.randint(3, 9)))]
+        more = [rng.randrange(4, 100) for _ in range(rng.randint(1, 8))]
+        s.segments = [SegmentStart(len(s.response_ids), len(prompt))]
+        s.observed = [False] * len(s.response_ids) + [True] * len(prompt) + [False] * len(more)
+        s.logprobs = s.logprobs + [0.0] * len(prompt) + [-rng.uniform(3.0, 6.0) for _ in more]
+        s.response_ids = s.response_ids + prompt + more
+        s.versions = [group.version] * len(s.response_ids)
+    return groups
+
+
+def test_world_size_two_equals_one_process_with_segmented_episodes(tied_model_dir):
+    """Each segment of an episode is a sequence of its own prompt: dealt and packed as one."""
+    batches = [_with_segments(groups) for groups in _batches()]
+    runs = run_ranks(_sharded_runs, 2, tied_model_dir, 22, False, batches)
+    runs.pop("sent")
+    for packing, (got, weights) in runs.items():
+        single = Trainer.from_pretrained(tied_model_dir, _config(22, packing=packing))
+        want = _steps(single, batches)
+        for (loss, norm), (want_loss, want_norm) in zip(got, want, strict=True):
+            assert loss == pytest.approx(want_loss, rel=1e-5), packing
+            assert norm == pytest.approx(want_norm, rel=1e-5), packing
+        _assert_close(weights, single.named_tensors())
 
 
 def _full_optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:

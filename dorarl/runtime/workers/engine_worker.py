@@ -274,8 +274,13 @@ class EngineWorker:
             self.engine.resume_request(snap.tokens_only(), self._version(version))
         return [snap.request_id for snap in snaps]
 
-    def continue_(self, request_id: str, observation_ids: list[int]) -> bool:
-        """An episode's next observation (multi-turn); False: no room, it keeps waiting."""
+    def continue_(
+        self, request_id: str, observation_ids: list[int], new_segment: bool = False
+    ) -> bool:
+        """An episode's next observation (multi-turn), or with `new_segment` the prompt of a
+        new segment; False: no room, it keeps waiting."""
+        if new_segment:
+            return self.engine.start_segment(request_id, observation_ids)
         return self.engine.continue_request(request_id, observation_ids)
 
     def end(self, request_ids: list[str]) -> list[str]:
