@@ -201,7 +201,10 @@ def sync_rollout_steps(cfg: ModesConfig, batches: int) -> float:
 
 
 def workload_stats(cfg: ModesConfig, dispatched: int, groups: int = 4000) -> dict[str, Any]:
-    """Length stats of the distribution (`groups` groups) and of the groups the runs used."""
+    """Length stats of the distribution (`groups` groups) and of the groups the runs used;
+    multi-turn episodes run at their natural lengths, so no forced lengths to show."""
+    if cfg.workload.multi_turn:
+        return asdict(cfg.workload)
 
     def lengths(n: int) -> list[int]:
         dist = cfg.workload.dist()

@@ -48,8 +48,14 @@ def emulation_table(result: dict[str, Any]) -> Table:
 
 def workload_table(result: dict[str, Any]) -> Table:
     w = result["workload"]
-    table = Table(title=f"workload: forced lengths, lognormal median {w['median']:g}, "
-                        f"p99/median {w['p99_ratio']:g}, max {w['max_len']}")  # fmt: skip
+    title = (
+        f"workload: {w['task']} episodes at their natural lengths, each tool call answered "
+        f"{w['env_latency_s']:g} s late"
+        if w.get("multi_turn")
+        else f"workload: forced lengths, lognormal median {w['median']:g}, "
+        f"p99/median {w['p99_ratio']:g}, max {w['max_len']}"
+    )
+    table = Table(title=title)
     for col in ("lengths", "n", "median", "mean", "p90", "p99", "max", "p99/median"):
         table.add_column(col, justify="right")
     for name in ("sampled", "dispatched", "consumed"):

@@ -167,6 +167,24 @@ def test_default_workload_is_long_tailed_and_sync_rollout_is_its_longest_respons
     assert steps == pytest.approx(sum(batch_max) / 5 + 1)  # one batch fits the slots: + prefill
 
 
+def test_multi_turn_workload_shows_no_forced_lengths():
+    """Multi-turn episodes run at their natural lengths: the forced-length stats would
+    describe a distribution nothing sampled from."""
+    from dorarl.bench.modes import workload_stats
+    from dorarl.config import load_config
+
+    cfg = load_config(ModesConfig, None, ["workload.multi_turn=true", "workload.env_latency_s=2"])
+    stats = workload_stats(cfg, dispatched=10)
+    assert "sampled" not in stats and "dispatched" not in stats
+    consumed = {"n": 4, "median": 9, "mean": 9.5, "p90": 12, "p99": 12, "max": 12, "p99_over_median": 1.3}  # fmt: skip
+    console = Console(record=True, width=200)
+    console.print(workload_table({"workload": stats | {"consumed": consumed}}))
+    text = " ".join(console.export_text().split())  # the title wraps over the table's width
+    assert "multiturn_sum episodes at their natural lengths, each tool call answered 2 s late" in text  # fmt: skip
+    assert "forced" not in text and "consumed" in text
+    assert "sampled" in workload_stats(load_config(ModesConfig, None, []), dispatched=10)
+
+
 def test_timeline_from_a_recorder_trace(tmp_path):
     rows = _sim(tmp_path, "dora", k=1)
     trace = tmp_path / "dora" / "trace.json"
