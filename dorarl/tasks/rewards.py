@@ -10,6 +10,7 @@ as "5 or 6") is equivalent to the reference: equal numbers directly, anything el
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable
@@ -61,6 +62,18 @@ def _plain_number(text: str) -> Fraction | None:
 def _timeout() -> int | None:
     # math-verify's timeouts use signal.alarm, which only works on the main thread.
     return 5 if threading.current_thread() is threading.main_thread() else None
+
+
+class _NoTimeoutNotice(logging.Filter):
+    """Drops math-verify's warning that its timeout is off: off the main thread it must be,
+    and the episode's own bound (`task.env_timeout_s`) limits the wait instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutNotice())
 
 
 def _parsed_reference(answer: str, timeout: int | None) -> list:

@@ -116,3 +116,20 @@ def test_score_turns_a_raising_or_non_finite_reward_into_zero_and_an_error():
     assert (reward, error) == (0.0, "ZeroDivisionError: boom")
     reward, error = score(_NanTask(), prompt, [69, 21, 2])
     assert reward == 0.0 and "not finite" in error
+
+
+def test_math_off_the_main_thread_says_nothing_of_its_disabled_timeout(monkeypatch, caplog):
+    """Rewards of agents and environments run in threads, where math-verify's timeout is off;
+    its one-time warning about that is dropped, not shown in the run's terminal."""
+    import threading
+
+    import math_verify.grader
+    import math_verify.parser
+
+    monkeypatch.setattr(math_verify.parser, "TIMEOUT_WARNING_SHOWN", False, raising=False)
+    monkeypatch.setattr(math_verify.grader, "TIMEOUT_WARNING_SHOWN", False, raising=False)
+    results = []
+    worker = threading.Thread(target=lambda: results.append(math_equivalent("x = \\frac{1}{2}", "0.5")))  # fmt: skip
+    worker.start()
+    worker.join(timeout=60)
+    assert results == [1.0] and "Timeout is disabled" not in caplog.text
