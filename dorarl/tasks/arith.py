@@ -18,7 +18,8 @@ from transformers import PreTrainedTokenizerBase
 
 from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt, Task
-from dorarl.tasks.model_files import context_limit, load_tokenizer, stop_ids
+from dorarl.tasks.held_out import draw_held_out, draw_training
+from dorarl.tasks.model_files import context_limit, load_chat_tokenizer, stop_ids
 from dorarl.tasks.rewards import math_equivalent
 
 SUM_PHRASINGS = (
@@ -116,24 +117,13 @@ class ArithTask(Task):
     ):
         self.seed = seed
         self.config = config or ArithConfig()
-        self.tokenizer, model_dir = load_tokenizer(tokenizer)
-        if not getattr(self.tokenizer, "chat_template", None):
-            model = model_dir if model_dir is not None else "the given tokenizer"
-            raise UserInputError(
-                f"task.name=arith needs a chat model (a tokenizer with a chat template); "
-                f"{model} has none"
-            )
+        self.tokenizer, model_dir = load_chat_tokenizer(tokenizer, "arith")
         self.stop_token_ids = stop_ids(self.tokenizer, model_dir)
         self.max_new_tokens = max_new_tokens
         self.max_model_len = max_model_len or context_limit(model_dir, self.tokenizer)
         eval_problems = self._draw_eval_problems()
-        held_out = {p.key() for p in eval_problems}
         rng = random.Random(f"arith/train/{seed}")
-        train_problems = []
-        while len(train_problems) < self.config.n_train:
-            problem = draw_problem(rng, self.config)
-            if problem.key() not in held_out:
-                train_problems.append(problem)
+        train_problems = draw_training(self._draw, rng, self.config.n_train, eval_problems)
         self._train = self._prompts(train_problems, first_id=0, rng=rng)
         eval_rng = random.Random(f"arith/eval-phrasing/{seed}")
         self._eval = self._prompts(eval_problems, first_id=self.config.n_train, rng=eval_rng)
@@ -156,12 +146,10 @@ class ArithTask(Task):
                 f"task arith: {self.config.min_value}..{self.config.max_value} allows only "
                 f"{distinct} problems, too few to hold some out; widen task.max_value"
             )
-        rng = random.Random(f"arith/eval/{self.seed}")
-        problems: dict[tuple[str, int, int], Problem] = {}
-        while len(problems) < n_eval:
-            problem = draw_problem(rng, self.config)
-            problems.setdefault(problem.key(), problem)
-        return list(problems.values())
+        return draw_held_out(self._draw, random.Random(f"arith/eval/{self.seed}"), n_eval)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        return draw_problem(rng, self.config)
 
     def _prompts(self, problems: list[Problem], first_id: int, rng: random.Random) -> list[Prompt]:
         texts = [question(p, rng) for p in problems]

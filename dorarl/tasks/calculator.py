@@ -30,7 +30,8 @@ from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.conversation import Conversation, Message, Reply
 from dorarl.tasks.env import ChatEnv, ChatStep, ToolError
-from dorarl.tasks.model_files import context_limit, load_tokenizer, stop_ids
+from dorarl.tasks.held_out import draw_held_out, draw_training
+from dorarl.tasks.model_files import context_limit, load_chat_tokenizer, stop_ids
 from dorarl.tasks.rewards import math_equivalent
 from dorarl.tasks.tool_calls import CALL_STOP_STRINGS, OPEN, ToolCall
 
@@ -279,13 +280,7 @@ class CalculatorTask(Task):
         timeout_s: float = 30.0,
     ) -> None:
         self.seed, self.config = seed, config or CalculatorConfig()
-        self.tokenizer, model_dir = load_tokenizer(tokenizer)
-        if not getattr(self.tokenizer, "chat_template", None):
-            model = model_dir if model_dir is not None else "the given tokenizer"
-            raise UserInputError(
-                f"task.name=calculator needs a chat model (a tokenizer with a chat "
-                f"template); {model} has none"
-            )
+        self.tokenizer, model_dir = load_chat_tokenizer(tokenizer, "calculator")
         self.stop_token_ids = stop_ids(self.tokenizer, model_dir)
         self.stop_strings = list(CalculatorEnv.stop_strings)
         self.max_new_tokens = max_new_tokens  # per turn
@@ -294,13 +289,8 @@ class CalculatorTask(Task):
         self.max_model_len = max_model_len or context_limit(model_dir, self.tokenizer)
         self.system_prompt = self.config.system_prompt or SYSTEM_PROMPT
         eval_problems = self._draw_eval_problems()
-        held_out = {p.key() for p in eval_problems}
         rng = random.Random(f"calculator/train/{seed}")
-        train: list[Problem] = []
-        while len(train) < self.config.n_train:
-            problem = draw_problem(rng, self.config)
-            if problem.key() not in held_out:
-                train.append(problem)
+        train = draw_training(self._draw, rng, self.config.n_train, eval_problems)
         self._train = self._prompts(train, 0, rng)
         eval_rng = random.Random(f"calculator/eval-phrasing/{seed}")
         self._eval = self._prompts(eval_problems, self.config.n_train, eval_rng)
@@ -334,12 +324,10 @@ class CalculatorTask(Task):
                 f"task calculator: the ranges allow only {distinct} problems, too few to hold "
                 f"some out; widen task.max_value"
             )
-        rng = random.Random(f"calculator/eval/{self.seed}")
-        problems: dict[tuple[str, int, int], Problem] = {}
-        while len(problems) < n_eval:
-            problem = draw_problem(rng, cfg)
-            problems.setdefault(problem.key(), problem)
-        return list(problems.values())
+        return draw_held_out(self._draw, random.Random(f"calculator/eval/{self.seed}"), n_eval)
+
+    def _draw(self, rng: random.Random) -> Problem:
+        return draw_problem(rng, self.config)
 
     def _prompts(self, problems: list[Problem], first_id: int, rng: random.Random) -> list[Prompt]:
         texts = [question(p, rng) for p in problems]

@@ -29,6 +29,21 @@ def load_tokenizer(
         raise UserInputError(f"{folder}: cannot load a tokenizer: {reason}") from None
 
 
+def load_chat_tokenizer(
+    source: str | Path | PreTrainedTokenizerBase | None, task: str
+) -> tuple[PreTrainedTokenizerBase, Path | None]:
+    """`load_tokenizer` for a task that renders chat messages: a tokenizer without a chat
+    template is refused, naming the task and the model."""
+    tokenizer, folder = load_tokenizer(source)
+    if not getattr(tokenizer, "chat_template", None):
+        model = folder if folder is not None else "the given tokenizer"
+        raise UserInputError(
+            f"task.name={task} needs a chat model (a tokenizer with a chat template); "
+            f"{model} has none"
+        )
+    return tokenizer, folder
+
+
 def missing_tokenizer_files(folder: Path) -> str | None:
     """The tokenizer files a model folder lacks, in words; None when it has a vocabulary
     (another tokenizer's file, sentencepiece's *.model or tiktoken's, counts as one)."""
