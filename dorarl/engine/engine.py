@@ -354,10 +354,15 @@ class Engine:
                 f"request {request_id!r}: prompt {len(prompt_ids)} + target_len {params.target_len} tokens "
                 f"exceeds max_model_len {limit}"
             )
-        bad = [t for t in prompt_ids if not 0 <= t < self.spec.vocab_size]
+        self._check_vocabulary(request_id, prompt_ids, "")
+
+    def _check_vocabulary(self, request_id: str, token_ids: list[int], what: str) -> None:
+        """Refuse token ids outside the model's vocabulary (`what` names the tokens)."""
+        bad = [t for t in token_ids if not 0 <= t < self.spec.vocab_size]
         if bad:
             raise UserInputError(
-                f"request {request_id!r}: token id {bad[0]} is outside the vocabulary (size {self.spec.vocab_size})"
+                f"request {request_id!r}: {what}token id {bad[0]} is outside the vocabulary "
+                f"(size {self.spec.vocab_size})"
             )
 
     def has_unfinished(self) -> bool:
@@ -477,12 +482,7 @@ class Engine:
         room for a sampled token under max_model_len: the caller ends the episode."""
         seq = self._waiting(request_id)
         obs = checked_token_ids(request_id, observation_ids, "observation_ids")
-        bad = [t for t in obs if not 0 <= t < self.spec.vocab_size]
-        if bad:
-            raise UserInputError(
-                f"request {request_id!r}: observation token id {bad[0]} is outside the "
-                f"vocabulary (size {self.spec.vocab_size})"
-            )
+        self._check_vocabulary(request_id, obs, "observation ")
         room = self.config.max_model_len - seq.num_tokens - len(obs)
         if room < (seq.params.target_len or 1):
             return False
@@ -501,14 +501,9 @@ class Engine:
         sampled token under max_model_len: the caller ends the episode."""
         seq = self._waiting(request_id)
         prompt = checked_token_ids(request_id, prompt_ids, "prompt_ids")
-        bad = [t for t in prompt if not 0 <= t < self.spec.vocab_size]
         if not prompt:
             raise UserInputError(f"request {request_id!r}: a new segment with an empty prompt")
-        if bad:
-            raise UserInputError(
-                f"request {request_id!r}: segment prompt token id {bad[0]} is outside the "
-                f"vocabulary (size {self.spec.vocab_size})"
-            )
+        self._check_vocabulary(request_id, prompt, "segment prompt ")
         if self.config.max_model_len - len(prompt) < (seq.params.target_len or 1):
             return False
         fresh = Sequence(
