@@ -16,10 +16,12 @@ sent to (`stale`); recovery redoes the others. When a migration's source was rep
 requests it kept (finished there, their reports lost with it) start again on the
 destination, so nothing is lost and nothing is reported twice.
 
-Multi-turn episodes (`plan.episodes`): a turn's end comes back in a run report like a
-finished request; the episode's environment answers on its own loop (`poll_envs`), and
+Multi-turn episodes (`plan.episodes`): a dispatched episode reaches its engine when its
+environment's reset answers, and a turn's end comes back in a run report like a finished
+request; the environment answers on its own loop (`poll_envs`), and the first prompt or
 the observation goes to the instance the request is on then (held back while it migrates
-or is interrupted, and sent where it lands). A waiting episode is held by its instance,
+or is interrupted, and sent where it lands; one whose reset is out moves in the books
+only). A waiting episode is held by its instance,
 KV and all, but no stepping call is queued for it, and the controller's KV-pressure
 relief sees it like any request there. The controller hears of each wait (`EnvWaiting`, at
 the turn's end) and of its end (`EnvAnswered`: the next turn is sent to the engine, or
@@ -90,7 +92,11 @@ class EngineFleet:
         self._running: dict[int, ray.ObjectRef] = {}  # instance -> its queued `run` call
         self._kv_above = [False] * len(self.workers)
         self._parked: dict[str, ray.ObjectRef] = {}  # interrupted request -> its abort's result
-        self._env_waiting: set[str] = set()  # episodes between turns (their env is working)
+        self._env_waiting: set[str] = set()  # episodes the controller was told wait (EnvWaiting)
+        # Episodes whose reset is out (not on their engine yet): the version override they
+        # start under; each reaches its engine when its first prompt is in (poll_envs).
+        self._resetting: dict[str, int | None] = {}
+        self._unannounced: list[RequestSpec] = []  # reset out, the controller not told yet
         # The env's answer (next observation ids, or None and why: the end) for a request
         # that is moving or interrupted, carried out where it lands or resumes.
         self._held_back: dict[str, tuple[list[int] | None, str | None]] = {}
@@ -154,6 +160,9 @@ class EngineFleet:
             self._parked[rid] = aborted
 
     def resume(self, c: Resume) -> None:
+        for rid in c.request_ids:  # not on the engine yet: it starts under the new version
+            if rid in self._resetting:
+                self._resetting[rid] = c.version
         refs = list(dict.fromkeys(self._parked.pop(rid) for rid in c.request_ids))
         self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs, version=c.version)
         self._release_held_back(c.request_ids)
@@ -175,16 +184,25 @@ class EngineFleet:
         restarting them under what its instance hosts, as full weights would) but those of
         an older version it `held` for them, which keep theirs."""
         if requests:
-            restarted = [s for s in requests if s.request_id in self._env_waiting]
-            for spec in requests:  # started (again) from its prompt: a fresh episode
-                self._env_waiting.discard(spec.request_id)
-                self._held_back.pop(spec.request_id, None)
             versions = [None if spec.version in held else version for spec in requests]
-            new = self.plan.requests(requests, versions)
-            self.workers[iid].add.remote(new)
-            for spec in restarted:  # it decodes again: the controller counts its slot
-                self.driver.deliver(EnvAnswered(spec.group_id, spec.sample_index, self.now()))
+            if self.plan.episodes is None:
+                self.workers[iid].add.remote(self.plan.requests(requests, versions))
+            else:
+                self._reset(requests, versions)
         self.keep_running(iid)
+
+    def _reset(self, specs: Sequence[RequestSpec], versions: Sequence[int | None]) -> None:
+        """Start (again) an episode for each of `specs`: a fresh env, its reset out on the
+        env loop; the request reaches its engine when its first prompt is in. A reset is
+        the env's work, so one still out at the next poll frees its decode slot
+        (EnvWaiting) as a wait between turns does."""
+        for spec, version in zip(specs, versions, strict=True):
+            rid = spec.request_id
+            self._held_back.pop(rid, None)
+            self._resetting[rid] = version
+            if rid not in self._env_waiting:
+                self._unannounced.append(spec)
+        self.plan.begin_episodes(specs)
 
     def load(self, iid: int, version: int, source: int) -> None:
         """Make `iid` host `version` from `source` (TRAINER or a peer); answers WeightsLoaded.
@@ -299,6 +317,11 @@ class EngineFleet:
         replaced since (or its snapshots are lost), the requests it kept start again on
         the destination: their reports, if any, went with the dead actor."""
         src, dst, rids = call.src, call.dst, call.request_ids
+        # Episodes whose reset is out were never on the source: they move in the books only.
+        landed = [
+            *landed,
+            *(r for r in rids if r in self._resetting and self.driver.requests.live(r)),
+        ]
         if source_lost or call.generations[src] != self.generations[src]:
             kept = [r for r in rids if self.driver.requests.live(r) and r not in set(landed)]
             self.start(dst, [self.driver.requests.spec(r) for r in kept])
@@ -321,18 +344,34 @@ class EngineFleet:
         return 0 if self.plan.episodes is None else self.plan.episodes.pending
 
     def poll_envs(self) -> None:
-        """Act on the environments' answers that are in: continue or end each episode."""
+        """Act on the environments' answers that are in: start, continue or end each
+        episode; then tell the controller of resets still out."""
         if self.plan.episodes is None:
             return
-        for rid, ids in self.plan.episodes.ready():
-            if not self.driver.requests.live(rid) or rid not in self._env_waiting:
+        episodes = self.plan.episodes
+        for rid, ids in [*episodes.ready(), *episodes.overdue()]:
+            if not self.driver.requests.live(rid):
                 continue
-            last = self.plan.episodes.last_output(rid)
-            if ids is not None and _tokens(last, ids) + 1 > self.max_model_len:
+            if rid in self._resetting:  # the first prompt (a failed reset's: the task's)
+                self._held_back[rid] = (ids, None)
+            elif rid not in self._env_waiting:
+                continue
+            elif (
+                ids is not None and _tokens(episodes.last_output(rid), ids) + 1 > self.max_model_len
+            ):
                 self._held_back[rid] = (None, "no_room")
             else:
                 self._held_back[rid] = (ids, None)
             self._release_held_back([rid])
+        self._announce_resets()
+
+    def _announce_resets(self) -> None:
+        for spec in self._unannounced:
+            rid = spec.request_id
+            if rid in self._resetting and rid not in self._env_waiting:
+                self._env_waiting.add(rid)
+                self.driver.deliver(EnvWaiting(spec.group_id, spec.sample_index, self.now()))
+        self._unannounced.clear()
 
     def _release_held_back(self, request_ids) -> None:
         """Carry out the env's answers for requests that sit still on an instance now; one
@@ -345,14 +384,22 @@ class EngineFleet:
             if iid is None or requests.is_moving(rid):
                 continue
             ids, reason = self._held_back.pop(rid)
-            self._env_waiting.discard(rid)
-            if ids is None:
+            if rid in self._resetting:
+                spec = requests.spec(rid)
+                self.workers[iid].add.remote(
+                    [self.plan.request(spec, ids, self._resetting.pop(rid))]
+                )
+            elif ids is None:
+                self._env_waiting.discard(rid)
                 self._end_episode(rid, iid, reason)
+                continue
             else:
                 self.workers[iid].continue_.remote(rid, ids, isinstance(ids, NewSegment))
+            if rid in self._env_waiting:
+                self._env_waiting.discard(rid)
                 spec = requests.spec(rid)
                 self.driver.deliver(EnvAnswered(spec.group_id, spec.sample_index, self.now()))
-                self.keep_running(iid)
+            self.keep_running(iid)
 
     def _end_episode(self, rid: str, iid: int, reason: str | None) -> None:
         assert self.plan.episodes is not None
@@ -364,11 +411,11 @@ class EngineFleet:
     def _runnable(self, iid: int) -> int:
         """Requests on `iid` a stepping call can advance (not waiting for their env)."""
         held = self.driver.requests.held(iid)
-        if not self._env_waiting:
+        if not self._env_waiting and not self._resetting:
             return held
         requests = self.driver.requests
-        waiting = sum(1 for r in self._env_waiting if requests.instance_of(r) == iid)
-        return held - waiting
+        off_engine = self._env_waiting | self._resetting.keys()
+        return held - sum(1 for r in off_engine if requests.instance_of(r) == iid)
 
     # ---- helpers -------------------------------------------------------------------------
     def _carry(self, iid: int, version: int, source: int) -> ray.ObjectRef:

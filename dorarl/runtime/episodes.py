@@ -1,12 +1,13 @@
 """Multi-turn episodes in the Ray runtime: the environments' event loop and their books.
 
 Environments run as coroutines on one asyncio loop in a daemon thread of the driver's
-process (`EnvLoop`), so an episode waiting on a slow tool holds neither a thread nor an
-engine slot; answers come back through a queue the runtime drains between Ray answers.
-The resets of the episodes one command starts run there together (a plain, blocking
-`reset` in a thread of its own), and the driver waits for them at most the task's
-`env_timeout_s` (and a grace): one that fails or hangs ends its episode at its first turn
-(reward 0, one line for the run's first), never the driver.
+process (`EnvLoop`), so an episode waiting on a slow tool or a slow reset holds neither a
+thread nor an engine slot, and the driver never waits for one: resets and turns alike are
+submitted, and their answers come back through a queue the runtime drains between Ray
+answers (a reset's answer is the first turn's prompt). Each call is bounded twice: by the
+task's `env_timeout_s` on the loop, and by `overdue` on the driver's side (past that and a
+grace: an environment blocking the loop itself), so one that fails, hangs or blocks ends
+its episode (reward 0, one line for the run's first), never the driver.
 `Episodes` keeps each live episode (its env, its turns, the last turn's engine output)
 under an incarnation number: an episode started again (its engine died) gets a new env,
 and an answer of the old one is dropped. Invariant: every episode that begins either ends
@@ -16,10 +17,10 @@ once (`finish`) or is started again; nothing it did is lost from the sample it b
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -39,28 +40,17 @@ class EnvLoop:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="envs")
         self._thread.start()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self.pending = 0
-
-    def run(self, coro: Coroutine, timeout_s: float) -> Any:
-        """Run and wait at most `timeout_s` (the resets before episodes' first turns);
-        raises TimeoutError past it, the coroutine cancelled."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError from None
 
     def submit(self, key: Any, coro: Coroutine) -> None:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        self.pending += 1
         future.add_done_callback(lambda f: self._done.put((key, f)))
 
     def ready(self) -> list[tuple[Any, Any]]:
         out = []
         while not self._done.empty():
             key, future = self._done.get()
-            self.pending -= 1
+            if future.cancelled():
+                continue
             out.append((key, future.result()))  # env failures are caught inside the coroutine
         return out
 
@@ -75,54 +65,91 @@ class _Live:
     last: RequestOutput | None = None
 
 
+@dataclass
+class _Asked:
+    """An env call out on the loop: whose, which kind, and when it went."""
+
+    request_id: str
+    incarnation: int
+    first: bool  # the reset: its answer is the first turn's prompt
+    since: float
+
+
 class Episodes:
     def __init__(self, task: Any, loop: EnvLoop | None = None) -> None:
         self.task = task
         self.loop = loop or EnvLoop()
         self._live: dict[str, _Live] = {}
         self._incarnations: dict[str, int] = {}
+        self._asked: dict[int, _Asked] = {}  # by call number: answered or overdue, it goes
+        self._calls = 0
         self.env_errors = 0  # episodes an environment's failure ended
         self.first_error: str | None = None
 
-    def begin(self, episodes: list[tuple[str, Prompt]]) -> list[list[int]]:
-        """A fresh env for each (request, prompt); the ids of their first turns' prompts.
-        Their resets run together; past `env_timeout_s` and a grace (an env that blocks the
-        loop), those not done end at their first turn with the task's prompt."""
-        states = [self._fresh(rid, prompt) for rid, prompt in episodes]
-        if not states:
-            return []
-        timeout_s = self.task.env_timeout_s + RESET_GRACE_S
-        try:
-            return self.loop.run(_resets(self.task, states), timeout_s)
-        except TimeoutError:
-            return [_hung(self.task, state, timeout_s) for state in states]
+    def begin(self, episodes: list[tuple[str, Prompt]]) -> None:
+        """A fresh env for each (request, prompt), its reset submitted: the first turn's
+        prompt ids come back through `ready` (or `overdue`), the driver never waits."""
+        for request_id, prompt in episodes:
+            live = self._fresh(request_id, prompt)
+            self._ask(request_id, live, reset(self.task, live.state), first=True)
 
-    def _fresh(self, request_id: str, prompt: Prompt) -> EpisodeState:
+    def _fresh(self, request_id: str, prompt: Prompt) -> _Live:
         number = self._incarnations.get(request_id, 0) + 1
         self._incarnations[request_id] = number
         if request_id in self._live:  # started again: its old episode's agent is dropped
             _close(self._live[request_id].state)
         live = _Live(EpisodeState(prompt, self.task.make_env()), number)
         self._live[request_id] = live
-        return live.state
+        return live
+
+    def _ask(self, request_id: str, live: _Live, call: Coroutine, first: bool) -> None:
+        self._calls += 1
+        self._asked[self._calls] = _Asked(request_id, live.incarnation, first, time.monotonic())
+        self.loop.submit(self._calls, call)
 
     def turn_ended(self, request_id: str, output: RequestOutput) -> None:
         live = self._live[request_id]
         live.last = output
-        key = (request_id, live.incarnation)
         turn = step(
             self.task, live.state, output.turn_ids, output.finish_reason, output.stop_string
         )
-        self.loop.submit(key, turn)
+        self._ask(request_id, live, turn, first=False)
 
     def ready(self) -> list[tuple[str, list[int] | None]]:
-        """Answered turns of live episodes: (request, next observation ids or None: ended)."""
+        """Answered calls of live episodes: (request, ids or None: it ended). A reset's ids
+        are the first turn's prompt, a turn's the next observation."""
         out = []
-        for (rid, number), ids in self.loop.ready():
-            live = self._live.get(rid)
-            if live is not None and live.incarnation == number:
-                out.append((rid, ids))
+        for number, ids in self.loop.ready():
+            asked = self._asked.pop(number, None)
+            if asked is not None and self._current(asked):
+                out.append((asked.request_id, ids))
         return out
+
+    def overdue(self) -> list[tuple[str, list[int] | None]]:
+        """Calls out past `env_timeout_s` and a grace: their own timeout never fired, so an
+        environment blocks the loop. Each ends its episode as a failed call does (a reset:
+        at its first turn, with the task's prompt); a late answer is dropped."""
+        bound_s = self.task.env_timeout_s + OVERDUE_GRACE_S
+        now = time.monotonic()
+        out: list[tuple[str, list[int] | None]] = []
+        for number, asked in list(self._asked.items()):
+            if now - asked.since <= bound_s:
+                continue
+            del self._asked[number]
+            if self._current(asked):
+                out.append((asked.request_id, self._blocked(asked, bound_s)))
+        return out
+
+    def _current(self, asked: _Asked) -> bool:
+        live = self._live.get(asked.request_id)
+        return live is not None and live.incarnation == asked.incarnation
+
+    def _blocked(self, asked: _Asked, bound_s: float) -> list[int] | None:
+        state = self._live[asked.request_id].state
+        what = "reset" if asked.first else "step"
+        if not state.done:
+            state.end("env_error", f"{what} timed out after {bound_s:g} s (the loop was blocked)")
+        return self.task.episode_prompt_ids(state.prompt) if asked.first else None
 
     def last_output(self, request_id: str) -> RequestOutput:
         last = self._live[request_id].last
@@ -159,24 +186,13 @@ class Episodes:
 
     @property
     def pending(self) -> int:
-        return self.loop.pending
+        """Env calls out (resets and turns) the driver still expects an answer to."""
+        return len(self._asked)
 
 
-RESET_GRACE_S = 5.0
-"""How long past `env_timeout_s` the driver waits for resets: their own timeout fires
-first unless an environment blocks the loop they share."""
-
-
-async def _resets(task: Any, states: list[EpisodeState]) -> list[list[int]]:
-    return list(await asyncio.gather(*(reset(task, state) for state in states)))
-
-
-def _hung(task: Any, state: EpisodeState, timeout_s: float) -> list[int]:
-    """A reset the loop never finished (an environment blocking it): the episode ends at
-    its first turn, as a failed reset does; one finished meanwhile keeps its end."""
-    if not state.done:
-        state.end("env_error", f"reset timed out after {timeout_s:g} s (the loop was blocked)")
-    return task.episode_prompt_ids(state.prompt)
+OVERDUE_GRACE_S = 5.0
+"""How long past `env_timeout_s` the driver waits for an env call: the call's own timeout
+fires first unless an environment blocks the loop they share."""
 
 
 def _close(state: EpisodeState) -> None:

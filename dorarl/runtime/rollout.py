@@ -53,20 +53,23 @@ class RolloutPlan:
     def requests(
         self, specs: Sequence[RequestSpec], versions: Sequence[int | None]
     ) -> list[NewRequest]:
-        """The engine requests of `specs`, each under its own version or the one given;
-        a multi-turn task's episodes reset together (the first observation is in the
-        prompt)."""
-        prompts = [self.prompt(spec.prompt_index) for spec in specs]
-        if self.episodes is not None:
-            ids = self.episodes.begin(
-                [(s.request_id, p) for s, p in zip(specs, prompts, strict=True)]
-            )
-        else:
-            ids = [list(p.prompt_ids) for p in prompts]
+        """The engine requests of a single-turn task's `specs`, each under its own version
+        or the one given."""
         return [
-            NewRequest(spec.request_id, first, self._params(spec), spec.version if v is None else v)
-            for spec, first, v in zip(specs, ids, versions, strict=True)
+            self.request(spec, list(self.prompt(spec.prompt_index).prompt_ids), version)
+            for spec, version in zip(specs, versions, strict=True)
         ]
+
+    def request(self, spec: RequestSpec, prompt_ids: list[int], version: int | None) -> NewRequest:
+        """The engine request of `spec` from its first prompt (an episode's: its reset's)."""
+        v = spec.version if version is None else version
+        return NewRequest(spec.request_id, prompt_ids, self._params(spec), v)
+
+    def begin_episodes(self, specs: Sequence[RequestSpec]) -> None:
+        """Reset an episode for each of `specs`; each first prompt comes back through
+        `episodes.ready`."""
+        assert self.episodes is not None, "episodes of a single-turn task"
+        self.episodes.begin([(s.request_id, self.prompt(s.prompt_index)) for s in specs])
 
     def _params(self, spec: RequestSpec) -> SamplingParams:
         s = self.settings

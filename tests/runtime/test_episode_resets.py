@@ -1,7 +1,8 @@
 """Episodes' resets in the Ray runtime's books (dorarl.runtime.episodes), no Ray needed:
-they run together on the environments' loop, never on the driver's thread for longer than
-the task's timeout and a grace, and one that raises, hangs or blocks ends its episode at
-its first turn (reward 0, one logged line for the first) while the others go on."""
+they run together on the environments' loop and the driver never waits for them (`begin`
+returns at once; the first prompts come through `ready`); one that raises, hangs or blocks
+the loop ends its episode at its first turn (reward 0, one logged line for the first)
+while the others go on, and a blocked step is bounded the same way."""
 
 import asyncio
 import logging
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from dorarl.engine import RequestOutput
-from dorarl.runtime.episodes import RESET_GRACE_S, Episodes
+from dorarl.runtime.episodes import OVERDUE_GRACE_S, Episodes
 from dorarl.tasks import make_task
 from dorarl.tasks.env import Env, EnvStep
 from dorarl.tasks.env_task import EnvTask
@@ -49,8 +50,17 @@ class BlocksTheLoop(Quick):
     """An async reset that blocks its loop: only the driver's own bound saves the run."""
 
     async def reset(self, prompt):
-        time.sleep(TIMEOUT_S + RESET_GRACE_S + 1)
+        time.sleep(TIMEOUT_S + OVERDUE_GRACE_S + 1)
         return " go"
+
+
+class StepBlocksTheLoop(Quick):
+    async def reset(self, prompt):
+        return " go"
+
+    async def step(self, response):
+        time.sleep(TIMEOUT_S + OVERDUE_GRACE_S + 1)
+        return EnvStep("", 1.0, True)
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +69,42 @@ def base():
 
 
 def _begin(base, env_class, n=4):
+    """Begin `n` episodes; (episodes, prompts, first prompt ids in request order, how long
+    `begin` held the caller, how long until every first prompt was in)."""
     task = EnvTask(base, env_class, max_turns=4, timeout_s=TIMEOUT_S)
     episodes = Episodes(task)
     prompts = base.train_prompts()[:n]
     start = time.monotonic()
-    ids = episodes.begin([(f"r{i}", p) for i, p in enumerate(prompts)])
-    return episodes, prompts, ids, time.monotonic() - start
+    episodes.begin([(f"r{i}", p) for i, p in enumerate(prompts)])
+    held = time.monotonic() - start
+    first = _answers(episodes, n, TIMEOUT_S + OVERDUE_GRACE_S + 2)
+    return episodes, prompts, [first[f"r{i}"] for i in range(n)], held, time.monotonic() - start
+
+
+def _answers(episodes, n, within_s):
+    """The next `n` answers (ready or overdue) by request, polled as the runtime does."""
+    got = {}
+    deadline = time.monotonic() + within_s
+    while len(got) < n and time.monotonic() < deadline:
+        got.update(episodes.ready() + episodes.overdue())
+        time.sleep(0.01)
+    assert len(got) == n, f"{n - len(got)} env call(s) unanswered in {within_s:g} s"
+    return got
 
 
 def _first_turn_ends(episodes, rid):
     """The first turn's end: a failed reset's episode ends there, reward 0."""
     out = RequestOutput(rid, [1], [2, 3], [0.0, 0.0], [0, 0], "stop", waits_env=True)
     episodes.turn_ended(rid, out)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if ready := episodes.ready():
-            assert ready == [(rid, None)]
-            return episodes.finish(rid)[0]
-        time.sleep(0.01)
-    raise AssertionError(f"{rid}: its first turn was not judged in 5 s")
+    assert _answers(episodes, 1, TIMEOUT_S + OVERDUE_GRACE_S + 2) == {rid: None}
+    return episodes.finish(rid)[0]
 
 
-def test_resets_of_one_start_run_together(base):
-    episodes, prompts, ids, took = _begin(base, Quick, n=8)
+def test_resets_run_together_and_the_driver_never_waits_for_them(base):
+    episodes, prompts, ids, held, took = _begin(base, Quick, n=8)
+    assert held < 0.1  # submitted, not waited for
     assert took < 1.0  # eight 0.2 s resets, not 1.6 s one after the other
+    assert episodes.pending == 0
     go = base.tokenizer(" go", add_special_tokens=False)["input_ids"]
     assert ids == [list(p.prompt_ids) + go for p in prompts]
     state = _first_turn_ends(episodes, "r0")
@@ -100,8 +122,9 @@ def test_resets_of_one_start_run_together(base):
 def test_a_failing_or_hanging_reset_ends_its_episode_with_0_in_one_line(
     base, env_class, error, caplog
 ):
-    episodes, prompts, ids, took = _begin(base, env_class)
-    assert took < TIMEOUT_S + 1.0  # the driver waited for the env's timeout, not for the env
+    episodes, prompts, ids, held, took = _begin(base, env_class)
+    assert held < 0.1
+    assert took < TIMEOUT_S + 1.0  # the env's own timeout ended them, not the env
     assert ids == [list(p.prompt_ids) for p in prompts]  # the task's prompt alone
     with caplog.at_level(logging.WARNING):
         states = [_first_turn_ends(episodes, f"r{i}") for i in range(len(prompts))]
@@ -112,9 +135,25 @@ def test_a_failing_or_hanging_reset_ends_its_episode_with_0_in_one_line(
     assert len(told) == 1 and error in told[0]
 
 
-def test_a_reset_that_blocks_the_loop_holds_the_driver_no_longer_than_its_bound(base):
-    episodes, prompts, ids, took = _begin(base, BlocksTheLoop, n=1)
-    assert TIMEOUT_S + RESET_GRACE_S - 0.1 < took < TIMEOUT_S + RESET_GRACE_S + 0.9
+def test_a_reset_that_blocks_the_loop_is_overdue_after_its_bound(base):
+    episodes, prompts, ids, held, took = _begin(base, BlocksTheLoop, n=1)
+    assert held < 0.1
+    assert TIMEOUT_S + OVERDUE_GRACE_S - 0.1 < took < TIMEOUT_S + OVERDUE_GRACE_S + 0.9
     assert ids == [list(p.prompt_ids) for p in prompts]
+    assert episodes.pending == 0  # its late answer is not waited for
+    time.sleep(1.2)  # the blocked reset returns meanwhile: its answer is dropped
+    assert episodes.ready() == []
     state = _first_turn_ends(episodes, "r0")
     assert state.reward == 0.0 and state.error.startswith("reset timed out after")
+
+
+def test_a_step_that_blocks_the_loop_ends_its_episode_after_its_bound(base):
+    episodes, prompts, ids, held, took = _begin(base, StepBlocksTheLoop, n=1)
+    start = time.monotonic()
+    state = _first_turn_ends(episodes, "r0")
+    assert time.monotonic() - start > TIMEOUT_S + OVERDUE_GRACE_S - 0.1
+    assert state.reward == 0.0 and state.end_reason == "env_error"
+    assert (
+        state.error
+        == f"step timed out after {TIMEOUT_S + OVERDUE_GRACE_S:g} s (the loop was blocked)"
+    )
