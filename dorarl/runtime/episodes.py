@@ -75,10 +75,18 @@ class _Asked:
     since: float
 
 
+OVERDUE_GRACE_S = 5.0
+"""How long past `env_timeout_s` the driver waits for an env call: the call's own timeout
+fires first unless an environment blocks the loop they share."""
+
+
 class Episodes:
-    def __init__(self, task: Any, loop: EnvLoop | None = None) -> None:
+    def __init__(
+        self, task: Any, loop: EnvLoop | None = None, grace_s: float = OVERDUE_GRACE_S
+    ) -> None:
         self.task = task
         self.loop = loop or EnvLoop()
+        self.grace_s = grace_s  # past env_timeout_s: an env call the loop never ran to its end
         self._live: dict[str, _Live] = {}
         self._incarnations: dict[str, int] = {}
         self._asked: dict[int, _Asked] = {}  # by call number: answered or overdue, it goes
@@ -129,7 +137,7 @@ class Episodes:
         """Calls out past `env_timeout_s` and a grace: their own timeout never fired, so an
         environment blocks the loop. Each ends its episode as a failed call does (a reset:
         at its first turn, with the task's prompt); a late answer is dropped."""
-        bound_s = self.task.env_timeout_s + OVERDUE_GRACE_S
+        bound_s = self.task.env_timeout_s + self.grace_s
         now = time.monotonic()
         out: list[tuple[str, list[int] | None]] = []
         for number, asked in list(self._asked.items()):
@@ -188,11 +196,6 @@ class Episodes:
     def pending(self) -> int:
         """Env calls out (resets and turns) the driver still expects an answer to."""
         return len(self._asked)
-
-
-OVERDUE_GRACE_S = 5.0
-"""How long past `env_timeout_s` the driver waits for an env call: the call's own timeout
-fires first unless an environment blocks the loop they share."""
 
 
 def _close(state: EpisodeState) -> None:

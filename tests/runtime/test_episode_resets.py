@@ -11,12 +11,13 @@ import time
 import pytest
 
 from dorarl.engine import RequestOutput
-from dorarl.runtime.episodes import OVERDUE_GRACE_S, Episodes
+from dorarl.runtime.episodes import Episodes
 from dorarl.tasks import make_task
 from dorarl.tasks.env import Env, EnvStep
 from dorarl.tasks.env_task import EnvTask
 
 TIMEOUT_S = 0.3
+GRACE_S = 1.0  # the driver's bound past TIMEOUT_S (5 s in a run)
 
 
 class Quick(Env):
@@ -50,7 +51,7 @@ class BlocksTheLoop(Quick):
     """An async reset that blocks its loop: only the driver's own bound saves the run."""
 
     async def reset(self, prompt):
-        time.sleep(TIMEOUT_S + OVERDUE_GRACE_S + 1)
+        time.sleep(TIMEOUT_S + GRACE_S + 1)
         return " go"
 
 
@@ -59,7 +60,7 @@ class StepBlocksTheLoop(Quick):
         return " go"
 
     async def step(self, response):
-        time.sleep(TIMEOUT_S + OVERDUE_GRACE_S + 1)
+        time.sleep(TIMEOUT_S + GRACE_S + 1)
         return EnvStep("", 1.0, True)
 
 
@@ -72,12 +73,12 @@ def _begin(base, env_class, n=4):
     """Begin `n` episodes; (episodes, prompts, first prompt ids in request order, how long
     `begin` held the caller, how long until every first prompt was in)."""
     task = EnvTask(base, env_class, max_turns=4, timeout_s=TIMEOUT_S)
-    episodes = Episodes(task)
+    episodes = Episodes(task, grace_s=GRACE_S)
     prompts = base.train_prompts()[:n]
     start = time.monotonic()
     episodes.begin([(f"r{i}", p) for i, p in enumerate(prompts)])
     held = time.monotonic() - start
-    first = _answers(episodes, n, TIMEOUT_S + OVERDUE_GRACE_S + 2)
+    first = _answers(episodes, n, TIMEOUT_S + GRACE_S + 2)
     return episodes, prompts, [first[f"r{i}"] for i in range(n)], held, time.monotonic() - start
 
 
@@ -96,7 +97,7 @@ def _first_turn_ends(episodes, rid):
     """The first turn's end: a failed reset's episode ends there, reward 0."""
     out = RequestOutput(rid, [1], [2, 3], [0.0, 0.0], [0, 0], "stop", waits_env=True)
     episodes.turn_ended(rid, out)
-    assert _answers(episodes, 1, TIMEOUT_S + OVERDUE_GRACE_S + 2) == {rid: None}
+    assert _answers(episodes, 1, TIMEOUT_S + GRACE_S + 2) == {rid: None}
     return episodes.finish(rid)[0]
 
 
@@ -138,7 +139,7 @@ def test_a_failing_or_hanging_reset_ends_its_episode_with_0_in_one_line(
 def test_a_reset_that_blocks_the_loop_is_overdue_after_its_bound(base):
     episodes, prompts, ids, held, took = _begin(base, BlocksTheLoop, n=1)
     assert held < 0.1
-    assert TIMEOUT_S + OVERDUE_GRACE_S - 0.1 < took < TIMEOUT_S + OVERDUE_GRACE_S + 0.9
+    assert TIMEOUT_S + GRACE_S - 0.1 < took < TIMEOUT_S + GRACE_S + 0.9
     assert ids == [list(p.prompt_ids) for p in prompts]
     assert episodes.pending == 0  # its late answer is not waited for
     time.sleep(1.2)  # the blocked reset returns meanwhile: its answer is dropped
@@ -151,9 +152,6 @@ def test_a_step_that_blocks_the_loop_ends_its_episode_after_its_bound(base):
     episodes, prompts, ids, held, took = _begin(base, StepBlocksTheLoop, n=1)
     start = time.monotonic()
     state = _first_turn_ends(episodes, "r0")
-    assert time.monotonic() - start > TIMEOUT_S + OVERDUE_GRACE_S - 0.1
+    assert time.monotonic() - start > TIMEOUT_S + GRACE_S - 0.1
     assert state.reward == 0.0 and state.end_reason == "env_error"
-    assert (
-        state.error
-        == f"step timed out after {TIMEOUT_S + OVERDUE_GRACE_S:g} s (the loop was blocked)"
-    )
+    assert state.error == f"step timed out after {TIMEOUT_S + GRACE_S:g} s (the loop was blocked)"

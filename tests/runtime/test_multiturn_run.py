@@ -73,40 +73,14 @@ def test_waiting_episodes_free_their_slots_and_nothing_is_lost(tmp_path):
     assert 0 < summary["slot_utilization"] <= 1
 
 
-class SlowResetEnv(Env):
-    """Its reset takes half a second (a sandbox starting); one turn an episode."""
-
-    async def reset(self, prompt):
-        await asyncio.sleep(0.5)
-        return " go"
-
-    async def step(self, response):
-        return EnvStep("", 1.0 if response else 0.0, True)
-
-
-def test_slow_resets_run_off_the_driver_and_free_their_slots(tmp_path, monkeypatch):
-    """Four slots an instance and resets of 0.5 s: the driver never waits for a reset, an
-    episode whose reset is out frees its decode slot (an instance holds more requests than
-    slots, at most twice), each reaches its engine when its reset answers, and the audit
-    holds."""
-    _env_on_path(monkeypatch)
-    summary, trajectories, _ = _run(
-        tmp_path, "steps=2", "eval.every=0", f"task.env={__name__}:SlowResetEnv", "K=1",
-        "engine.max_num_seqs=4",
-    )  # fmt: skip
-    _audit(summary, trajectories, k=1)
-    assert all(t["turns"] == 1 and "error" not in t for t in trajectories)
-    # every reset is still out at the poll after its dispatch: a wait, then its one turn's
-    assert summary["env_waits"] >= 2 * summary["dispatched"] * 4
-    assert 4 < summary["peak_requests_held"] <= 8
-
-
 class FlakyEnv(Env):
-    """Fails on every third episode's first step; the others end after one turn."""
+    """Its reset takes half a second (a sandbox starting); fails on every third episode's
+    first step; the others end after one turn."""
 
     count = 0
 
     async def reset(self, prompt):
+        await asyncio.sleep(0.5)
         FlakyEnv.count += 1
         self.fail = FlakyEnv.count % 3 == 0
         return ""
@@ -134,15 +108,21 @@ def _env_on_path(monkeypatch) -> None:
     monkeypatch.setenv("PYTHONPATH", path)
 
 
-def test_a_user_env_that_raises_ends_its_episodes_and_nothing_is_lost(
-    tmp_path, monkeypatch, caplog
-):
+def test_a_user_env_that_resets_slowly_and_raises_loses_nothing(tmp_path, monkeypatch, caplog):
+    """Four slots an instance and resets of 0.5 s: the driver never waits for a reset, an
+    episode whose reset is out frees its decode slot (an instance holds more requests than
+    slots, at most twice) and reaches its engine when its reset answers; an episode whose
+    step raises ends with reward 0, told once; and the audit holds."""
     _env_on_path(monkeypatch)
     summary, trajectories, metrics = _run(
-        tmp_path, "steps=2", "eval.every=0", f"task.env={__name__}:FlakyEnv", "record.text=true"
-    )
+        tmp_path, "steps=2", "eval.every=0", f"task.env={__name__}:FlakyEnv", "record.text=true",
+        "K=1", "engine.max_num_seqs=4",
+    )  # fmt: skip
     _audit(summary, trajectories, k=1)
     assert all(t["turns"] == 1 for t in trajectories)
+    # every reset is still out at the poll after its dispatch: a wait, then its one turn's
+    assert summary["env_waits"] >= 2 * summary["dispatched"] * 4
+    assert 4 < summary["peak_requests_held"] <= 8
     failed = [t for t in trajectories if "error" in t]
     assert failed and all(
         t["error"] == "step raised RuntimeError: the tool is down" for t in failed
