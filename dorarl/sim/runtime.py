@@ -75,17 +75,7 @@ class SimRuntime:
         rewards.validate()
         if episodes is not None:
             episodes.validate()
-        self.recorder = Recorder(
-            out_dir,
-            mode=config.mode,
-            k=config.effective_K,
-            num_instances=config.instances,
-            slots_per_instance=config.slots,
-            trajectories=trajectories,
-            trace=trace,
-            first_version=config.initial_version,
-            versions_per_instance=config.versions_per_instance,
-        )
+        self.recorder = _recorder(config, out_dir, trace=trace, trajectories=trajectories)
         self.watchdog = _Watchdog(watchdog_events, lambda: self.cluster.now)
         observers = [self.watchdog] + ([observer] if observer is not None else [])
 
@@ -164,3 +154,20 @@ def _validate(config: ControllerConfig, cost: CostModel, lengths: LengthDist) ->
         raise ConfigError(
             f"kv_capacity_tokens: {cost.kv_capacity_tokens} cannot hold one request of {longest} tokens"
         )
+
+
+def _recorder(
+    config: ControllerConfig, out_dir: str | Path | None, *, trace: bool, trajectories: bool
+) -> Recorder:
+    """The simulated run's recorder, shaped by its controller config."""
+    return Recorder(
+        out_dir,
+        mode=config.mode,
+        k=config.effective_K,
+        num_instances=config.instances,
+        slots_per_instance=config.slots,
+        trajectories=trajectories,
+        trace=trace,
+        first_version=config.initial_version,
+        versions_per_instance=config.versions_per_instance,
+    )
