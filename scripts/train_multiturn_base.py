@@ -37,12 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--base", type=Path, default=Path("assets/base_model"))
     ap.add_argument("--out", type=Path, default=Path("assets/multiturn_base"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=200)
+    # The sum carried across a turn boundary is learnt here, not by RL: 300 steps with few
+    # single-turn demonstrations teach it; 200 with a quarter single-turn left RL's gains
+    # short of +20 points in some seeds.
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--micro-tokens", type=int, default=2048)
-    ap.add_argument("--single-turn-share", type=float, default=0.25)
+    ap.add_argument("--single-turn-share", type=float, default=0.1)
     ap.add_argument("--slip-digits", default="789")
     ap.add_argument("--slip-prob", type=float, default=0.6)
     ap.add_argument("--slip-pair-fraction", type=float, default=0.4)
@@ -104,8 +107,12 @@ def episode_accuracy(folder: Path, task, samples: int = 0) -> dict:
     )
     results = run_episodes(engine, task, prompts, params)
     turns = [len(e.turns) for e, _ in results.values()]
+    rewards = [e.reward for e, _ in results.values()]
+    # Accuracy counts full episodes, as the training run's evaluation does; the mean reward
+    # also credits the items right before a wrong answer (the task's partial credit).
     return {
-        "greedy_accuracy": sum(e.reward for e, _ in results.values()) / len(results),
+        "greedy_accuracy": sum(r >= 1.0 for r in rewards) / len(results),
+        "mean_reward": sum(rewards) / len(results),
         "episodes": len(results),
         "turns_max": max(turns),
         "episodes_3_turns_or_more": sum(t >= 3 for t in turns),
