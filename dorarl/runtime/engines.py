@@ -96,7 +96,6 @@ class EngineFleet:
         # Episodes whose reset is out (not on their engine yet): the version override they
         # start under; each reaches its engine when its first prompt is in (poll_envs).
         self._resetting: dict[str, int | None] = {}
-        self._unannounced: list[RequestSpec] = []  # reset out, the controller not told yet
         # The env's answer (next observation ids, or None and why: the end) for a request
         # that is moving or interrupted, carried out where it lands or resumes.
         self._held_back: dict[str, tuple[list[int] | None, str | None]] = {}
@@ -200,8 +199,6 @@ class EngineFleet:
             rid = spec.request_id
             self._held_back.pop(rid, None)
             self._resetting[rid] = version
-            if rid not in self._env_waiting:
-                self._unannounced.append(spec)
         self.plan.begin_episodes(specs)
 
     def load(self, iid: int, version: int, source: int) -> None:
@@ -366,12 +363,14 @@ class EngineFleet:
         self._announce_resets()
 
     def _announce_resets(self) -> None:
-        for spec in self._unannounced:
-            rid = spec.request_id
-            if rid in self._resetting and rid not in self._env_waiting:
+        """Resets still out that the controller was not told of yet: now it is (not during
+        the Dispatch itself, whose command batch an event in its midst would reorder)."""
+        requests = self.driver.requests
+        for rid in list(self._resetting):  # telling it may dispatch (and reset) more
+            if rid not in self._env_waiting and requests.live(rid):
                 self._env_waiting.add(rid)
+                spec = requests.spec(rid)
                 self.driver.deliver(EnvWaiting(spec.group_id, spec.sample_index, self.now()))
-        self._unannounced.clear()
 
     def _release_held_back(self, request_ids) -> None:
         """Carry out the env's answers for requests that sit still on an instance now; one

@@ -49,8 +49,6 @@ class EnvLoop:
         out = []
         while not self._done.empty():
             key, future = self._done.get()
-            if future.cancelled():
-                continue
             out.append((key, future.result()))  # env failures are caught inside the coroutine
         return out
 
@@ -142,7 +140,7 @@ class Episodes:
         out: list[tuple[str, list[int] | None]] = []
         for number, asked in list(self._asked.items()):
             if now - asked.since <= bound_s:
-                continue
+                break  # the calls are in the order they went out: the rest are younger
             del self._asked[number]
             if self._current(asked):
                 out.append((asked.request_id, self._blocked(asked, bound_s)))
