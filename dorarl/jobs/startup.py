@@ -35,8 +35,11 @@ class StartupLines:
     def line(self, text: str) -> None:
         self.say(f"start {self.elapsed():5.1f}s  {text}")
 
-    def ray_up(self, address: str | None) -> None:
+    def ray_up(self, address: str | None, kept: bool = False) -> None:
+        """`kept`: the Ray this process had joined before the run, used as it is."""
         where = f"joined the cluster at {address}" if address else "a local cluster"
+        if kept:
+            where = "the Ray this process had joined"
         self.line(f"Ray up in {self._lap():.1f}s ({where})")
         self.phase("starting the actors")
 

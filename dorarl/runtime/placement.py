@@ -316,6 +316,15 @@ class PlacedActors:
         if plan.uses_gpus:
             self.group = _reserve(plan, timeout_s)
 
+    def release(self) -> None:
+        """Give the reservation back to the cluster (its actors, if any still live, die)."""
+        if self.group is None:
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        remove_placement_group(self.group)
+        self.group = None
+
     def options(self, actor: str) -> dict[str, Any]:
         """`ray.remote(...)` keyword arguments for `actor` (engine<i>, trainer, evaluator):
         its GPU share and bundle, or none on the CPU, and its custom resources."""

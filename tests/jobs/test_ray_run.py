@@ -3,6 +3,9 @@ for none), the key's spellings, and how long the run's end waits for the writes.
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from dorarl.config import ConfigError, load_config
@@ -42,7 +45,6 @@ def test_checkpoint_every_is_a_count_or_off(value, problem):
 def test_the_end_waits_for_checkpoint_writes_at_most_checkpoint_timeout_s(tmp_path):
     """A trainer hung in a write fails the run in one line naming what was not written,
     instead of the run's end waiting forever."""
-    import time
 
     import ray
 
@@ -64,3 +66,29 @@ def test_the_end_waits_for_checkpoint_writes_at_most_checkpoint_timeout_s(tmp_pa
         assert time.monotonic() - started < 10
     finally:
         ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_run_uses_the_ray_its_process_joined_and_leaves_no_actor_in_it(
+    tmp_path, tiny_model_dir, shared_ray, capsys
+):
+    """A notebook's or a script's own Ray is kept, and nothing of the run is left running in
+    it: its engines, trainer and evaluator are stopped at the end."""
+    from ray._private import state
+
+    from dorarl.jobs.train import main as train_main
+
+    def alive() -> set[str]:
+        return {a for a, info in state.actors().items() if info["State"] != "DEAD"}
+
+    before = alive()
+    small = ["instances=2", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
+             "eval.max_prompts=4", "progress=false", "steps=2"]  # fmt: skip
+    assert train_main([f"model={tiny_model_dir}", *small, "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"Ray up in \d+\.\ds \(the Ray this process had joined\)", out)
+    assert shared_ray.is_initialized()
+    deadline = time.monotonic() + 10  # the cluster marks a killed actor dead shortly after
+    while alive() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive() == before

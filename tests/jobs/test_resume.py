@@ -72,6 +72,7 @@ def _lines(path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 def test_resume_continues_version_steps_and_untrained_prompts(tmp_path, tiny_model_dir):
     first = tmp_path / "first"
     args = [f"model={tiny_model_dir}", *SMALL]

@@ -12,7 +12,7 @@ from dorarl.cli import main as cli_main
 from dorarl.engine import Engine, EngineConfig
 from dorarl.jobs.evaluation import with_evaluations
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 SMALL = ["instances=2", "tbs=4", "rbs=8", "group_size=4", "engine.max_num_seqs=16",
          "sampling.max_new_tokens=32", "eval.max_prompts=6", "eval.every=0", "progress=false"]  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 
 from dorarl.jobs.train import main as train_main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 
 def _run(model_dir, out, *keys: str) -> tuple[dict, list[dict], list[dict]]:

@@ -49,6 +49,7 @@ def _audit(summary, trajectories, k):
         assert t["response_tokens"] == sum(t["turn_tokens"]) + sum(t["observation_tokens"])
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_episodes_with_env_latency_keep_the_audit(tmp_path):
     summary, trajectories, metrics = _run(tmp_path, "steps=3", "task.env_latency_s=0.05", "K=1")
     _audit(summary, trajectories, k=1)
@@ -60,6 +61,7 @@ def test_episodes_with_env_latency_keep_the_audit(tmp_path):
     assert summary["eval"]
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_waiting_episodes_free_their_slots_and_nothing_is_lost(tmp_path):
     """Four slots an instance and a slow environment: episodes waiting for it free their
     decode slot, so an instance holds more requests than slots (at most twice, the default

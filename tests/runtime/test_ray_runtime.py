@@ -85,6 +85,7 @@ def _check_invariants(summary, trajectories, k, one_version_per_group=True):
         assert all(len(v) == 1 for v in versions.values())
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_model_dir):
     # Paced engine steps (a device-like 20 ms each) keep the long tail in flight across
     # version changes however fast this CPU is, so the orchestrator has requests to move.
@@ -118,6 +119,7 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
 @pytest.mark.parametrize(
     ("mode", "k", "transport"), [("sync", 0, "object_store"), ("one_step_off", 1, "collective")]
 )
+@pytest.mark.usefixtures("shared_ray")
 def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k, transport):
     transport = f"weights.transport={transport}"
     _, summary, trajectories, _, _ = _run(
@@ -128,6 +130,7 @@ def test_lockstep_modes(tmp_path, tiny_model_dir, mode, k, transport):
     assert stale == ({0} if mode == "sync" else {0, 1})
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_dynamic_sampling_filters_uniform_groups_and_accounts_for_them(tmp_path, tiny_model_dir):
     # A random model's responses score 0 almost always: groups are uniform, so every version
     # uses its budget of 3 and then trains on uniform groups (the fallback); the simulator's
@@ -151,6 +154,7 @@ def test_dynamic_sampling_filters_uniform_groups_and_accounts_for_them(tmp_path,
             assert any(m["filtered_groups"] == 3 for m in metrics)
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_partial_rollout_keeps_per_token_versions(tmp_path, tiny_model_dir):
     _, summary, trajectories, metrics, _ = _run(
         tmp_path, tiny_model_dir, "mode=partial_rollout", "K=1", "steps=4"
@@ -160,6 +164,7 @@ def test_partial_rollout_keeps_per_token_versions(tmp_path, tiny_model_dir):
     assert all(len(t["behavior_version"]) == t["response_tokens"] for t in trajectories)
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_raising_reward_is_counted_and_never_stops_the_run(tmp_path, tiny_model_dir):
     data = tmp_path / "data.jsonl"
     rows = [

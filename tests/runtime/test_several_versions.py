@@ -11,7 +11,7 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.ray_run import run_ray
 from dorarl.record.pacing import DeviceModel
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 STEPS = 6
 LORA = ["trainer.lora.rank=8", "trainer.lora.lr=1e-3", "engine.max_versions=3"]

@@ -85,6 +85,7 @@ def test_a_group_trainers_version_goes_from_engine_to_engine(local_ray):
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
 
 
+@pytest.mark.usefixtures("shared_ray")
 def test_dorarl_train_with_two_trainer_ranks(tmp_path):
     """On the collective transport, with the shipped base (tied embeddings), for 8 steps;
     whether a version also goes engine to engine depends on timing (the test above makes
