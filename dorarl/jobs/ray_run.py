@@ -234,12 +234,9 @@ class RayActors:
 
     def stop(self) -> None:
         """Kill every actor the run made, replacements included (a trainer group's other
-        ranks are its rank 0's and go with it); one already dead is passed over."""
+        ranks are its rank 0's and go with it); killing one already dead does nothing."""
         for actor in [*self.workers, self.trainer, self.evaluator, *self.replacements]:
-            try:
-                ray.kill(actor, no_restart=True)
-            except ValueError:  # not an actor handle any more: nothing to kill
-                continue
+            ray.kill(actor, no_restart=True)
 
     def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
         """Replacing dead actors with these, within the config's budgets."""

@@ -37,9 +37,12 @@ class StartupLines:
 
     def ray_up(self, address: str | None, kept: bool = False) -> None:
         """`kept`: the Ray this process had joined before the run, used as it is."""
-        where = f"joined the cluster at {address}" if address else "a local cluster"
         if kept:
             where = "the Ray this process had joined"
+        elif address:
+            where = f"joined the cluster at {address}"
+        else:
+            where = "a local cluster"
         self.line(f"Ray up in {self._lap():.1f}s ({where})")
         self.phase("starting the actors")
 

@@ -45,7 +45,6 @@ def test_checkpoint_every_is_a_count_or_off(value, problem):
 def test_the_end_waits_for_checkpoint_writes_at_most_checkpoint_timeout_s(tmp_path):
     """A trainer hung in a write fails the run in one line naming what was not written,
     instead of the run's end waiting forever."""
-
     import ray
 
     from dorarl.errors import RunFailed
