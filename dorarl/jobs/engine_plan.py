@@ -22,6 +22,7 @@ from dorarl.config import ConfigError
 from dorarl.engine.backends import refuse_unfit
 from dorarl.engine.memory import DTYPE_BYTES, GB, KVPlan, plan_kv, size
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, spec_from_hf
+from dorarl.errors import UserInputError
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.placement import PlacementPlan
@@ -53,7 +54,11 @@ def engines_start_at(config: TrainConfig, point: ResumePoint | None) -> int:
 
 
 def model_spec(folder: str) -> tuple[ModelSpec, str]:
-    """The model's spec from its config.json, and where it was read."""
+    """The model's spec from its config.json, and where it was read; UserInputError for a
+    model the engine does not run (the trainer, transformers' own class for it, loads
+    anything the engine does)."""
+    if not Path(folder).is_dir():
+        raise UserInputError(f"model: no folder {folder}")
     where = str(Path(folder) / "config.json")
     return spec_from_hf(read_hf_config(folder), where), where
 

@@ -76,9 +76,9 @@ def run_ray(
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
     folder = model_folder(config, point)
-    task = build_task(config, folder)  # bad data stops the run before any file is written
-    spec, where = model_spec(folder)
+    spec, where = model_spec(folder)  # a model the engine does not run: refused
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
+    task = build_task(config, folder)  # bad data stops the run before any file is written
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
     for line in chosen + _versions_line(config):
         print(line)

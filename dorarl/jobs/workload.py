@@ -1,7 +1,7 @@
 """What a training run trains on and samples, checked before anything starts: the model
 folder, the task, the sampling settings of rollout and evaluation, trajectory texts.
 
-`build_task` first reads the model folder's config as the engine will (an unsupported
+A run first reads the model folder's config as the engine will (an unsupported
 model_type, RoPE or attention layout stops the run in one line, exit 2, before Ray starts),
 then builds the task from the `task.*` keys with the run's limits (context, response cap).
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.data import Sample
-from dorarl.engine.model_spec import read_hf_config, spec_from_hf
 from dorarl.errors import UserInputError
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.engine_plan import model_spec
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.agent import AgentTask, load_agent
@@ -25,19 +25,10 @@ from dorarl.tasks.evaluate import EvalSampling
 from dorarl.tasks.model_files import load_tokenizer
 
 
-def check_model_folder(model_folder: str) -> None:
-    """Raise UserInputError unless the engine supports the folder's model (the trainer,
-    transformers' own class for it, loads anything the engine does)."""
-    if not Path(model_folder).is_dir():
-        raise UserInputError(f"model: no folder {model_folder}")
-    where = str(Path(model_folder) / "config.json")
-    spec_from_hf(read_hf_config(model_folder), where)
-
-
 def check_inputs(config: TrainConfig, model_folder: str) -> None:
     """What a run reads, checked without reading the data or starting anything: the model
     folder (a model the engine runs, its tokenizer), the data files, the env class or agent."""
-    check_model_folder(model_folder)
+    model_spec(model_folder)
     load_tokenizer(model_folder)
     section = config.task
     if section.env is not None:
@@ -54,12 +45,14 @@ def check_inputs(config: TrainConfig, model_folder: str) -> None:
 def build_task(config: TrainConfig, model_folder: str) -> Task:
     """The task `config.task` names, tokenized with `model_folder`'s tokenizer; with
     `task.env` (or `task.agent`), its prompts played as episodes of that environment (agent)."""
-    task = _named_task(config, model_folder)
+    name, options = task_options(config)
     section = config.task
+    if section.agent is not None and section.env is not None:
+        raise UserInputError("task.agent: an episode is an env's or an agent's; set one")
+    tokenizer = model_folder if name in CHAT_TASKS else load_tokenizer(model_folder)[0]
+    task = make_task(name, tokenizer=tokenizer, **options)
     max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
     if section.agent is not None:
-        if section.env is not None:
-            raise UserInputError("task.agent: an episode is an env's or an agent's; set one")
         load_agent(section.agent)  # checked before anything starts
         return AgentTask(
             task, section.agent, max_turns, section.env_timeout_s, section.agent_host,
@@ -71,67 +64,45 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
     return EnvTask(task, env_class, max_turns, section.env_timeout_s)
 
 
-def _named_task(config: TrainConfig, model_folder: str) -> Task:
-    check_model_folder(model_folder)
-    section = config.task
-    if section.name == "multiturn_sum":
-        return make_task(
-            "multiturn_sum",
-            seed=config.seed,
-            tokenizer=load_tokenizer(model_folder)[0],
-            latency_s=section.env_latency_s,
-            timeout_s=section.env_timeout_s,
-            max_turns=section.max_turns,
-        )
-    if section.name == "jsonl":
-        return make_task(
-            "jsonl",
-            path=section.path,
-            eval_path=section.eval_path,
-            format=section.format,
-            prompt_template=section.prompt_template,
-            reward=section.resolved_reward(),
-            tokenizer=model_folder,
-            seed=config.seed,
-            max_new_tokens=config.sampling.max_new_tokens or config.engine.max_model_len // 2,
-            max_model_len=config.engine.max_model_len,
-            chat_template=section.chat_template,
-            system_prompt=section.system_prompt,
-        )
-    if section.name == "arith":
-        cap = config.sampling.max_new_tokens
-        return make_task(
-            "arith",
-            tokenizer=model_folder,
-            seed=config.seed,
-            system_prompt=section.system_prompt,
-            max_model_len=config.engine.max_model_len,
-            **_operand_range(section),
-            **({"max_new_tokens": cap} if cap else {}),
-        )
-    if section.name == "calculator":
-        return _calculator(config, model_folder)
-    return make_task(section.name, seed=config.seed, tokenizer=load_tokenizer(model_folder)[0])
+CHAT_TASKS = ("jsonl", "arith", "calculator")
+"""Tasks that render chat messages: they load the tokenizer (its chat template, its context)
+from the model folder themselves and take a system prompt and the run's context; the others
+take a loaded tokenizer."""
 
 
-def _calculator(config: TrainConfig, model_folder: str) -> Task:
+def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
+    """The task `config.task` names and its options from the run's keys (all but the
+    tokenizer): the run's seed, limits (context, response cap) and the task's own keys."""
     section, cap = config.task, config.sampling.max_new_tokens
-    return make_task(
-        "calculator",
-        tokenizer=model_folder,
-        seed=config.seed,
-        max_model_len=config.engine.max_model_len,
-        latency_s=section.env_latency_s,
-        timeout_s=section.env_timeout_s,
-        system_prompt=section.system_prompt,
-        demonstration=section.demonstration,
-        ops=tuple(section.ops),
-        min_factor=section.min_factor,
-        max_factor=section.max_factor,
-        **_operand_range(section),
-        **({"max_turns": section.max_turns} if section.max_turns else {}),
-        **({"max_new_tokens": cap} if cap else {}),
-    )
+    options: dict[str, Any] = {"seed": config.seed}
+    if section.name in CHAT_TASKS:
+        options |= {"max_model_len": config.engine.max_model_len}
+        options["system_prompt"] = section.system_prompt
+    if section.name in ("arith", "calculator"):
+        options |= _operand_range(section) | ({"max_new_tokens": cap} if cap else {})
+    if section.name in ("multiturn_sum", "calculator"):
+        options |= {"latency_s": section.env_latency_s, "timeout_s": section.env_timeout_s}
+    if section.name == "multiturn_sum":
+        options["max_turns"] = section.max_turns
+    if section.name == "calculator":
+        options |= {
+            "demonstration": section.demonstration,
+            "ops": tuple(section.ops),
+            "min_factor": section.min_factor,
+            "max_factor": section.max_factor,
+            **({"max_turns": section.max_turns} if section.max_turns else {}),
+        }
+    if section.name == "jsonl":
+        options |= {
+            "path": section.path,
+            "eval_path": section.eval_path,
+            "format": section.format,
+            "prompt_template": section.prompt_template,
+            "reward": section.resolved_reward(),
+            "max_new_tokens": cap or config.engine.max_model_len // 2,
+            "chat_template": section.chat_template,
+        }
+    return section.name, options
 
 
 def _operand_range(section: Any) -> dict[str, int]:
