@@ -24,15 +24,11 @@ from typing import Any
 import ray
 
 from dorarl.config import ConfigError
-from dorarl.engine.model_spec import ModelSpec
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.engine_plan import (
-    budget_lines,
     check_engines,
-    engine_budgets,
     engines_start_at,
-    gpu_memory,
     model_folder,
     model_spec,
 )
@@ -52,7 +48,7 @@ from dorarl.report.tensorboard import ScalarLogger
 from dorarl.run_layout import RunFolder
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
-from dorarl.runtime.placement import PlacedActors, check_fits, plan_placement
+from dorarl.runtime.placement import PlacedActors, place_actors
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
 from dorarl.runtime.threads import share_threads
 from dorarl.runtime.trainer_client import StepHook
@@ -92,7 +88,9 @@ def run_ray(
         placed: PlacedActors | None = None
         actors: RayActors | None = None
         try:
-            placed = place_actors(config, spec)  # a cluster that cannot hold them: refused
+            placed = place_actors(  # a cluster that cannot hold them: refused
+                config.instances, config.engine, config.trainer, config.ray, spec
+            )
             open_run_folder(out_dir, config, resume_version=point.version if point else None)
             segment = open_segment(out_dir, start, config.instances, config.engine.max_num_seqs)
             actors = RayActors.start(config, folder, task, point, placed, pace)
@@ -135,26 +133,6 @@ def failure_report(exc: WorkerFailed, out_dir: Path) -> str:
     else:
         how = f"resume from {newest.name} with: {resume_command(out_dir)}"
     return f"{exc} (full error in {details}); {how}"
-
-
-def place_actors(config: TrainConfig, spec: ModelSpec) -> PlacedActors:
-    """Reserve the actors' GPU shares on the cluster, or refuse in one line (exit 2) when it
-    cannot hold them, lacks the custom resources they ask for, or an engine's share cannot
-    hold the model and one max_model_len sequence; the plan (with the engines' KV budgets) is
-    printed when it asks for GPUs or custom resources."""
-    cluster = ray.cluster_resources()
-    gpus = cluster.get("GPU", 0.0)
-    plan = plan_placement(config.instances, config.engine, config.trainer, config.ray, gpus)
-    gpu_bytes = gpu_memory(config) if plan.uses_gpus else None
-    budgets = engine_budgets(config, spec, plan, gpu_bytes)
-    if plan.uses_gpus or plan.asks:
-        lines = plan.lines() + budget_lines(budgets, gpu_bytes)
-        print("\n".join(f"placement: {line}" for line in lines))
-    if plan.uses_gpus:
-        check_fits(plan, cluster)
-    for budget in budgets:
-        budget.check()
-    return PlacedActors(plan, timeout_s=config.ray.placement_timeout_s)
 
 
 def _init_ray(config: TrainConfig) -> bool:

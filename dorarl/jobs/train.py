@@ -113,12 +113,14 @@ def _placement_lines(config: TrainConfig, point: ResumePoint | None, gpus: float
     plan = plan_placement(config.instances, config.engine, config.trainer, config.ray, gpus)
     if not plan.uses_gpus:
         return plan.lines()
-    from dorarl.jobs.engine_plan import budget_lines, engine_budgets, gpu_memory, model_spec
     from dorarl.jobs.engine_plan import model_folder as folder_of
+    from dorarl.jobs.engine_plan import model_spec
+    from dorarl.runtime.engine_budget import budget_lines, engine_budgets, gpu_memory
 
     spec, _ = model_spec(folder_of(config, point))
-    gpu_bytes = gpu_memory(config)
-    return plan.lines() + budget_lines(engine_budgets(config, spec, plan, gpu_bytes), gpu_bytes)
+    gpu_bytes = gpu_memory(config.ray)
+    budgets = engine_budgets(config.instances, config.engine, spec, plan.shares, gpu_bytes)
+    return plan.lines() + budget_lines(budgets, gpu_bytes)
 
 
 def _how_to_resume(out_dir: Path) -> str:

@@ -3,8 +3,10 @@ custom Ray resources each asks for (`ray.engine_resources`, `ray.trainer_resourc
 keep it to the nodes started with them (`ray start --resources`).
 
 `plan_placement` is pure (the run's sections and the node's GPU count), so a plan can be
-printed for any machine; `PlacedActors` reserves the plan on a live Ray cluster, refusing in one line
-when the cluster cannot hold it instead of waiting forever on an actor Ray cannot place.
+printed for any machine; `place_actors` reserves the plan on a live Ray cluster
+(`PlacedActors`), refusing in one line when the cluster cannot hold it, or an engine's share
+cannot hold the model (`dorarl.runtime.engine_budget`), instead of waiting forever on an
+actor Ray cannot place.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dorarl.config import ConfigError
 from dorarl.engine.config import EngineConfig
+from dorarl.runtime.engine_budget import budget_lines, engine_budgets, gpu_memory
 from dorarl.runtime.ray_config import ENGINE_KEY, RESERVED, ROUND, TRAINER_KEY, RayConfig
 from dorarl.trainer.config import TrainerConfig
+
+if TYPE_CHECKING:
+    from dorarl.engine.model_spec import ModelSpec
 
 # The evaluator's share of the bundle it shares: Ray needs a positive GPU share to give an
 # actor a visible device, and evaluation is idle most of the run, so it takes a sliver.
@@ -303,6 +309,33 @@ def _auto_share(seats: int, node_gpus: float) -> float:
 
 def _floor(value: float) -> float:
     return round(int(value / ROUND + 1e-6) * ROUND, 4)
+
+
+def place_actors(
+    instances: int,
+    engine: EngineConfig,
+    trainer: TrainerConfig,
+    ray_config: RayConfig,
+    spec: ModelSpec,
+) -> PlacedActors:
+    """Reserve the actors' GPU shares on the cluster Ray is connected to, or refuse in one
+    line (exit 2) when it cannot hold them, lacks the custom resources they ask for, or an
+    engine's share cannot hold the model (`spec`) and one max_model_len sequence; the plan
+    (with the engines' KV budgets) is printed when it asks for GPUs or custom resources."""
+    import ray
+
+    cluster = ray.cluster_resources()
+    plan = plan_placement(instances, engine, trainer, ray_config, cluster.get("GPU", 0.0))
+    gpu_bytes = gpu_memory(ray_config) if plan.uses_gpus else None
+    budgets = engine_budgets(instances, engine, spec, plan.shares, gpu_bytes)
+    if plan.uses_gpus or plan.asks:
+        lines = plan.lines() + budget_lines(budgets, gpu_bytes)
+        print("\n".join(f"placement: {line}" for line in lines))
+    if plan.uses_gpus:
+        check_fits(plan, cluster)
+    for budget in budgets:
+        budget.check()
+    return PlacedActors(plan, timeout_s=ray_config.placement_timeout_s)
 
 
 class PlacedActors:
