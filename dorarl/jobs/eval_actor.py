@@ -19,41 +19,33 @@ from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.jobs.workload import eval_sampling
 from dorarl.record.evaluations import append_evaluation
-from dorarl.runtime.actors import actor_options
-from dorarl.runtime.placement import PlacedActors
+from dorarl.runtime.actors import EvaluatorSpec
 from dorarl.runtime.threads import ThreadPlan
-from dorarl.runtime.workers.eval_worker import EvalAdapters, EvalWorker
+from dorarl.runtime.workers.eval_worker import EvalAdapters
 from dorarl.tasks import Task
 
 log = logging.getLogger(__name__)
 
 
-def start_evaluator(
+def evaluator_spec(
     config: TrainConfig,
     model_folder: str,
     task: Task,
     threads: ThreadPlan,
-    placed: PlacedActors,
     point: ResumePoint | None = None,
-) -> Any:
-    """The evaluator actor: an engine like the rollout engines (greedy decoding); in a LoRA
-    run whose versions travel as adapters it merges each into the base (`model_folder`),
-    the checkpoint's adapter (`point`) first."""
-    actor = ray.remote(**actor_options("evaluator", config.engine.device, placed))(EvalWorker)
+) -> EvaluatorSpec:
+    """The evaluator of a run: an engine like the rollout engines (greedy decoding); in a
+    LoRA run whose versions travel as adapters it merges each into the base
+    (`model_folder`), the checkpoint's adapter (`point`) first."""
+    sampling = eval_sampling(config)
     adapters = None
     if config.adapter_versions:
         lora = config.trainer.lora
         adapters = EvalAdapters(lora.alpha, lora.rank, str(point.folder) if point else None)
-    return actor.remote(
-        model_folder,
-        config.engine,
-        task,
-        config.eval.max_prompts,
-        threads.evaluator,
-        threads.evaluator_nice,
-        eval_sampling(config),
-        adapters,
-    )
+    return EvaluatorSpec(
+        model_folder, config.engine, task, config.eval.max_prompts, sampling,
+        threads.evaluator, threads.evaluator_nice, adapters,
+    )  # fmt: skip
 
 
 class Evaluations:

@@ -32,7 +32,7 @@ from dorarl.jobs.engine_plan import (
     model_folder,
     model_spec,
 )
-from dorarl.jobs.eval_actor import Evaluations, start_evaluator
+from dorarl.jobs.eval_actor import Evaluations, evaluator_spec
 from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_defaults import with_model_defaults
@@ -46,7 +46,13 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.run_layout import RunFolder
-from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, spawn_trainer
+from dorarl.runtime.actors import (
+    EngineSpec,
+    TrainerSpec,
+    spawn_engine,
+    spawn_evaluator,
+    spawn_trainer,
+)
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.placement import PlacedActors, place_actors
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
@@ -185,15 +191,16 @@ class RayActors:
         placed: PlacedActors,
         pace: DeviceModel | None,
     ) -> RayActors:
-        threads = share_threads(config.ray.threads_per_actor, config.instances)
         start = engines_start_at(config, point)
+        threads = share_threads(config.ray.threads_per_actor, config.instances)
+        evaluator = evaluator_spec(config, model_folder, task, threads, point)
         engine = EngineSpec(model_folder, config.engine, threads.engine, start, threads.engine_nice)
         resume_from = str(point.folder) if point else None
         trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
         workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
         trainer_actor = spawn_trainer(trainer, pace, placed)
-        evaluator = start_evaluator(config, model_folder, task, threads, placed, point)
-        return cls(workers, trainer_actor, evaluator, engine, trainer, pace, placed)
+        evaluator_actor = spawn_evaluator(evaluator, placed)
+        return cls(workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed)
 
     def by_role(self) -> dict[str, list[Any]]:
         return {"engine": self.workers, "trainer": [self.trainer], "evaluator": [self.evaluator]}

@@ -1,6 +1,7 @@
-"""Starting the Ray actors: engines and the trainer, at the start of a run or replacing one.
+"""Starting the Ray actors: engines, the trainer and the evaluator, at the start of a run or
+replacing one.
 
-An actor's spec is what it is made from (`EngineSpec`, `TrainerSpec`); `placed` gives
+An actor's spec is what it is made from (`EngineSpec`, `TrainerSpec`, `EvaluatorSpec`); `placed` gives
 each actor its GPU share and bundle (dorarl.runtime.placement), and without it an actor
 on cuda asks Ray for a whole GPU. With `pace`, every engine step and training step lasts
 its device time (device emulation, dorarl.record.pacing).
@@ -19,7 +20,10 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
 from dorarl.runtime.workers.engine_worker import EngineWorker
+from dorarl.runtime.workers.eval_worker import EvalAdapters, EvalWorker
 from dorarl.runtime.workers.trainer_worker import TrainerWorker
+from dorarl.tasks import Task
+from dorarl.tasks.evaluate import EvalSampling
 from dorarl.trainer import TrainerConfig
 
 
@@ -48,6 +52,22 @@ class TrainerSpec:
     def restored(self, checkpoint: str | None) -> TrainerSpec:
         """The same trainer restored from `checkpoint` (None: from where this one starts)."""
         return dataclasses.replace(self, resume_from=checkpoint or self.resume_from)
+
+
+@dataclass(frozen=True)
+class EvaluatorSpec:
+    """The evaluator actor: an engine like the rollout engines on `model_folder`, scoring up
+    to `max_prompts` held-out prompts of `task` per version at `sampling`; with `adapters`,
+    versions arrive as LoRA adapters it merges into the base."""
+
+    model_folder: str
+    config: EngineConfig
+    task: Task
+    max_prompts: int
+    sampling: EvalSampling
+    threads: int = 1
+    nice: int = 0
+    adapters: EvalAdapters | None = None
 
 
 def start_workers(
@@ -90,6 +110,15 @@ def spawn_engine(
     return ray.remote(**options)(EngineWorker).remote(
         instance_id, spec.model_folder, spec.config, spec.threads, pace, spec.version, spec.nice
     )
+
+
+def spawn_evaluator(spec: EvaluatorSpec, placed: PlacedActors | None = None) -> Any:
+    """The evaluator actor."""
+    options = actor_options("evaluator", spec.config.device, placed)
+    return ray.remote(**options)(EvalWorker).remote(
+        spec.model_folder, spec.config, spec.task, spec.max_prompts, spec.threads, spec.nice,
+        spec.sampling, spec.adapters,
+    )  # fmt: skip
 
 
 def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:
