@@ -76,8 +76,10 @@ def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
     section, cap = config.task, config.sampling.max_new_tokens
     options: dict[str, Any] = {"seed": config.seed}
     if section.name in CHAT_TASKS:
-        options |= {"max_model_len": config.engine.max_model_len}
-        options["system_prompt"] = section.system_prompt
+        options |= {
+            "max_model_len": config.engine.max_model_len,
+            "system_prompt": section.system_prompt,
+        }
     if section.name in ("arith", "calculator"):
         options |= _operand_range(section) | ({"max_new_tokens": cap} if cap else {})
     if section.name in ("multiturn_sum", "calculator"):
