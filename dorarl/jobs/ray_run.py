@@ -1,9 +1,10 @@
 """`dorarl train runtime=ray`: start Ray and the actors, run the controller, evaluate, save.
 
-A run is: its actors (`RayActors`: engines, trainer and evaluator, and how to make each
-again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what happens at each new
-version (a periodic checkpoint before the controller hears of it; after it, the
-evaluation, scalars and progress of the step), and its end (the final checkpoint, the
+A run is: its actors (`RayActors`, dorarl.jobs.run_actors: engines, trainer and evaluator,
+and how to make each again), its runtime (`RayRuntime`, built from a `RayRunPlan`), what
+happens at each new version (a periodic checkpoint before the controller hears of it,
+dorarl.jobs.checkpoints; after it, the evaluation, scalars and progress of the step), and
+its end (the final checkpoint, the
 reward curve, this segment's summary, then the whole run's summary and trace rebuilt from
 its segments and its evaluations: dorarl.record.segments). Evaluation runs in its own
 actor on the versions it is asked for, so it never stalls rollout or training (each result
@@ -17,7 +18,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,16 @@ import ray
 
 from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
+from dorarl.jobs.checkpoints import Checkpoints
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.engine_plan import (
-    check_engines,
-    engines_start_at,
-    model_folder,
-    model_spec,
-)
-from dorarl.jobs.eval_actor import Evaluations, evaluator_spec
+from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
+from dorarl.jobs.eval_actor import Evaluations
 from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
+from dorarl.jobs.run_actors import RayActors
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
@@ -46,17 +43,9 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import end_segment, open_segment, write_run_records
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.run_layout import RunFolder
-from dorarl.runtime.actors import (
-    EngineSpec,
-    TrainerSpec,
-    spawn_engine,
-    spawn_evaluator,
-    spawn_trainer,
-)
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
 from dorarl.runtime.placement import PlacedActors, place_actors
-from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
-from dorarl.runtime.threads import share_threads
+from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime
 from dorarl.runtime.trainer_client import StepHook
 from dorarl.tasks import Task
 
@@ -166,75 +155,6 @@ def _leave_ray(own_ray: bool, placed: PlacedActors | None, actors: RayActors | N
         placed.release()
 
 
-# ---- the run's actors --------------------------------------------------------------------
-@dataclass
-class RayActors:
-    """The engines, the trainer and the evaluator, and how to make an engine or the trainer
-    again in the same bundle (recovery)."""
-
-    workers: list[Any]
-    trainer: Any
-    evaluator: Any
-    engine: EngineSpec
-    trainer_spec: TrainerSpec
-    pace: DeviceModel | None
-    placed: PlacedActors
-    replacements: list[Any] = field(default_factory=list)  # made by recovery, mid-run
-
-    @classmethod
-    def start(
-        cls,
-        config: TrainConfig,
-        model_folder: str,
-        task: Task,
-        point: ResumePoint | None,
-        placed: PlacedActors,
-        pace: DeviceModel | None,
-    ) -> RayActors:
-        start = engines_start_at(config, point)
-        threads = share_threads(config.ray.threads_per_actor, config.instances)
-        evaluator = evaluator_spec(config, model_folder, task, threads, point)
-        engine = EngineSpec(model_folder, config.engine, threads.engine, start, threads.engine_nice)
-        resume_from = str(point.folder) if point else None
-        trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
-        workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
-        trainer_actor = spawn_trainer(trainer, pace, placed)
-        evaluator_actor = spawn_evaluator(evaluator, placed)
-        return cls(workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed)
-
-    def by_role(self) -> dict[str, list[Any]]:
-        return {"engine": self.workers, "trainer": [self.trainer], "evaluator": [self.evaluator]}
-
-    def respawn_engine(self, instance_id: int) -> Any:
-        engine = spawn_engine(instance_id, self.engine, self.pace, self.placed)
-        self.replacements.append(engine)
-        return engine
-
-    def respawn_trainer(self, checkpoint: str | None) -> Any:
-        """A new trainer from `checkpoint`, or from where this run started (None)."""
-        spec = self.trainer_spec.restored(checkpoint)
-        trainer = spawn_trainer(spec, self.pace, self.placed)
-        self.replacements.append(trainer)
-        return trainer
-
-    def stop(self) -> None:
-        """Kill every actor the run made, replacements included (a trainer group's other
-        ranks are its rank 0's and go with it); killing one already dead does nothing."""
-        for actor in [*self.workers, self.trainer, self.evaluator, *self.replacements]:
-            ray.kill(actor, no_restart=True)
-
-    def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
-        """Replacing dead actors with these, within the config's budgets."""
-        return Restarts(
-            engines=config.ray.max_engine_restarts,
-            respawn_engine=self.respawn_engine,
-            trainer=config.ray.max_trainer_restarts,
-            respawn_trainer=self.respawn_trainer,
-            checkpoints=checkpoints,
-        )
-
-
-# ---- the run -----------------------------------------------------------------------------
 def _run(
     config: TrainConfig,
     point: ResumePoint | None,
@@ -382,99 +302,6 @@ def _gather(
         return evals.finished()
     progress.note("final evaluation" + ("" if no_checkpoint else " and checkpoint"))
     return evals.all()
-
-
-# ---- checkpoints -------------------------------------------------------------------------
-@dataclass
-class Checkpoints:
-    """The run's checkpoint writes: every `checkpoint_every` versions and at the end (or
-    none: `off`), each reported in one line once written (path, size on disk, seconds)."""
-
-    every: int | str  # checkpoint_every
-    keep: int
-    steps: int
-    out_dir: Path
-    timeout_s: float = 1800.0  # checkpoint_timeout_s: the longest the run's end waits
-    pending: list[Any] = field(default_factory=list)  # writes not yet reported
-
-    @classmethod
-    def of(cls, config: TrainConfig, out_dir: Path) -> Checkpoints:
-        return cls(
-            config.checkpoint_every, config.checkpoint_keep, config.steps, out_dir,
-            config.checkpoint_timeout_s,
-        )  # fmt: skip
-
-    @property
-    def off(self) -> bool:
-        return self.every == "off"
-
-    def periodic_due(self, version: int, stopping: bool) -> bool:
-        """Whether `version` gets a periodic checkpoint. The last version is saved at the
-        end, and so is the one a stop ends at: once, not rewritten (a rewrite gains nothing,
-        and a trainer restored from a checkpoint pruned since copies its tokenizer files
-        from there: none)."""
-        every = self.every
-        if self.off or stopping or not every or version >= self.steps:
-            return False
-        return version % every == 0
-
-    def periodic(self, runtime: RayRuntime, version: int) -> None:
-        """Before the controller hears of `version` (its data position is the checkpoint's)."""
-        self.report(wait=False)
-        if self.periodic_due(version, runtime.driver.should_stop()):
-            self.pending.append(self._write(runtime, runtime.driver.controller.resume_state()))
-
-    def final(self, runtime: RayRuntime, position: dict[str, Any]) -> None:
-        """The end's checkpoint (none when off), waited for, and every write reported; the
-        run has ended, so a failure of this one is the run's."""
-        self.report(wait=True)
-        if not self.off:
-            write = self._write(runtime, position)
-            ready, _ = ray.wait([write], timeout=self.timeout_s)
-            if not ready:
-                raise RunFailed(self._late(f"v{position['version']}"))
-            print(ray.get(write).line())
-
-    def _late(self, what: str) -> str:
-        try:
-            newest = f"the newest written is {find_checkpoint(self.out_dir).name}"
-        except ConfigError:
-            newest = "none was written"
-        return (
-            f"checkpoint of {what} not written after {self.timeout_s:.0f}s "
-            f"(checkpoint_timeout_s); {newest}"
-        )
-
-    def _write(self, runtime: RayRuntime, position: dict[str, Any]) -> ray.ObjectRef:
-        """Queue a checkpoint of the published version, with the data position to resume
-        at (through the runtime, which replays it on a new trainer if this one dies first)."""
-        version = runtime.trainer_client.published
-        assert position["version"] == version, f"data position of v{position['version']}"
-        folder = RunFolder(self.out_dir).checkpoint(version)
-        return runtime.trainer_client.save_checkpoint(folder, position, self.keep)
-
-    def report(self, wait: bool) -> None:
-        """One line for each periodic write finished (with `wait`: for each, once finished).
-        One the trainer died in was made again by trainer recovery as the run went on."""
-        if not self.pending:
-            return
-        timeout = self.timeout_s if wait else 0
-        done, self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=timeout)
-        if wait and self.pending:
-            raise RunFailed(self._late(f"{len(self.pending)} periodic write(s)"))
-        for ref in done:
-            try:
-                print(ray.get(ref).line())
-            except ray.exceptions.RayError:
-                log.warning("a checkpoint write died with its trainer; trainer recovery redid it")
-
-    def resumable(self) -> bool:
-        """Whether the run folder holds a checkpoint to resume from."""
-        try:
-            find_checkpoint(self.out_dir)
-        except ConfigError:
-            return False
-        return True
 
 
 def _final_summary(
