@@ -1,10 +1,10 @@
 """Starting the Ray actors: engines, the trainer and the evaluator, at the start of a run or
 replacing one.
 
-An actor's spec is what it is made from (`EngineSpec`, `TrainerSpec`, `EvaluatorSpec`); `placed` gives
-each actor its GPU share and bundle (dorarl.runtime.placement), and without it an actor
-on cuda asks Ray for a whole GPU. With `pace`, every engine step and training step lasts
-its device time (device emulation, dorarl.record.pacing).
+An actor's spec is what it is made from (`EngineSpec`, `TrainerSpec`, `EvaluatorSpec`);
+`placed` gives each actor its GPU share and bundle (dorarl.runtime.placement), and without
+it an actor on cuda asks Ray for a whole GPU. With `pace`, every engine step and training
+step lasts its device time (device emulation, dorarl.record.pacing).
 """
 
 from __future__ import annotations

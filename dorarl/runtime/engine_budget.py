@@ -44,9 +44,9 @@ class EngineBudget:
         if self.kv is not None:
             return f"  {self.actor}: {self.kv.describe()}"
         return (
-            f"  {self.actor}: its share ({self.share:.4g} GPU) must hold {size(self.minimum_bytes)} "
-            "(weights, workspace, one max_model_len sequence); set ray.gpu_memory_gb for its "
-            "KV blocks"
+            f"  {self.actor}: its share ({self.share:.4g} GPU) must hold "
+            f"{size(self.minimum_bytes)} (weights, workspace, one max_model_len sequence); set "
+            "ray.gpu_memory_gb for its KV blocks"
         )
 
     def check(self) -> None:
