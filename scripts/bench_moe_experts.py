@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import time
 from pathlib import Path
 
 import torch
 from transformers import Qwen3Config, Qwen3MoeConfig
 
+from dorarl.bench.clock import Laps, load_window
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 
 SHAPE = dict(
@@ -62,12 +60,10 @@ def decode_ms(experts: int, batch: int, kernel: str, steps: int) -> float:
         engine.add_request(f"r{i}", prompt, SamplingParams(target_len=steps + 8, seed=i))
     while engine.last_step.prefill_tokens or engine.stats().steps == 0:
         engine.step()  # prefill done
-    times = []
+    laps = Laps()
     for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        laps.time(engine.step)
+    return laps.median().wall_s * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,13 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     experts = [int(e) for e in args.experts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
-    for e in [0, *experts]:
-        for kernel in ("onednn", "torch") if e else ("onednn",):
-            row = {"experts": e, "kernel": kernel}
-            row |= {str(b): round(decode_ms(e, b, kernel, args.steps), 3) for b in batches}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    doc = {"load_average": os.getloadavg(), "threads": 1, "rows": rows}
+    with load_window() as load:
+        for e in [0, *experts]:
+            for kernel in ("onednn", "torch") if e else ("onednn",):
+                row = {"experts": e, "kernel": kernel}
+                row |= {str(b): round(decode_ms(e, b, kernel, args.steps), 3) for b in batches}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    doc = {**load.fields(), "threads": 1, "rows": rows}
     if args.out is not None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
