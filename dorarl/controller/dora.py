@@ -1,8 +1,8 @@
 """DORA policy (docs/design.md, section 4): versions side by side, partition, migration, tiers.
 
 Re-balance triggers: a training step starting or ending (update-driven), an instance's KV
-usage over the threshold (utilization), a periodic timer (temporal), plus a legacy
-instance running dry. Each cycle: partition plan (legacy versions packed as tight as their
+usage over the threshold (utilization), a periodic timer (temporal), plus a sample ending
+on a legacy version (its dry instances go to the newest as the plan shrinks it). Each cycle: partition plan (legacy versions packed as tight as their
 KV allows, not their slots) -> release the cheapest instances of shrinking versions,
 moving their requests (with KV) to instances that keep the version -> load the newest
 version onto released instances from a peer when one holds it. With several versions per
@@ -30,14 +30,18 @@ class DoraOrchestrator(Orchestrator):
         return self.rebalance()
 
     def on_sample_done(self, inst: InstanceState) -> list[Command]:
-        """A legacy instance that runs dry goes to the newest version if the plan shrinks its
-        version (the cheapest release there is: nothing to move)."""
-        ledger = self.ledger
-        if self.holds_several or inst.requests or inst.version == ledger.newest or inst.pinned:
+        """Legacy instances that ran dry go to the newest version as far as the plan shrinks
+        their version (the cheapest release there is: nothing to move). Every dry one of the
+        version counts, not only `inst`: a sample done on a peer lowers the version's floor
+        below instances kept when they ran dry, and left there the newest version can lack
+        the slots of one group while they idle until the timer."""
+        ledger, version = self.ledger, inst.version
+        if self.holds_several or version == ledger.newest:
             return []
-        if len(ledger.hosts[inst.version]) > self.partition().get(inst.version, 0):
-            return self.switch([inst], ledger.newest)
-        return []
+        hosts = [ledger.instances[i] for i in ledger.hosts[version]]
+        dry = [h for h in hosts if not h.requests and not h.pinned]
+        excess = len(hosts) - self.partition().get(version, 0) if dry else 0
+        return self.switch(dry[:excess], ledger.newest) if excess > 0 else []
 
     def on_loaded(self, inst: InstanceState) -> list[Command]:
         """A load of an older version ended, or freed a source the window has left: re-plan."""
