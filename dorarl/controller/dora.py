@@ -2,12 +2,13 @@
 
 Re-balance triggers: a training step starting or ending (update-driven), an instance's KV
 usage over the threshold (utilization), a periodic timer (temporal), plus a sample ending
-on a legacy version (its dry instances go to the newest as the plan shrinks it). Each cycle: partition plan (legacy versions packed as tight as their
-KV allows, not their slots) -> release the cheapest instances of shrinking versions,
-moving their requests (with KV) to instances that keep the version -> load the newest
-version onto released instances from a peer when one holds it. With several versions per
-instance (LoRA adapters) the cycle is simpler: every instance free to change takes the
-newest version and keeps its requests running under their own, so nothing migrates.
+on a legacy version (its dry instances go to the newest as the plan shrinks it). Each
+cycle: partition plan (legacy versions packed as tight as their KV allows, not their
+slots) -> release the cheapest instances of shrinking versions, moving their requests
+(with KV) to instances that keep the version -> load the newest version onto released
+instances from a peer when one holds it. With several versions per instance (LoRA
+adapters) the cycle is simpler: every instance free to change takes the newest version
+and keeps its requests running under their own, so nothing migrates.
 """
 
 from __future__ import annotations
