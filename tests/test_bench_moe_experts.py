@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_moe_experts.py"
+from scripts_dir import load_script
 
 
 def test_the_script_times_each_model_and_kernel_and_gives_the_load_either_side(
     tmp_path, single_thread
 ):  # the script pins one thread; the fixture gives the worker its own back
-    spec = importlib.util.spec_from_file_location("bench_moe_experts", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    sys.modules["bench_moe_experts"] = script
-    spec.loader.exec_module(script)
+    script = load_script("bench_moe_experts")
     out = tmp_path / "moe.json"
     argv = ["--experts", "4", "--batches", "1,2", "--steps", "2", "--out", str(out)]
     assert script.main(argv) == 0

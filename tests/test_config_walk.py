@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "config_walk.py"
+from scripts_dir import load_script
 
 
 def _walker():
-    spec = importlib.util.spec_from_file_location("config_walk", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["config_walk"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script("config_walk")
 
 
 def test_climbs_and_returns_are_counted_on_the_files_entered():
