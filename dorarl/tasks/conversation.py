@@ -3,10 +3,10 @@
 `Conversation` holds the messages so far, the token ids the model has (its first prompt,
 each turn's tokens as sampled, and what it was shown between turns), the model's own chat
 template and the declared tools. `start(messages)` renders the first prompt; `add_reply`
-takes a sampled turn as the assistant's message (its text, its tool calls parsed);
-`render_delta(messages)` gives the tokens to append: where the template's rendering of the
-conversation with the new messages and the next turn's generation prompt goes on from its
-rendering without them. The delta is cut on text and tokenized from the last special token
+takes a sampled turn as the assistant's message (its text, its tool calls parsed, the
+answer after its reasoning that a reward reads); `render_delta(messages)` gives the tokens
+to append: where the template's rendering of the conversation with the new messages and
+the next turn's generation prompt goes on from its rendering without them. The delta is cut on text and tokenized from the last special token
 before it, so it is what tokenizing the whole text would give at that boundary. An
 assistant message's `tool_calls` (OpenAI's shape) reach the template with their arguments
 as objects; a template that does not write calls gets them in the message's text, in the
@@ -32,6 +32,7 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from dorarl.errors import UserInputError
+from dorarl.tasks.reasoning import reasoning_of
 from dorarl.tasks.tool_calls import (
     CLOSE,
     FORMATS,
@@ -66,6 +67,9 @@ class Reply:
     stop_string: str | None = None  # the stop string that ended it
     end_text: str = ""  # the text of the stop token it ended on ("" for none)
     calls: tuple[ToolCall | ToolCallError, ...] = ()  # attempted calls, in order
+    # What a reward reads: the text after its reasoning (dorarl.tasks.reasoning); None
+    # when it ends inside a block.
+    answer: str | None = None
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -102,6 +106,7 @@ class Conversation:
         self.template_kwargs = dict(template_kwargs or {})
         self.template = _template_of(tokenizer)
         self.name = template_name(tokenizer, self.template)
+        self.reasoning = reasoning_of(tokenizer)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else eos
         self.messages: list[Message] = []
@@ -149,7 +154,8 @@ class Conversation:
                 parse_tool_calls(text, self.format, self.tools, finish_reason, self._calls)
             )
         self._calls += len(calls)
-        self._reply = Reply(text, finish_reason, stop_string, end_text, calls)
+        answer = self.reasoning.answer(text, self.reasoning.leaves_open(self._shown))
+        self._reply = Reply(text, finish_reason, stop_string, end_text, calls, answer)
         self.token_ids += ids
         self._shown += text + end_text
         self.turns += 1
