@@ -333,8 +333,10 @@ class AgentEpisode(EpisodeSource):
         return CallError(status, message, code)
 
     def _for_template(self, message: dict[str, Any]) -> dict[str, Any]:
-        """A message as the chat template takes it: text content, a tool result named."""
-        out = {k: message[k] for k in ("role", "name", "tool_call_id") if k in message}
+        """A message as the chat template takes it: text content, its calls (the
+        conversation reads OpenAI's shape), a tool result named."""
+        keys = ("role", "name", "tool_call_id", "tool_calls")
+        out = {k: message[k] for k in keys if k in message}
         out["content"] = _text(message.get("content"))
         if out.get("role") == "tool" and "name" not in out:
             out["name"] = self._call_names.get(out.get("tool_call_id"), "")

@@ -135,7 +135,7 @@ class ArithTask(Task):
         return self._eval
 
     def reward(self, prompt: Prompt, response_ids: list[int]) -> float:
-        return math_equivalent(self.response_text(response_ids), prompt.answer)
+        return math_equivalent(self.answer_text(response_ids, prompt), prompt.answer)
 
     def _draw_eval_problems(self) -> list[Problem]:
         """Distinct problems, drawn before (and so independent of) the training set."""

@@ -32,6 +32,7 @@ from dorarl.tasks.conversation import Conversation, Message, Reply
 from dorarl.tasks.env import ChatEnv, ChatStep, ToolError
 from dorarl.tasks.held_out import draw_held_out, draw_training
 from dorarl.tasks.model_files import context_limit, load_chat_tokenizer, stop_ids
+from dorarl.tasks.reasoning import Reasoning
 from dorarl.tasks.rewards import math_equivalent
 from dorarl.tasks.tool_calls import CALL_STOP_STRINGS, OPEN, ToolCall
 
@@ -210,8 +211,9 @@ def _bounded(value: Fraction) -> Fraction:
 
 
 def final_answer_reward(reply: Reply, answer: str) -> float:
-    """1.0 when the reply's strictly extracted final answer equals `answer`."""
-    return math_equivalent(reply.text, answer)
+    """1.0 when the reply's strictly extracted final answer (after its reasoning) equals
+    `answer`; 0.0 for a reply that ends inside its reasoning."""
+    return 0.0 if reply.answer is None else math_equivalent(reply.answer, answer)
 
 
 class CalculatorEnv(ChatEnv):
@@ -304,7 +306,7 @@ class CalculatorTask(Task):
 
     def reward(self, prompt: Prompt, response_ids: list[int]) -> float:
         """A single reply read as the final answer (episodes score through the env)."""
-        return math_equivalent(self.response_text(response_ids), prompt.answer)
+        return math_equivalent(self.answer_text(response_ids, prompt), prompt.answer)
 
     def make_env(self) -> CalculatorEnv:
         return CalculatorEnv(self.system_prompt, self.config.demonstration, self.latency_s)
@@ -398,7 +400,8 @@ async def solve(client: Any, prompt: Prompt) -> float:
         message = completion.choices[0].message
         text = message.content or ""
         if not message.tool_calls and OPEN not in text:
-            return math_equivalent(text, prompt.answer)
+            answer = Reasoning().answer(text)  # the client has no tokenizer: <think> blocks
+            return 0.0 if answer is None else math_equivalent(answer, prompt.answer)
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:  # dorarl could not read the call: the model is told
             messages.append({"role": "tool", "tool_call_id": "call_unread", "content": UNREAD})

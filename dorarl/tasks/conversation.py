@@ -3,11 +3,14 @@
 `Conversation` holds the messages so far, the token ids the model has (its first prompt,
 each turn's tokens as sampled, and what it was shown between turns), the model's own chat
 template and the declared tools. `start(messages)` renders the first prompt; `add_reply`
-takes a sampled turn as the assistant's message (its text, its tool calls parsed);
-`render_delta(messages)` gives the tokens to append: where the template's rendering of the
-conversation with the new messages and the next turn's generation prompt goes on from its
-rendering without them. The delta is cut on text and tokenized from the last special token
-before it, so it is what tokenizing the whole text would give at that boundary.
+takes a sampled turn as the assistant's message (its text, its tool calls parsed, the
+answer after its reasoning that a reward reads); `render_delta(messages)` gives the tokens
+to append: where the template's rendering of the conversation with the new messages and
+the next turn's generation prompt goes on from its rendering without them. The delta is cut on text and tokenized from the last special token
+before it, so it is what tokenizing the whole text would give at that boundary. An
+assistant message's `tool_calls` (OpenAI's shape) reach the template with their arguments
+as objects; a template that does not write calls gets them in the message's text, in the
+conversation's call format.
 
 Invariants: `token_ids` only grows, so the tokens turn n+1 conditions on are exactly those
 the model sampled and was shown up to turn n. A template whose rendering of earlier turns
@@ -20,6 +23,7 @@ end tokens (Llama 3's does both), and the model keeps its reply as it sampled it
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +32,13 @@ import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from dorarl.errors import UserInputError
+from dorarl.tasks.reasoning import reasoning_of
 from dorarl.tasks.tool_calls import (
+    CLOSE,
     FORMATS,
     HERMES,
+    LLAMA3_JSON,
+    OPEN,
     ToolCall,
     ToolCallError,
     Tools,
@@ -41,7 +49,7 @@ from dorarl.tasks.tool_calls import (
 
 Message = dict[str, Any]
 ROLES = ("system", "user", "assistant", "tool")
-MESSAGE_KEYS = ("role", "content", "name", "tool_call_id")
+MESSAGE_KEYS = ("role", "content", "name", "tool_call_id", "tool_calls")
 CONTEXT_TOKENS = 4  # tokens decoded before a reply's, so its first token reads right
 _QUOTE = 40  # characters of each side a drift's line quotes
 
@@ -59,6 +67,9 @@ class Reply:
     stop_string: str | None = None  # the stop string that ended it
     end_text: str = ""  # the text of the stop token it ended on ("" for none)
     calls: tuple[ToolCall | ToolCallError, ...] = ()  # attempted calls, in order
+    # What a reward reads: the text after its reasoning (dorarl.tasks.reasoning); None
+    # when it ends inside a block.
+    answer: str | None = None
 
     @property
     def tool_calls(self) -> list[ToolCall]:
@@ -95,6 +106,7 @@ class Conversation:
         self.template_kwargs = dict(template_kwargs or {})
         self.template = _template_of(tokenizer)
         self.name = template_name(tokenizer, self.template)
+        self.reasoning = reasoning_of(tokenizer)
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else eos
         self.messages: list[Message] = []
@@ -106,6 +118,7 @@ class Conversation:
         self._shown = ""  # the text of `token_ids`: rendered, sampled, rendered
         self._reply: Reply | None = None
         self._calls = 0
+        self._writes_calls: bool | None = None  # the template writes `tool_calls`; probed once
         self.format, self._template_tools, self._instructions = self._tool_setup(tool_format)
 
     # --- the three steps ---------------------------------------------------------------
@@ -141,7 +154,8 @@ class Conversation:
                 parse_tool_calls(text, self.format, self.tools, finish_reason, self._calls)
             )
         self._calls += len(calls)
-        self._reply = Reply(text, finish_reason, stop_string, end_text, calls)
+        answer = self.reasoning.answer(text, self.reasoning.leaves_open(self._shown))
+        self._reply = Reply(text, finish_reason, stop_string, end_text, calls, answer)
         self.token_ids += ids
         self._shown += text + end_text
         self.turns += 1
@@ -167,6 +181,8 @@ class Conversation:
 
     # --- rendering ---------------------------------------------------------------------
     def _render(self, messages: list[Message]) -> str:
+        if any("tool_calls" in m for m in messages) and not self._renders_calls():
+            messages = [_calls_in_content(m, self.format) for m in messages]
         try:
             return self.tokenizer.apply_chat_template(
                 messages,
@@ -199,6 +215,24 @@ class Conversation:
                 f"read (it reads {', '.join(FORMATS)}): pass tool_format"
             )
         return found, self.tools.schemas, None
+
+    def _renders_calls(self) -> bool:
+        """Whether the template writes an assistant message's `tool_calls` (ChatML's
+        ignores them, and a call in the history would vanish)."""
+        if self._writes_calls is None:
+            call = {"type": "function", "function": {"name": "dorarl_probe", "arguments": {}}}
+            probe = [
+                {"role": "user", "content": "-"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+            ]
+            try:
+                text = self.tokenizer.apply_chat_template(
+                    probe, tools=self._template_tools, tokenize=False, **self.template_kwargs
+                )
+            except jinja2.TemplateError:  # the rendering itself then says what is wrong
+                return True
+            self._writes_calls = "dorarl_probe" in text
+        return self._writes_calls
 
     def _renders_tools(self) -> bool:
         probe = [{"role": "user", "content": "-"}]
@@ -307,11 +341,61 @@ def _checked(message: Any, where: str) -> Message:
     if not isinstance(message, dict):
         raise UserInputError(f"{where}: expected {{'role': ..., 'content': ...}}")
     role, content = message.get("role"), message.get("content")
+    if content is None and message.get("tool_calls"):  # OpenAI's call without text
+        message, content = {**message, "content": ""}, ""
     if role not in ROLES:
         raise UserInputError(f"{where}.role: expected one of {ROLES}, got {role!r}")
     if not isinstance(content, str):
         raise UserInputError(f"{where}.content: expected a string, got {type(content).__name__}")
-    return {k: message[k] for k in MESSAGE_KEYS if k in message}
+    out = {k: message[k] for k in MESSAGE_KEYS if k in message}
+    calls = out.pop("tool_calls", None)
+    if calls:
+        if role != "assistant":
+            raise UserInputError(f"{where}.tool_calls: only an assistant message makes calls")
+        if not isinstance(calls, list):
+            raise UserInputError(f"{where}.tool_calls: expected a list of calls")
+        out["tool_calls"] = [_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(calls)]
+    return out
+
+
+def _call(call: Any, where: str) -> dict[str, Any]:
+    """An OpenAI `tool_calls` entry as chat templates take it: its arguments an object, not
+    the JSON string OpenAI's API carries."""
+    function = call.get("function") if isinstance(call, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise UserInputError(
+            f"{where}: expected {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}"
+        )
+    arguments = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            arguments = None
+    if not isinstance(arguments, dict):
+        raise UserInputError(f"{where}.function.arguments: expected a JSON object")
+    out = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": call["id"], **out} if "id" in call else out
+
+
+def _calls_in_content(message: Message, fmt: str) -> Message:
+    """`message` with its calls written into its text as the model writes them in `fmt`,
+    for a template that ignores `tool_calls`."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    key = "parameters" if fmt == LLAMA3_JSON else "arguments"
+    written = [
+        json.dumps(
+            {"name": c["function"]["name"], key: c["function"]["arguments"]}, ensure_ascii=False
+        )
+        for c in calls
+    ]
+    if fmt != LLAMA3_JSON:
+        written = [f"{OPEN}\n{w}\n{CLOSE}" for w in written]
+    text = "\n".join([message["content"], *written] if message["content"] else written)
+    return {k: v for k, v in message.items() if k != "tool_calls"} | {"content": text}
 
 
 def _with_system(messages: list[Message], instructions: str) -> list[Message]:

@@ -159,7 +159,8 @@ async def step(
         return await episode.env.next_ids(task, episode, turn_ids, finish_reason, stop_string)
     if isinstance(episode.env, ChatEnv):
         return await _chat_step(task, episode, episode.env, turn_ids, finish_reason, stop_string)
-    text = task.response_text(turn_ids)
+    # The env judges the turn's answer; only the first turn follows the task's prompt.
+    text = task.answer_text(turn_ids, None if episode.turns else episode.prompt)
     try:
         answer = await env_call(off_loop(episode.env.step, text), task.env_timeout_s, "step")
     except EnvError as exc:

@@ -71,7 +71,7 @@ class JsonlTask(Task):
         return self._eval
 
     def reward(self, prompt: Prompt, response_ids: list[int]) -> float:
-        return self.reward_fn(self.response_text(response_ids), prompt.answer)
+        return self.reward_fn(self.answer_text(response_ids, prompt), prompt.answer)
 
     def _load(self, path: Path, first_id: int) -> list[Prompt]:
         prompts: list[Prompt] = []

@@ -1,5 +1,7 @@
 """Reward functions `(response_text, answer) -> float` for the generic JSONL task.
 
+Tasks pass the response's answer (`Task.answer_text`: the text after its reasoning).
+
 `exact`: 1.0 when the response equals the answer after stripping surrounding whitespace.
 `math`: 1.0 when the response's final answer (`dorarl.tasks.answers`: boxed, "answer is",
 "=", last number; never unevaluated arithmetic copied from the question, never a hedge such

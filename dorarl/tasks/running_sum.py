@@ -142,4 +142,4 @@ class RunningSumTask(Task):
         return ids + [self.tokenizer.eos_token_id]
 
     def reward(self, prompt: Prompt, response_ids: list[int]) -> float:
-        return 1.0 if self.response_text(response_ids) == prompt.answer else 0.0
+        return 1.0 if self.answer_text(response_ids, prompt) == prompt.answer else 0.0

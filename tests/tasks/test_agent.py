@@ -46,6 +46,18 @@ async def adds(client, prompt):
     return float("3" in final.choices[0].message.content)
 
 
+async def trims(client, prompt):
+    """Runs the model's call, then drops its system message: a new segment whose history
+    holds the call."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": prompt.text}]  # fmt: skip
+    reply = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    message = reply.choices[0].message
+    call = message.tool_calls[0]
+    messages += [message.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+    final = await client.chat.completions.create(model="m", messages=messages[1:], tools=TOOLS)
+    return float("3" in final.choices[0].message.content)
+
+
 async def hangs(client, prompt):
     await asyncio.sleep(3600)
 
@@ -144,6 +156,17 @@ def test_an_agent_with_a_tool_plays_through_the_client_and_its_reward_is_the_epi
     conversation = state.env.conversation
     assert conversation.token_ids == shown[0] + _turn(task, call) + shown[1] + _turn(task, "It is 3.")  # fmt: skip
     assert conversation.messages[-1] == {"role": "tool", "content": "3", "tool_call_id": "call_0", "name": "add"}  # fmt: skip
+
+
+def test_a_new_segment_whose_history_holds_a_call_is_shown_the_call_as_sampled(tmp_path):
+    task = _task(tmp_path, "trims")
+    call = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+    state, shown = asyncio.run(_episode(task, [call, "It is 3."]))
+    assert state.error is None and state.reward == 1.0 and state.env.segments == 2
+    assert type(shown[1]).__name__ == "NewSegment"
+    text = task.tokenizer.decode(shown[1])
+    assert "Be brief." not in text
+    assert f"<|im_start|>assistant\n{call}<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n" in text  # fmt: skip
 
 
 class _Counting:

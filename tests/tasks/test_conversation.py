@@ -53,6 +53,37 @@ def test_each_turn_sees_exactly_its_history_and_the_whole_tokenizes_the_same(fam
     assert call["role"] == "assistant" and call["content"] == replies[0]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_history_holding_a_call_renders_the_call_as_the_model_sampled_it(family):
+    # The call as an agent's client sends it back (OpenAI's shape, its arguments a JSON
+    # string, its block out of the text): a new conversation on that history is shown the
+    # tokens the first one was, the call as sampled (ChatML's template ignores tool_calls:
+    # the call is written into the text, in the format dorarl told the model).
+    first, tok = _conversation(family)
+    first.start(QUESTION)
+    thought = "<think>\nI should add.\n</think>\n\n" if family == "qwen3" else ""
+    text = thought + call_text(family, "add", {"a": 12, "b": 30})
+    reply = first.add_reply(ids(tok, text) + [_end(tok, family)], "stop")
+    [call] = reply.tool_calls
+    first.render_delta([tool_message(call, "42")])
+    sent = {"role": "assistant", "content": thought.strip() or None, "tool_calls": [call.openai()]}
+    again, _ = _conversation(family)
+    prompt = again.start([*QUESTION, sent, tool_message(call, "42")])
+    assert prompt == _whole(first, tok)
+    [kept] = [m["tool_calls"] for m in again.messages if m["role"] == "assistant"]
+    assert kept[0]["function"] == {"name": "add", "arguments": {"a": 12, "b": 30}}
+    assert text in tok.decode(prompt)
+
+
+def test_a_calls_arguments_must_be_a_json_object_in_one_line():
+    conv, _ = _conversation("qwen2_5")
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": "{oops"}}
+    with pytest.raises(UserInputError, match=r"^messages\[1\]\.tool_calls\[0\]\.function\.arguments: expected a JSON object$"):  # fmt: skip
+        conv.start([*QUESTION, {"role": "assistant", "content": "", "tool_calls": [call]}])
+    with pytest.raises(UserInputError, match=r"messages\[0\]\.tool_calls: only an assistant"):
+        conv.start([{**QUESTION[0], "tool_calls": [call]}])
+
+
 @pytest.mark.parametrize("family", ["chatml", "qwen2_5", "llama3_1"])
 def test_sampled_tokens_stay_as_sampled_and_the_delta_is_the_whole_texts(family):
     conv, tok = _conversation(family)
