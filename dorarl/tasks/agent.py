@@ -388,7 +388,7 @@ def _client(endpoint: Endpoint, base_url: str) -> Any:
         endpoint.http_client = openai.DefaultAsyncHttpxClient(timeout=CALL_TIMEOUT_S)
     # No retries: a retried call is answered with its reply, but a retry hides the error.
     return openai.AsyncOpenAI(
-        base_url=base_url, api_key="dorarl", max_retries=0, timeout=CALL_TIMEOUT_S,
+        base_url=base_url, api_key=endpoint.api_key, max_retries=0, timeout=CALL_TIMEOUT_S,
         http_client=endpoint.http_client,
     )  # fmt: skip
 

@@ -378,3 +378,17 @@ def test_closing_with_calls_in_flight_cancels_them_and_returns_at_once(tmp_path)
     started = time.monotonic()
     task.close()
     assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("host", ["::1", "0.0.0.0"])
+def test_an_agent_plays_on_an_ipv6_host_and_off_loopback_with_the_runs_token(tmp_path, host):
+    task = _task(tmp_path, "adds")
+    task.host = host
+    try:
+        endpoint = task.endpoint()
+        assert endpoint.needs_key == (host == "0.0.0.0")
+        call = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+        state, _ = asyncio.run(_episode(task, [call, "It is 3."]))
+        assert state.error is None and state.reward == 1.0
+    finally:
+        task.close()
