@@ -316,10 +316,12 @@ class AgentEpisode(EpisodeSource):
 
     def _first(self, call: _Call, messages: list, tools: Any, seen: list[tuple]) -> list[int]:
         kwargs = call.body.get("chat_template_kwargs") or {}
+        first_id = self.conversation.next_call_id if self.conversation is not None else 0
         try:
             conversation = Conversation(
                 self.task.tokenizer, tools, stop_token_ids=self.task.stop_token_ids,
                 template_kwargs=kwargs if isinstance(kwargs, dict) else {},
+                first_call_id=first_id,  # ids unique in the episode, across its segments
             )  # fmt: skip
             ids = conversation.start([self._for_template(m) for m in messages])
         except UserInputError as exc:
@@ -390,7 +392,7 @@ def _client(endpoint: Endpoint, base_url: str) -> Any:
         endpoint.http_client = openai.DefaultAsyncHttpxClient(timeout=CALL_TIMEOUT_S)
     # No retries: a retried call is answered with its reply, but a retry hides the error.
     return openai.AsyncOpenAI(
-        base_url=base_url, api_key="dorarl", max_retries=0, timeout=CALL_TIMEOUT_S,
+        base_url=base_url, api_key=endpoint.api_key, max_retries=0, timeout=CALL_TIMEOUT_S,
         http_client=endpoint.http_client,
     )  # fmt: skip
 
@@ -443,12 +445,19 @@ def _assistant(reply: Reply, fmt: str) -> dict[str, Any]:
     calls: list[ToolCall] = reply.tool_calls
     if not calls:
         return {"role": "assistant", "content": reply.text}
-    content = _CALL_BLOCK.sub("", reply.text) if fmt == HERMES else ""
+    content = _without_calls(reply) if fmt == HERMES else ""
     return {
         "role": "assistant",
         "content": content.strip() or None,
         "tool_calls": [c.openai() for c in calls],
     }
+
+
+def _without_calls(reply: Reply) -> str:
+    """A hermes reply's text without its well-formed call blocks: the i-th closed block is
+    the reply's i-th attempted call (both read `<tool_call>` to the next `</tool_call>`)."""
+    well_formed = iter([isinstance(c, ToolCall) for c in reply.calls])
+    return _CALL_BLOCK.sub(lambda block: "" if next(well_formed, False) else block[0], reply.text)
 
 
 def _completion(

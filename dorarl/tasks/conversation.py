@@ -100,6 +100,7 @@ class Conversation:
         stop_token_ids: Sequence[int] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         tool_format: str = "auto",
+        first_call_id: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = Tools.of(tools)
@@ -117,9 +118,15 @@ class Conversation:
         self._rendered = ""  # the template's text of `messages`, with the generation prompt
         self._shown = ""  # the text of `token_ids`: rendered, sampled, rendered
         self._reply: Reply | None = None
-        self._calls = 0
+        self._calls = first_call_id  # the next call's id number: `call_{n}`
         self._writes_calls: bool | None = None  # the template writes `tool_calls`; probed once
         self.format, self._template_tools, self._instructions = self._tool_setup(tool_format)
+
+    @property
+    def next_call_id(self) -> int:
+        """The number of the next call's id; a conversation that goes on from this one (a
+        new segment of an episode) starts there, so ids stay unique across them."""
+        return self._calls
 
     # --- the three steps ---------------------------------------------------------------
     def start(self, messages: Sequence[Message]) -> list[int]:

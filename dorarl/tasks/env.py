@@ -37,7 +37,7 @@ class EnvStep:
     """What an environment answers to one turn."""
 
     observation: str
-    reward: float
+    reward: float  # a finite number: anything else ends the episode as the env's failure
     done: bool
 
 

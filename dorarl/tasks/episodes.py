@@ -2,8 +2,9 @@
 
 `EpisodeState` is one episode's bookkeeping (its env, turns, reward, how it ended), shared
 by the runtime and by evaluation. `env_call` runs an env coroutine under the task's
-timeout and turns whatever it raises into one line (`EnvError`), so a broken environment
-ends its episode (reward 0, counted) and never the run. `run_episodes` plays episodes to
+timeout and turns whatever it raises into one line (`EnvError`), as is an answer that cannot
+be read (no `EnvStep`, a reward that is no finite number), so a broken environment ends its
+episode (reward 0, counted) and never the run. `run_episodes` plays episodes to
 the end on an idle engine (evaluation). A `ChatEnv`'s episode keeps a `Conversation`:
 each turn's reply is parsed, its calls served in order (a malformed or unknown call, or a
 `ToolError`, is answered with an error tool message and counted; the episode goes on), and
@@ -17,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -136,6 +139,7 @@ async def reset(task: Any, episode: EpisodeState) -> list[int]:
         first = await env_call(
             off_loop(episode.env.reset, episode.prompt), task.env_timeout_s, "reset"
         )
+        _check_shown("reset", first, str)
     except EnvError as exc:
         episode.end("env_error", str(exc))
         return prefix
@@ -163,6 +167,7 @@ async def step(
     text = task.answer_text(turn_ids, None if episode.turns else episode.prompt)
     try:
         answer = await env_call(off_loop(episode.env.step, text), task.env_timeout_s, "step")
+        _check_step(answer, EnvStep, episode.reward)
     except EnvError as exc:
         episode.record(sampled, finish_reason, None, 0)
         episode.end("env_error", str(exc))
@@ -176,6 +181,44 @@ async def step(
     return ids
 
 
+def _check_step(answer: Any, kind: type[EnvStep] | type[ChatStep], total: float) -> None:
+    """Read an env's answer to a step: one that is no `kind`, whose reward is no finite number
+    (or makes the episode's sum `total` overflow), or that shows nothing next while the
+    episode goes on is the env's failure (EnvError). Checked here, where every env reward
+    enters an episode, so no sample's reward, nor its group's advantages, is NaN."""
+    if not isinstance(answer, kind):
+        raise EnvError(f"step: got {type(answer).__name__}, expected {kind.__name__}")
+    why = _reward_error(answer.reward, total)
+    if why is not None:
+        raise EnvError(f"step's reward: {why}, expected a finite number")
+    if not answer.done:
+        if isinstance(answer, EnvStep):
+            _check_shown("step's observation", answer.observation, str)
+        else:
+            _check_shown("step's messages", answer.messages, list | tuple)
+
+
+def _reward_error(reward: Any, total: float) -> str | None:
+    if not isinstance(reward, numbers.Real):
+        return f"got {type(reward).__name__}"
+    try:
+        value = float(reward)
+    except (OverflowError, TypeError, ValueError):
+        return f"got {type(reward).__name__}, too large for a float"
+    if not math.isfinite(value):
+        return f"got {value}"
+    if not math.isfinite(total + value):
+        return f"got {value}, which makes the episode's sum {total + value}"
+    return None
+
+
+def _check_shown(what: str, value: Any, kind: Any) -> None:
+    """What an env gives the model next must be text (`str`) or messages (a list)."""
+    if not isinstance(value, kind):
+        expected = "a str" if kind is str else "a list of messages"
+        raise EnvError(f"{what}: got {type(value).__name__}, expected {expected}")
+
+
 async def _chat_reset(task: Any, episode: EpisodeState, env: ChatEnv) -> list[int]:
     # A tokenizer without a chat template, or a bad tool schema, stops the run (one line).
     episode.conversation = Conversation(
@@ -184,6 +227,7 @@ async def _chat_reset(task: Any, episode: EpisodeState, env: ChatEnv) -> list[in
     )  # fmt: skip
     try:
         messages = await env_call(off_loop(env.reset, episode.prompt), task.env_timeout_s, "reset")
+        _check_shown("reset", messages, list | tuple)
         return episode.conversation.start(messages)
     except (EnvError, UserInputError) as exc:  # a failed reset, or messages it got wrong
         episode.end("env_error", str(exc))
@@ -207,6 +251,7 @@ async def _chat_step(
         results = [message for message, _ in served]
         calls = (calls[0], calls[1] + sum(failed for _, failed in served))
         answer = await env_call(off_loop(env.step, reply, results), task.env_timeout_s, "step")
+        _check_step(answer, ChatStep, episode.reward)
     except EnvError as exc:
         episode.record(sampled, finish_reason, None, 0, calls)
         episode.end("env_error", str(exc))

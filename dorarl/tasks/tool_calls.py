@@ -5,16 +5,18 @@ in a reply (Qwen2.5's and Qwen3's templates teach it; dorarl's default for a tem
 has no tools of its own), and `llama3_json`, a reply that is one JSON object `{"name": ...,
 "parameters": {...}}` (Llama 3.1 and later). `parse_tool_calls` returns a reply's attempts
 in order, each a `ToolCall` (well-formed, of a declared tool) or a `ToolCallError` saying
-what is wrong in one line; it never raises, so a model's malformed call costs its episode
-nothing but the error it is shown. Tools are JSON schemas in the OpenAI form `{"type":
-"function", "function": {"name", "description", "parameters"}}` (a bare `{"name", ...}` is
-wrapped), what chat templates take as `tools`. Torch-free.
+what is wrong in one line (one nested deeper than `MAX_DEPTH` is refused unread); it never
+raises, on any text, so a model's malformed call costs its episode nothing but the error
+it is shown. Tools are JSON schemas in the OpenAI form `{"type": "function", "function":
+{"name", "description", "parameters"}}` (a bare `{"name", ...}` is wrapped), what chat
+templates take as `tools`. Torch-free.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +29,11 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"  # what Llama 3.1 may write before a call
 # The stop strings that end a turn right after a call, so the tool runs before more is sampled.
 CALL_STOP_STRINGS = {HERMES: (CLOSE,), LLAMA3_JSON: ()}
+# A call nested deeper is refused unread: JSON's decoder recurses per level, and a degenerate
+# policy can sample thousands of `[`; no tool's arguments need more.
+MAX_DEPTH = 64
+# A bracket, or a JSON string (skipped whole; an unfinished one runs to the end of the text).
+_NESTING = re.compile(r'[\[{]|[\]}]|"(?:[^"\\]|\\.)*"?', re.S)
 
 
 @dataclass(frozen=True)
@@ -153,6 +160,8 @@ def _llama3_pieces(text: str, cut: bool) -> list[tuple[str, bool]]:
     body = text.strip().removeprefix(PYTHON_TAG).strip()
     if not body.startswith("{"):
         return []
+    if _too_deep(body):
+        return [(body, True)]  # read as a call, refused there
     try:
         json.JSONDecoder().raw_decode(body)
     except json.JSONDecodeError:
@@ -160,8 +169,24 @@ def _llama3_pieces(text: str, cut: bool) -> list[tuple[str, bool]]:
     return [(body, True)]
 
 
+def _too_deep(text: str) -> bool:
+    """Whether `text`'s brackets outside JSON strings nest deeper than MAX_DEPTH."""
+    depth = 0
+    for match in _NESTING.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                return True
+        elif token in ("]", "}"):
+            depth = max(depth - 1, 0)
+    return False
+
+
 def _read_call(call_id: str, body: str, fmt: str, tools: Tools) -> ToolCall | ToolCallError:
     args_key = "arguments" if fmt == HERMES else "parameters"
+    if _too_deep(body):
+        return ToolCallError(call_id, f"error: the call nests deeper than {MAX_DEPTH} levels", body)
     try:
         data, end = json.JSONDecoder().raw_decode(body.strip())
     except json.JSONDecodeError as exc:
@@ -179,8 +204,8 @@ def _read_call(call_id: str, body: str, fmt: str, tools: Tools) -> ToolCall | To
             call_id, f"error: unknown tool {name!r} (the tools: {known})", body, name
         )
     arguments = data.get(args_key, data.get("arguments", {}))
-    if isinstance(arguments, str):  # a JSON string of the object, as OpenAI's API writes it
-        with contextlib.suppress(json.JSONDecodeError):
+    if isinstance(arguments, str) and not _too_deep(arguments):  # OpenAI's API's string form
+        with contextlib.suppress(json.JSONDecodeError):  # refused below, as a string
             arguments = json.loads(arguments)
     if not isinstance(arguments, dict):
         return ToolCallError(

@@ -122,6 +122,31 @@ async def disconnects(client, prompt):
     return float(reply.choices[0].message.content == "Hello there.")
 
 
+SEEN: list = []  # what agents below saw, for their tests to read
+
+
+async def mixed_calls(client, prompt):
+    """Gets a reply with a well-formed call and a malformed one, and keeps its message."""
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS)  # fmt: skip
+    SEEN.append(reply.choices[0].message)
+    return 1.0
+
+
+async def calls_across_segments(client, prompt):
+    """Gets a call of `add`, starts over (a new segment) with that exchange in a rewritten
+    history and gets a call of `lookup`, then starts over again with both exchanges."""
+    messages = [{"role": "user", "content": prompt.text}]
+    first = (await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message  # fmt: skip
+    messages += [first.model_dump(), {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "3"}]  # fmt: skip
+    messages = [{"role": "system", "content": "Summary one."}, *messages, {"role": "user", "content": "Look it up."}]  # fmt: skip
+    second = (await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)).choices[0].message  # fmt: skip
+    messages += [second.model_dump(), {"role": "tool", "tool_call_id": second.tool_calls[0].id, "content": "found"}]  # fmt: skip
+    messages = [{"role": "system", "content": "Summary two."}, *messages[1:]]
+    await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    SEEN.append((first.tool_calls[0].id, second.tool_calls[0].id))
+    return 1.0
+
+
 def _task(
     tmp_path, agent: str, max_turns: int = 4, timeout_s: float = 5.0, max_segments: int = 8
 ) -> AgentTask:
@@ -401,3 +426,42 @@ def test_closing_with_calls_in_flight_cancels_them_and_returns_at_once(tmp_path)
     started = time.monotonic()
     task.close()
     assert time.monotonic() - started < 5.0
+
+
+def test_a_malformed_call_stays_in_the_content_beside_the_well_formed_ones(tmp_path):
+    task = _task(tmp_path, "mixed_calls")
+    SEEN.clear()
+    bad = "<tool_call>{name: add}</tool_call>"
+    text = "First. " + call_text("qwen2_5", "add", {"a": 1, "b": 2}) + " Then. " + bad
+    state, _ = asyncio.run(_episode(task, [text]))
+    assert state.error is None and state.turns[0].tool_errors == 1
+    [message] = SEEN
+    assert [c.function.name for c in message.tool_calls] == ["add"]
+    assert message.content == "First.  Then. " + bad
+
+
+def test_call_ids_are_unique_across_an_episodes_segments_and_name_their_tools(tmp_path):
+    task = _task(tmp_path, "calls_across_segments")
+    SEEN.clear()
+    add = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+    lookup = call_text("qwen2_5", "lookup", {"word": "hi"})
+    state, _ = asyncio.run(_episode(task, [add, lookup, "Done."]))
+    assert state.error is None and state.env.segments == 3
+    assert SEEN == [("call_0", "call_1")]
+    # The third segment holds both exchanges: each tool message is named after its call.
+    tools = [m for m in state.env.conversation.messages if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["name"]) for m in tools] == [("call_0", "add"), ("call_1", "lookup")]  # fmt: skip
+
+
+@pytest.mark.parametrize("host", ["::1", "0.0.0.0"])
+def test_an_agent_plays_on_an_ipv6_host_and_off_loopback_with_the_runs_token(tmp_path, host):
+    task = _task(tmp_path, "adds")
+    task.host = host
+    try:
+        endpoint = task.endpoint()
+        assert endpoint.needs_key == (host == "0.0.0.0")
+        call = call_text("qwen2_5", "add", {"a": 1, "b": 2})
+        state, _ = asyncio.run(_episode(task, [call, "It is 3."]))
+        assert state.error is None and state.reward == 1.0
+    finally:
+        task.close()

@@ -3,12 +3,15 @@ declared tools, and one error line for every other attempt, in the reply's order
 
 import pytest
 from chat_fixtures import TEMPLATES, TOOLS
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tiny_model import CHATML_TEMPLATE
 
 from dorarl.errors import UserInputError
 from dorarl.tasks.tool_calls import (
     HERMES,
     LLAMA3_JSON,
+    MAX_DEPTH,
     ToolCall,
     ToolCallError,
     Tools,
@@ -78,3 +81,45 @@ def test_tools_are_checked_schemas_in_the_openai_form():
     with pytest.raises(UserInputError, match=r"tools\[0\]\.parameters: expected"):
         Tools.of([{"name": "x", "parameters": "none"}])
     assert ToolCall("call_0", "add", {"a": 1}, "").openai()["function"]["arguments"] == '{"a": 1}'
+
+
+# Pieces a degenerate policy strings together: call markers, JSON's syntax, deep nesting.
+_PIECES = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "<tool_call>",
+            "</tool_call>",
+            "<|python_tag|>",
+            '{"name": "add", "arguments": ',
+            '"',
+            "\\",
+            ":",
+            ",",
+            "}",
+            "]",
+            "{",
+            "[",
+        ]
+    ),  # fmt: skip
+    st.integers(1, 3000).flatmap(
+        lambda n: st.sampled_from(["[" * n, "{" * n, '{"a":' * n, '"[' * n])
+    ),  # fmt: skip
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.lists(_PIECES, max_size=12).map("".join), fmt=st.sampled_from([HERMES, LLAMA3_JSON]), cut=st.booleans())  # fmt: skip
+def test_any_text_parses_without_raising(text, fmt, cut):
+    calls = parse_tool_calls(text, fmt, DECLARED, "length" if cut else "stop")
+    assert all(isinstance(c, ToolCall | ToolCallError) for c in calls)
+
+
+@pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON])
+def test_a_call_nested_past_the_bound_is_refused_unread(fmt):
+    deep = '{"name": "add", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + "}}"
+    (call,) = parse_tool_calls(f"<tool_call>{deep}</tool_call>" if fmt == HERMES else deep, fmt, DECLARED)  # fmt: skip
+    assert isinstance(call, ToolCallError) and f"deeper than {MAX_DEPTH}" in call.message
+    nested = '{"name": "add", "arguments": {"a": ' + "[" * 60 + "]" * 60 + ', "s": "' + "[" * 500 + '"}}'  # fmt: skip
+    (ok,) = parse_tool_calls(f"<tool_call>{nested}</tool_call>" if fmt == HERMES else nested, fmt, DECLARED)  # fmt: skip
+    assert isinstance(ok, ToolCall)  # brackets in strings do not count
