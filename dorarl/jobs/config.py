@@ -112,7 +112,10 @@ class TaskSection:
     )
     agent_host: str = field(
         default="127.0.0.1",
-        metadata={"help": "task.agent: the address the OpenAI endpoint binds (a free port)"},
+        metadata={
+            "help": "task.agent: the address the OpenAI endpoint binds (a free port); off "
+            "loopback, every call needs the run's bearer token (handed to the agent's client)"
+        },
     )
     max_turns: int = field(
         default=0,
