@@ -23,7 +23,6 @@ Invariant: the tokens an episode trains on are those its turns sampled and were 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import math
@@ -38,7 +37,7 @@ from dorarl.data import NewSegment
 from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.conversation import Conversation, Reply, TemplateDrift
-from dorarl.tasks.env import EnvStep
+from dorarl.tasks.env import EnvStep, import_user_module
 from dorarl.tasks.episodes import EpisodeSource, EpisodeState
 from dorarl.tasks.openai_endpoint import (
     CALL_TIMEOUT_S,
@@ -59,10 +58,7 @@ def load_agent(spec: str, key: str = "task.agent") -> AgentFunction:
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise UserInputError(f"{key}: expected 'module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserInputError(f"{key}: cannot import module {module_name!r} ({exc})") from None
+    module = import_user_module(module_name, key)  # the working directory's, as task.env's
     function = getattr(module, name, None)
     if not inspect.iscoroutinefunction(function):
         raise UserInputError(

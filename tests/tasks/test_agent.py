@@ -5,6 +5,7 @@ tokens, rewards, bounds and the endpoint's errors."""
 import asyncio
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -322,6 +323,21 @@ def test_task_agent_must_name_an_async_function():
     with pytest.raises(UserInputError, match="is not an async function"):
         load_agent(f"{AGENT}:_turn")
     assert load_agent(f"{AGENT}:two_calls") is two_calls
+
+
+def test_an_agent_module_in_the_working_directory_is_found_as_an_envs_is(tmp_path, monkeypatch):
+    """`task.agent=my_agent:solve` from the folder that holds my_agent.py (the README's
+    example), without PYTHONPATH: the `dorarl` command's path does not hold that folder."""
+    (tmp_path / "my_cwd_agent.py").write_text("async def solve(client, prompt):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        assert load_agent("my_cwd_agent:solve").__name__ == "solve"
+        assert sys.path[-1] == str(tmp_path)  # after the installed packages: it shadows none
+        with pytest.raises(UserInputError, match=r"task.agent: cannot import module 'nope_x' from the Python path or"):  # fmt: skip
+            load_agent("nope_x:solve")
+    finally:
+        sys.modules.pop("my_cwd_agent", None)
 
 
 def test_the_documented_agent_plays_as_written(tmp_path):
