@@ -12,10 +12,11 @@ tools) opens a new segment: a fresh conversation whose prompt is computed anew
 (`NewSegment`), which later calls extend in turn.
 
 Bounds, as for an `Env`: the agent has `task.env_timeout_s` from a reply (or its start) to
-its next call or its return; its episode has `task.max_turns` calls and
+its next served call or its return (refused calls count within it); its episode has `task.max_turns` calls and
 `task.max_segments` segments; a call beyond either is answered with an error, and the
 agent's return still gives the reward. An agent that raises, returns a non-number, or
-overruns its timeout ends its episode with reward 0 and one line. The sampling settings
+overruns its timeout ends its episode with reward 0 and one line, as does one cancelled
+because the runtime ended its episode or started it again. The sampling settings
 are the run's; a call's `temperature`, `max_tokens` and the like are ignored.
 Invariant: the tokens an episode trains on are those its turns sampled and were shown.
 """
@@ -153,6 +154,7 @@ class AgentEpisode(EpisodeSource):
         self._over = False  # max_turns reached: calls are refused, the return awaited
         self._reward = 0.0  # what the agent returned
         self._call_names: dict[str, str] = {}  # tool call id -> its tool, for tool messages
+        self._closed = ""  # why the episode ended, once it has
 
     # --- the runtime's side (any loop) ---------------------------------------------------
     async def first_ids(self, task: Any, episode: EpisodeState) -> list[int]:
@@ -169,6 +171,8 @@ class AgentEpisode(EpisodeSource):
         return await self._on_endpoint(self._turn(episode, turn_ids, finish_reason, stop_string))
 
     def close(self) -> None:
+        """The runtime ended the episode (or starts it again): its agent is cancelled, and
+        a call of it still out ends it as a failed one (reward 0)."""
         self.endpoint.loop.call_soon_threadsafe(self._close, "the episode ended")
 
     async def _on_endpoint(self, coro: Awaitable[Any]) -> Any:
@@ -226,9 +230,11 @@ class AgentEpisode(EpisodeSource):
 
     async def _next_prompt(self) -> list[int] | None:
         """The next accepted call's prompt ids (it is pending then), or None: the agent
-        returned its reward (`_reward`). Refused calls are answered and waited past."""
+        returned its reward (`_reward`). Refused calls are answered and waited past, all
+        within the one `env_timeout_s`: an agent that only re-asks still times out."""
+        deadline = asyncio.get_running_loop().time() + self.task.env_timeout_s
         while True:
-            call = await self._next_event()
+            call = await self._next_event(deadline)
             if call is None:
                 self._reward = self._result()
                 return None
@@ -244,23 +250,26 @@ class AgentEpisode(EpisodeSource):
                 self._pending = call
                 return ids
 
-    async def _next_event(self) -> _Call | None:
+    async def _next_event(self, deadline: float) -> _Call | None:
         """The agent's next call, or None when it returned; AgentError when it overran."""
         assert self._calls is not None and self._agent is not None
         getter = asyncio.ensure_future(self._calls.get())
-        timeout = self.task.env_timeout_s
+        left = max(0.0, deadline - asyncio.get_running_loop().time())
         done, _ = await asyncio.wait(
-            {getter, self._agent}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {getter, self._agent}, timeout=left, return_when=asyncio.FIRST_COMPLETED
         )
         if getter in done:
             return getter.result()
         getter.cancel()
         if self._agent in done:
             return None
+        timeout = self.task.env_timeout_s
         raise AgentError(f"the agent timed out after {timeout:g} s (no call, no return)")
 
     def _result(self) -> float:
         assert self._agent is not None
+        if self._agent.cancelled():  # its episode ended or started again meanwhile
+            raise AgentError(f"the agent was cancelled: {self._closed or 'it cancelled itself'}")
         exc = self._agent.exception()
         if exc is not None:
             line = str(exc).splitlines()[0] if str(exc) else ""
@@ -348,6 +357,7 @@ class AgentEpisode(EpisodeSource):
         self._pending = None
 
     def _close(self, why: str) -> None:
+        self._closed = self._closed or why
         self.endpoint.unregister(self.id)
         error = CallError(404, f"episode {self.id}: {why}", "episode_ended")
         if self._pending is not None:
