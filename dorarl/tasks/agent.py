@@ -430,7 +430,7 @@ class _Call:
         return self.answer.result()
 
     def resolve(self, body: dict[str, Any]) -> None:
-        if not self.answer.done():  # done: its client left (the handler was cancelled)
+        if not self.answer.done():  # done: failed already (its episode ended)
             self.answer.set_result(body)
 
     def fail(self, error: CallError) -> None:
