@@ -6,8 +6,9 @@ thread nor an engine slot, and the driver never waits for one: resets and turns 
 submitted, and their answers come back through a queue the runtime drains between Ray
 answers (a reset's answer is the first turn's prompt). Each call is bounded twice: by the
 task's `env_timeout_s` on the loop, and by `overdue` on the driver's side (past that and a
-grace: an environment blocking the loop itself), so one that fails, hangs or blocks ends
-its episode (reward 0, one line for the run's first), never the driver.
+grace: an environment blocking the loop itself), so a call that fails, hangs, blocks or
+is cancelled ends its episode (reward 0, one line for the run's first), never the driver;
+only a chat template's drift (`TemplateDrift`) stops the run.
 `Episodes` keeps each live episode (its env, its turns, the last turn's engine output)
 under an incarnation number: an episode started again (its engine died) gets a new env,
 and an answer of the old one is dropped. Invariant: every episode that begins either ends
@@ -27,6 +28,7 @@ from typing import Any
 
 from dorarl.engine import RequestOutput
 from dorarl.tasks import Prompt
+from dorarl.tasks.conversation import TemplateDrift
 from dorarl.tasks.episodes import EpisodeSource, EpisodeState, reset, step
 
 log = logging.getLogger(__name__)
@@ -45,11 +47,19 @@ class EnvLoop:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         future.add_done_callback(lambda f: self._done.put((key, f)))
 
-    def ready(self) -> list[tuple[Any, Any]]:
+    def ready(self) -> list[tuple[Any, Any, BaseException | None]]:
+        """The calls that finished: (key, result, None), or (key, None, what it raised).
+        An env's own failures are caught inside its coroutine; what escapes (a cancelled
+        call, a bug) comes back here to end its episode, never raised in the driver."""
         out = []
         while not self._done.empty():
             key, future = self._done.get()
-            out.append((key, future.result()))  # env failures are caught inside the coroutine
+            if future.cancelled():
+                out.append((key, None, asyncio.CancelledError("the call was cancelled")))
+            elif future.exception() is not None:
+                out.append((key, None, future.exception()))
+            else:
+                out.append((key, future.result(), None))
         return out
 
     def close(self) -> None:
@@ -125,10 +135,15 @@ class Episodes:
         """Answered calls of live episodes: (request, ids or None: it ended). A reset's ids
         are the first turn's prompt, a turn's the next observation."""
         out = []
-        for number, ids in self.loop.ready():
+        for number, ids, raised in self.loop.ready():
+            if isinstance(raised, TemplateDrift):
+                raise raised  # the model's chat template: the run's failure, in one line
             asked = self._asked.pop(number, None)
-            if asked is not None and self._current(asked):
-                out.append((asked.request_id, ids))
+            if asked is None or not self._current(asked):
+                continue  # overdue already, or of an episode started again since: dropped
+            if raised is not None:
+                ids = self._failed(asked, _line(raised))
+            out.append((asked.request_id, ids))
         return out
 
     def overdue(self) -> list[tuple[str, list[int] | None]]:
@@ -143,18 +158,21 @@ class Episodes:
                 break  # the calls are in the order they went out: the rest are younger
             del self._asked[number]
             if self._current(asked):
-                out.append((asked.request_id, self._blocked(asked, bound_s)))
+                what = "reset" if asked.first else "step"
+                error = f"{what} timed out after {bound_s:g} s (the loop was blocked)"
+                out.append((asked.request_id, self._failed(asked, error)))
         return out
 
     def _current(self, asked: _Asked) -> bool:
         live = self._live.get(asked.request_id)
         return live is not None and live.incarnation == asked.incarnation
 
-    def _blocked(self, asked: _Asked, bound_s: float) -> list[int] | None:
+    def _failed(self, asked: _Asked, error: str) -> list[int] | None:
+        """A call that gave no answer ends its episode as a failed env call does: a reset
+        at its first turn (with the task's prompt), a step now."""
         state = self._live[asked.request_id].state
-        what = "reset" if asked.first else "step"
         if not state.done:
-            state.end("env_error", f"{what} timed out after {bound_s:g} s (the loop was blocked)")
+            state.end("env_error", error)
         return self.task.episode_prompt_ids(state.prompt) if asked.first else None
 
     def last_output(self, request_id: str) -> RequestOutput:
@@ -194,6 +212,11 @@ class Episodes:
     def pending(self) -> int:
         """Env calls out (resets and turns) the driver still expects an answer to."""
         return len(self._asked)
+
+
+def _line(raised: BaseException) -> str:
+    text = str(raised).splitlines()[0] if str(raised) else ""
+    return f"the env call raised {type(raised).__name__}: {text}"
 
 
 def _close(state: EpisodeState) -> None:

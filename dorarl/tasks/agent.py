@@ -12,18 +12,21 @@ tools) opens a new segment: a fresh conversation whose prompt is computed anew
 (`NewSegment`), which later calls extend in turn.
 
 Bounds, as for an `Env`: the agent has `task.env_timeout_s` from a reply (or its start) to
-its next call or its return; its episode has `task.max_turns` calls and
-`task.max_segments` segments; a call beyond either is answered with an error, and the
-agent's return still gives the reward. An agent that raises, returns a non-number, or
-overruns its timeout ends its episode with reward 0 and one line. The sampling settings
-are the run's; a call's `temperature`, `max_tokens` and the like are ignored.
+its next served call or its return (refused calls count within it); its episode has
+`task.max_turns` calls, `task.max_segments` segments and the engine's context; a call
+beyond any is answered with an error (HTTP 400; `context_length_exceeded` for the context),
+and the agent's return still gives the reward. A malformed call (dorarl.tasks.agent_calls)
+is answered 400, a second call while one is unanswered 409. An agent that raises, returns
+a non-number, or overruns its timeout ends its episode with reward 0 and one line, as does
+one cancelled because the runtime ended its episode or started it again. The sampling
+settings are the run's; a call's `temperature`, `max_tokens` and the like are ignored.
 Invariant: the tokens an episode trains on are those its turns sampled and were shown.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
+import copy
 import inspect
 import json
 import math
@@ -36,9 +39,10 @@ from typing import Any
 
 from dorarl.data import NewSegment
 from dorarl.errors import UserInputError
+from dorarl.tasks.agent_calls import CallBody, read_call
 from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.conversation import Conversation, Reply, TemplateDrift
-from dorarl.tasks.env import EnvStep
+from dorarl.tasks.env import EnvStep, import_user_module
 from dorarl.tasks.episodes import EpisodeSource, EpisodeState
 from dorarl.tasks.openai_endpoint import (
     CALL_TIMEOUT_S,
@@ -59,10 +63,7 @@ def load_agent(spec: str, key: str = "task.agent") -> AgentFunction:
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise UserInputError(f"{key}: expected 'module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserInputError(f"{key}: cannot import module {module_name!r} ({exc})") from None
+    module = import_user_module(module_name, key)  # the working directory's, as task.env's
     function = getattr(module, name, None)
     if not inspect.iscoroutinefunction(function):
         raise UserInputError(
@@ -152,11 +153,13 @@ class AgentEpisode(EpisodeSource):
         self._agent: asyncio.Task | None = None
         self._pending: _Call | None = None  # the call whose turn the engine samples
         self._seen: list[tuple] = []  # the conversation's messages as compared
-        self._last: tuple[list[tuple], dict[str, Any]] | None = None  # for a retried call
+        self._latest: _Call | None = None  # the last call received, for a retry of it
+        self.overflows = 0  # calls refused: their prompt leaves no room in the context
         self._tools: Any = None
         self._over = False  # max_turns reached: calls are refused, the return awaited
         self._reward = 0.0  # what the agent returned
         self._call_names: dict[str, str] = {}  # tool call id -> its tool, for tool messages
+        self._closed = ""  # why the episode ended, once it has
 
     # --- the runtime's side (any loop) ---------------------------------------------------
     async def first_ids(self, task: Any, episode: EpisodeState) -> list[int]:
@@ -173,6 +176,8 @@ class AgentEpisode(EpisodeSource):
         return await self._on_endpoint(self._turn(episode, turn_ids, finish_reason, stop_string))
 
     def close(self) -> None:
+        """The runtime ended the episode (or starts it again): its agent is cancelled, and
+        a call of it still out ends it as a failed one (reward 0)."""
         self.endpoint.loop.call_soon_threadsafe(self._close, "the episode ended")
 
     async def _on_endpoint(self, coro: Awaitable[Any]) -> Any:
@@ -181,12 +186,27 @@ class AgentEpisode(EpisodeSource):
 
     # --- the endpoint's loop ---------------------------------------------------------------
     async def receive(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The call's answer. A malformed call is answered at once, not after the turn; a
+        retry of a call whose reply its client never got (it is unanswered, or its client
+        left) gets that reply; another call while one is unanswered is refused (409)."""
         if self._calls is None:
             raise CallError(409, f"episode {self.id} has not started", "not_started")
-        _read_body(body)  # a malformed call is answered at once, not after the turn
-        call = _Call(body, asyncio.get_running_loop().create_future())
+        try:
+            read = read_call(body)
+            seen = [_compared(m) for m in read.messages]
+        except CallError as exc:
+            raise self._refuse(exc.status, exc.message, exc.code, exc.param) from None
+        except Exception as exc:  # a shape the checks missed: the call's error, not the run's
+            raise self._unserved(exc) from None
+        twin = self._latest
+        if twin is not None and twin.same(seen, read.tools) and twin.undelivered:
+            return await twin.wait()
+        if twin is not None and twin.waiting and not twin.answer.done():
+            raise self._refuse(409, f"episode {self.id}: a call of it is unanswered; make one call at a time", "concurrent_call")  # fmt: skip
+        call = _Call(body, read, seen, asyncio.get_running_loop().create_future())
+        self._latest = call
         self._calls.put_nowait(call)
-        return await asyncio.shield(call.answer)
+        return await call.wait()
 
     async def _start(self, episode: EpisodeState) -> list[int]:
         self._calls = asyncio.Queue()
@@ -230,9 +250,11 @@ class AgentEpisode(EpisodeSource):
 
     async def _next_prompt(self) -> list[int] | None:
         """The next accepted call's prompt ids (it is pending then), or None: the agent
-        returned its reward (`_reward`). Refused calls are answered and waited past."""
+        returned its reward (`_reward`). Refused calls are answered and waited past, all
+        within the one `env_timeout_s`: an agent that only re-asks still times out."""
+        deadline = asyncio.get_running_loop().time() + self.task.env_timeout_s
         while True:
-            call = await self._next_event()
+            call = await self._next_event(deadline)
             if call is None:
                 self._reward = self._result()
                 return None
@@ -244,27 +266,32 @@ class AgentEpisode(EpisodeSource):
             except TemplateDrift as exc:  # the model's template: the run's failure
                 call.fail(CallError(500, str(exc), "template_drift"))
                 raise
-            if ids is not None:
-                self._pending = call
-                return ids
+            except Exception as exc:  # nothing committed yet: the call's error alone
+                call.fail(self._unserved(exc))
+                continue
+            self._pending = call
+            return ids
 
-    async def _next_event(self) -> _Call | None:
+    async def _next_event(self, deadline: float) -> _Call | None:
         """The agent's next call, or None when it returned; AgentError when it overran."""
         assert self._calls is not None and self._agent is not None
         getter = asyncio.ensure_future(self._calls.get())
-        timeout = self.task.env_timeout_s
+        left = max(0.0, deadline - asyncio.get_running_loop().time())
         done, _ = await asyncio.wait(
-            {getter, self._agent}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            {getter, self._agent}, timeout=left, return_when=asyncio.FIRST_COMPLETED
         )
         if getter in done:
             return getter.result()
         getter.cancel()
         if self._agent in done:
             return None
+        timeout = self.task.env_timeout_s
         raise AgentError(f"the agent timed out after {timeout:g} s (no call, no return)")
 
     def _result(self) -> float:
         assert self._agent is not None
+        if self._agent.cancelled():  # its episode ended or started again meanwhile
+            raise AgentError(f"the agent was cancelled: {self._closed or 'it cancelled itself'}")
         exc = self._agent.exception()
         if exc is not None:
             line = str(exc).splitlines()[0] if str(exc) else ""
@@ -279,13 +306,9 @@ class AgentEpisode(EpisodeSource):
         return float(value)
 
     # --- calls -----------------------------------------------------------------------------
-    def _accept(self, call: _Call) -> list[int] | None:
-        """The prompt ids a call adds, or None for a retry answered with its earlier reply."""
-        messages, tools = _read_body(call.body)
-        seen = [_compared(m) for m in messages]
-        if self._last is not None and seen == self._last[0]:
-            call.resolve(self._last[1])  # the client lost the answer and asked again
-            return None
+    def _accept(self, call: _Call) -> list[int]:
+        """The prompt ids a call adds; the episode's state changes only once they fit."""
+        messages, tools, seen = call.read.messages, call.read.tools, call.seen
         if self._over:
             raise self._refuse(400, f"the episode has had task.max_turns={self.task.max_turns} calls", "max_turns")  # fmt: skip
         if self.conversation is None:
@@ -295,13 +318,16 @@ class AgentEpisode(EpisodeSource):
         new = [self._for_template(m) for m in messages[len(self._seen) :]]
         if not new:
             raise self._refuse(400, "no new messages after the last reply", "no_new_messages")
+        extended = copy.copy(self.conversation)  # kept only if its prompt fits
+        extended.token_ids = list(extended.token_ids)
         try:
-            ids = self.conversation.render_delta(new)
+            ids = extended.render_delta(new)
         except TemplateDrift:
             raise
         except UserInputError as exc:
             raise self._refuse(400, str(exc), "bad_messages") from None
-        self._seen, self._last = seen, None
+        self._check_room(len(extended.token_ids))
+        self.conversation, self._seen = extended, seen
         return ids
 
     def _new_segment(
@@ -315,24 +341,37 @@ class AgentEpisode(EpisodeSource):
         return NewSegment(self._first(call, messages, tools, seen))
 
     def _first(self, call: _Call, messages: list, tools: Any, seen: list[tuple]) -> list[int]:
-        kwargs = call.body.get("chat_template_kwargs") or {}
         first_id = self.conversation.next_call_id if self.conversation is not None else 0
         try:
             conversation = Conversation(
                 self.task.tokenizer, tools, stop_token_ids=self.task.stop_token_ids,
-                template_kwargs=kwargs if isinstance(kwargs, dict) else {},
+                template_kwargs=call.read.template_kwargs,
                 first_call_id=first_id,  # ids unique in the episode, across its segments
             )  # fmt: skip
             ids = conversation.start([self._for_template(m) for m in messages])
         except UserInputError as exc:
             raise self._refuse(400, str(exc), "bad_messages") from None
+        self._check_room(len(ids))
         self.conversation, self._tools, self._seen = conversation, tools, seen
-        self._last, self.segments = None, self.segments + 1
+        self.segments += 1
         return ids
 
-    def _refuse(self, status: int, message: str, code: str) -> CallError:
+    def _check_room(self, context: int) -> None:
+        """Refuse a prompt that leaves no room for a sampled token in the engine's context
+        (`engine.max_model_len`): the agent may shorten its history or return its reward."""
+        limit = getattr(self.task, "max_model_len", None)
+        if limit is None or context + 1 <= limit:
+            return
+        self.overflows += 1
+        raise self._refuse(400, f"messages: the conversation would take {context} tokens, leaving no room for a reply in the model's context of {limit} (engine.max_model_len): shorten it, or return the reward", "context_length_exceeded", "messages")  # fmt: skip
+
+    def _refuse(self, status: int, message: str, code: str, param: str | None = None) -> CallError:
         self.refused += 1
-        return CallError(status, message, code)
+        return CallError(status, message, code, param)
+
+    def _unserved(self, exc: Exception) -> CallError:
+        line = str(exc).splitlines()[0] if str(exc) else ""
+        return self._refuse(400, f"the call could not be served: {type(exc).__name__}: {line}", "bad_request")  # fmt: skip
 
     def _for_template(self, message: dict[str, Any]) -> dict[str, Any]:
         """A message as the chat template takes it: text content, its calls (the
@@ -351,11 +390,11 @@ class AgentEpisode(EpisodeSource):
         body = _completion(self.id, self.conversation, reply, message, sampled, self.model)
         self._call_names.update({c.id: c.name for c in reply.tool_calls})
         self._seen = [*self._seen, _compared(message)]
-        self._last = (self._seen[:-1], body)
         self._pending.resolve(body)
         self._pending = None
 
     def _close(self, why: str) -> None:
+        self._closed = self._closed or why
         self.endpoint.unregister(self.id)
         error = CallError(404, f"episode {self.id}: {why}", "episode_ended")
         if self._pending is not None:
@@ -368,13 +407,34 @@ class AgentEpisode(EpisodeSource):
 
 
 class _Call:
-    """One HTTP call of an episode and the future its handler waits on."""
+    """One HTTP call of an episode and the future its handlers wait on (a retry's too)."""
 
-    def __init__(self, body: dict[str, Any], answer: asyncio.Future) -> None:
-        self.body, self.answer = body, answer
+    def __init__(
+        self, body: dict[str, Any], read: CallBody, seen: list[tuple], answer: asyncio.Future
+    ) -> None:
+        self.body, self.read, self.seen, self.answer = body, read, seen, answer
+        self.waiting = 0  # handlers waiting for the answer; a client that leaves cancels its
+        self.delivered = False  # a handler got the answer to send
+
+    def same(self, seen: list[tuple], tools: Any) -> bool:
+        return seen == self.seen and tools == self.read.tools
+
+    @property
+    def undelivered(self) -> bool:
+        """Unanswered, or answered after every client of it left: a retry is this call."""
+        return not self.answer.done() or (self.waiting == 0 and not self.delivered)
+
+    async def wait(self) -> dict[str, Any]:
+        self.waiting += 1
+        try:
+            await asyncio.wait({self.answer})  # cancelled with its handler, not the answer
+        finally:
+            self.waiting -= 1
+        self.delivered = True
+        return self.answer.result()
 
     def resolve(self, body: dict[str, Any]) -> None:
-        if not self.answer.done():  # done: its client left (the handler was cancelled)
+        if not self.answer.done():  # done: failed already (its episode ended)
             self.answer.set_result(body)
 
     def fail(self, error: CallError) -> None:
@@ -395,20 +455,6 @@ def _client(endpoint: Endpoint, base_url: str) -> Any:
         base_url=base_url, api_key=endpoint.api_key, max_retries=0, timeout=CALL_TIMEOUT_S,
         http_client=endpoint.http_client,
     )  # fmt: skip
-
-
-def _read_body(body: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise CallError(400, "messages: expected a non-empty list", "bad_messages", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise CallError(400, f"messages[{i}]: expected an object", "bad_messages", "messages")
-    if body.get("stream"):
-        raise CallError(400, "stream: streaming is not served", "unsupported", "stream")
-    if body.get("n", 1) != 1:
-        raise CallError(400, "n: one choice per call", "unsupported", "n")
-    return messages, body.get("tools") or None
 
 
 def _text(content: Any) -> str:

@@ -96,22 +96,12 @@ class ChatEnv(ABC):
 
 
 def load_env_class(spec: str, key: str = "task.env") -> type[Env] | type[ChatEnv]:
-    """`package.module:ClassName` -> the class, checked; one line naming `key` otherwise.
-
-    The module is looked up on the Python path and in the working directory (the `dorarl`
-    command's own path does not hold it; Ray's workers get the driver's working directory
-    on theirs)."""
+    """`package.module:ClassName` -> the class, checked; one line naming `key` otherwise
+    (the module is found as `import_user_module` finds it)."""
     module_name, _, class_name = spec.partition(":")
     if not module_name or not class_name:
         raise UserInputError(f"{key}: expected 'module:Class', got {spec!r}")
-    _import_from_working_directory()
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        where = f"the Python path or {os.getcwd()}"
-        raise UserInputError(
-            f"{key}: cannot import module {module_name!r} from {where} ({exc})"
-        ) from None
+    module = import_user_module(module_name, key)
     cls = getattr(module, class_name, None)
     if cls is None:
         found = env_classes(module)
@@ -136,6 +126,20 @@ def env_classes(module: ModuleType) -> list[str]:
         and value not in (Env, ChatEnv)
         and not inspect.isabstract(value)
     )
+
+
+def import_user_module(module_name: str, key: str) -> ModuleType:
+    """A user's module (an environment's, an agent's), looked up on the Python path and in
+    the working directory (the `dorarl` command's own path does not hold it; Ray's workers
+    get the driver's working directory on theirs); one line naming `key` otherwise."""
+    _import_from_working_directory()
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        where = f"the Python path or {os.getcwd()}"
+        raise UserInputError(
+            f"{key}: cannot import module {module_name!r} from {where} ({exc})"
+        ) from None
 
 
 def _import_from_working_directory() -> None:

@@ -5,6 +5,7 @@ tokens, rewards, bounds and the endpoint's errors."""
 import asyncio
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -147,12 +148,74 @@ async def calls_across_segments(client, prompt):
     return 1.0
 
 
+async def asks_twice_the_same(client, prompt):
+    """Best of two: the same messages twice, on purpose, after the first reply came."""
+    messages = [{"role": "user", "content": prompt.text}]
+    first = await client.chat.completions.create(model="m", messages=messages)
+    second = await client.chat.completions.create(model="m", messages=messages)
+    return float(first.choices[0].message.content != second.choices[0].message.content)
+
+
+async def calls_twice_at_once(client, prompt):
+    """Two different calls at once: one is served, the other refused (409)."""
+    asked = [client.chat.completions.create(model="m", messages=[{"role": "user", "content": t}]) for t in ("a", "b")]  # fmt: skip
+    answers = await asyncio.gather(*asked, return_exceptions=True)
+    refused = [a for a in answers if isinstance(a, openai.ConflictError)]
+    served = [a for a in answers if not isinstance(a, BaseException)]
+    assert len(refused) == len(served) == 1, answers
+    return float(refused[0].body["code"] == "concurrent_call")
+
+
+async def overflows(client, prompt):
+    """A call too long for the context gets context_length_exceeded; a short one then fits."""
+    messages = [{"role": "user", "content": "hi"}]
+    reply = await client.chat.completions.create(model="m", messages=messages)
+    messages.append(reply.choices[0].message.model_dump())
+    try:
+        await client.chat.completions.create(model="m", messages=[*messages, {"role": "user", "content": "word " * 200}])  # fmt: skip
+    except openai.BadRequestError as exc:
+        code = exc.body["code"]
+    reply = await client.chat.completions.create(model="m", messages=[*messages, {"role": "user", "content": "ok"}])  # fmt: skip
+    return float(code == "context_length_exceeded" and reply.choices[0].message.content == "Two.")
+
+
+BAD_CALLS = [
+    ({"role": "assistant", "content": None, "tool_calls": 5}, {}, "messages[0].tool_calls"),
+    ({"role": "user", "content": [{"type": "text", "text": 5}]}, {}, "messages[0].content[0].text"),
+    ({"role": "tool", "content": "3", "tool_call_id": [1]}, {}, "messages[0].tool_call_id"),
+    ({"role": "user", "content": "hi"}, {"tools": 5}, "tools"),
+    ({"role": "user", "content": "hi"}, {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+    ({"role": "user", "content": "hi"}, {"chat_template_kwargs": {"return_dict": True}}, "chat_template_kwargs.return_dict"),
+    ({"role": "user", "content": "hi"}, {"chat_template_kwargs": 3}, "chat_template_kwargs"),
+    ({"role": "user", "content": "hi"}, {"tools": [{"type": "function", "function": {"name": 5}}]}, "tools[0].function.name"),
+    ({"role": "robot", "content": "hi"}, {}, "messages[0].role"),
+]  # fmt: skip
+
+
+async def sends_bad_calls(client, prompt):
+    """Every bad call first (each must get a 400 naming its field), then a good one."""
+    url = f"{client.base_url}chat/completions"
+    async with aiohttp.ClientSession() as session:
+        for message, extra, param in BAD_CALLS:
+            async with session.post(url, json={"messages": [message], **extra}) as answer:
+                error = (await answer.json())["error"]
+            assert answer.status == 400 and error["param"] == param, (param, error)
+            assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"  # fmt: skip
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    return float(reply.choices[0].message.content == "One.")
+
+
 def _task(
-    tmp_path, agent: str, max_turns: int = 4, timeout_s: float = 5.0, max_segments: int = 8
+    tmp_path,
+    agent: str,
+    max_turns: int = 4,
+    timeout_s: float = 5.0,
+    max_segments: int = 8,
+    max_model_len: int = 1024,
 ) -> AgentTask:
     rows = [{"prompt": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2)] * 6]
     (tmp_path / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = JsonlTask(tmp_path / "sums.jsonl", tokenizer=chat_tokenizer("qwen2_5"), max_model_len=1024)  # fmt: skip
+    base = JsonlTask(tmp_path / "sums.jsonl", tokenizer=chat_tokenizer("qwen2_5"), max_model_len=max_model_len, max_new_tokens=16)  # fmt: skip
     return AgentTask(base, f"{AGENT}:{agent}", max_turns, timeout_s, max_segments=max_segments)
 
 
@@ -316,6 +379,39 @@ def test_a_client_that_disconnects_leaves_the_episode_whole_and_its_retry_gets_t
     assert nxt is None and state.error is None and state.reward == 1.0
 
 
+def test_a_call_that_repeats_an_answered_one_on_purpose_is_sampled_again(tmp_path):
+    state, _ = asyncio.run(_episode(_task(tmp_path, "asks_twice_the_same"), ["One.", "Two."]))
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
+    assert state.env.segments == 2  # its messages do not extend the reply: a new conversation
+
+
+def test_a_second_call_while_one_is_unanswered_is_refused_409_in_openais_shape(tmp_path):
+    task = _task(tmp_path, "calls_twice_at_once")
+
+    async def play():
+        state = EpisodeState(task.train_prompts()[0], task.make_env())
+        await reset(task, state)
+        await asyncio.sleep(0.5)  # both calls are in before the engine samples the first's turn
+        return state, await step(task, state, _turn(task, "One."), "stop")
+
+    state, nxt = asyncio.run(play())
+    assert nxt is None and state.error is None and state.reward == 1.0 and state.env.refused == 1
+
+
+def test_a_call_past_the_context_is_refused_context_length_exceeded_and_counted(tmp_path):
+    task = _task(tmp_path, "overflows", max_model_len=160)
+    state, _ = asyncio.run(_episode(task, ["One.", "Two."]))
+    assert state.error is None and state.reward == 1.0 and len(state.turns) == 2
+    assert (state.env.overflows, state.env.refused, state.env.segments) == (1, 1, 1)
+    assert len(state.env.conversation.token_ids) < 160  # the refused messages never joined it
+
+
+def test_every_malformed_call_gets_a_400_naming_its_field_and_the_episode_goes_on(tmp_path):
+    state, _ = asyncio.run(_episode(_task(tmp_path, "sends_bad_calls"), ["One."]))
+    assert (state.error, state.reward, state.end_reason) == (None, 1.0, "env")
+    assert state.env.refused == len(BAD_CALLS)
+
+
 def test_the_endpoint_answers_every_bad_call_with_an_openai_error_body(tmp_path):
     task = _task(tmp_path, "two_calls")
     endpoint = task.endpoint()
@@ -370,6 +466,21 @@ def test_task_agent_must_name_an_async_function():
     with pytest.raises(UserInputError, match="is not an async function"):
         load_agent(f"{AGENT}:_turn")
     assert load_agent(f"{AGENT}:two_calls") is two_calls
+
+
+def test_an_agent_module_in_the_working_directory_is_found_as_an_envs_is(tmp_path, monkeypatch):
+    """`task.agent=my_agent:solve` from the folder that holds my_agent.py (the README's
+    example), without PYTHONPATH: the `dorarl` command's path does not hold that folder."""
+    (tmp_path / "my_cwd_agent.py").write_text("async def solve(client, prompt):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    try:
+        assert load_agent("my_cwd_agent:solve").__name__ == "solve"
+        assert sys.path[-1] == str(tmp_path)  # after the installed packages: it shadows none
+        with pytest.raises(UserInputError, match=r"task.agent: cannot import module 'nope_x' from the Python path or"):  # fmt: skip
+            load_agent("nope_x:solve")
+    finally:
+        sys.modules.pop("my_cwd_agent", None)
 
 
 def test_the_documented_agent_plays_as_written(tmp_path):
