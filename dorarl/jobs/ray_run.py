@@ -218,6 +218,7 @@ def _record_failure(runtime: RayRuntime, out_dir: Path, segment: Path) -> None:
         summary = runtime.recorder.close(runtime.now())
         summary["reward_errors"] = runtime.rollout.reward_errors
         summary["env_errors"] = runtime.rollout.env_errors
+        summary |= runtime.rollout.episode_counts
         end_segment(segment, summary, "failed", _clock_started(runtime))
         write_run_records(out_dir)
     except Exception:  # the worker's failure is what must reach the user, not this one
@@ -314,6 +315,7 @@ def _final_summary(
     summary = dict(summary)
     summary["reward_errors"] = runtime.rollout.reward_errors
     summary["env_errors"] = runtime.rollout.env_errors
+    summary |= runtime.rollout.episode_counts
     if runtime.pace.paced:
         summary["pace"] = runtime.pace.totals()
     ended = "stopped" if runtime.driver.stopped else "finished"

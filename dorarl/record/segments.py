@@ -168,7 +168,8 @@ LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
 # rolled-back work included.
 SUMMED = ("dispatched", "completed", "consumed", "filtered", "env_waits")
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
-          "replay_mismatches", "reward_errors", "env_errors")  # fmt: skip
+          "replay_mismatches", "reward_errors", "env_errors", "agent_refused_calls",
+          "context_overflows")  # fmt: skip
 
 
 def _engine_setups(segments: Sequence[Segment]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,7 @@ class Episodes:
         self._calls = 0
         self.env_errors = 0  # episodes an environment's failure ended
         self.first_error: str | None = None
+        self.counts: Counter[str] = Counter()  # episode sources' own counts, summed
 
     def begin(self, episodes: list[tuple[str, Prompt]]) -> None:
         """A fresh env for each (request, prompt), its reset submitted: the first turn's
@@ -113,7 +115,7 @@ class Episodes:
         number = self._incarnations.get(request_id, 0) + 1
         self._incarnations[request_id] = number
         if request_id in self._live:  # started again: its old episode's agent is dropped
-            _close(self._live[request_id].state)
+            self._retire(self._live[request_id].state)
         live = _Live(EpisodeState(prompt, self.task.make_env()), number)
         self._live[request_id] = live
         return live
@@ -184,13 +186,19 @@ class Episodes:
         self, request_id: str, reason: str | None = None
     ) -> tuple[EpisodeState, RequestOutput]:
         live = self._live.pop(request_id)
-        _close(live.state)
+        self._retire(live.state)
         if reason is not None:
             live.state.end(reason)
         if live.state.error is not None:
             self._count_error(request_id, live.state.error)
         assert live.last is not None, f"{request_id}: no turn ended yet"
         return live.state, live.last
+
+    def _retire(self, state: EpisodeState) -> None:
+        """An episode ended or started again: its source released, what it counted summed."""
+        if isinstance(state.env, EpisodeSource):
+            state.env.close()
+            self.counts.update(state.env.counts())
 
     def _count_error(self, request_id: str, error: str) -> None:
         """Count an episode its environment ended; the first is told in one line, the
@@ -217,8 +225,3 @@ class Episodes:
 def _line(raised: BaseException) -> str:
     text = str(raised).splitlines()[0] if str(raised) else ""
     return f"the env call raised {type(raised).__name__}: {text}"
-
-
-def _close(state: EpisodeState) -> None:
-    if isinstance(state.env, EpisodeSource):
-        state.env.close()

@@ -47,6 +47,11 @@ class RolloutPlan:
     def env_errors(self) -> int:
         return self.episodes.env_errors if self.episodes is not None else 0
 
+    @property
+    def episode_counts(self) -> dict[str, int]:
+        """Episode sources' counts (an agent's refused calls, its context overflows)."""
+        return dict(self.episodes.counts) if self.episodes is not None else {}
+
     def prompt(self, prompt_index: int) -> Prompt:
         return self.prompts[prompt_index % len(self.prompts)]
 

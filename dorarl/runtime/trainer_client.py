@@ -122,6 +122,7 @@ class TrainerClient:
         metrics = {k: v for k, v in metrics.items() if k != "version"}  # the recorder's own
         metrics["reward_errors"] = self.plan.reward_errors
         metrics["env_errors"] = self.plan.env_errors
+        metrics |= self.plan.episode_counts
         if "train_paced_s" in metrics:
             train = PaceStats()
             train.record(metrics["train_compute_s"], metrics["train_paced_s"])

@@ -180,6 +180,9 @@ class AgentEpisode(EpisodeSource):
         a call of it still out ends it as a failed one (reward 0)."""
         self.endpoint.loop.call_soon_threadsafe(self._close, "the episode ended")
 
+    def counts(self) -> dict[str, int]:
+        return {"agent_refused_calls": self.refused, "context_overflows": self.overflows}
+
     async def _on_endpoint(self, coro: Awaitable[Any]) -> Any:
         future = asyncio.run_coroutine_threadsafe(coro, self.endpoint.loop)  # type: ignore[arg-type]
         return await asyncio.wrap_future(future)

@@ -72,6 +72,10 @@ class EpisodeSource(ABC):
     def close(self) -> None:
         """The episode is over or started again: release what it holds (no wait)."""
 
+    def counts(self) -> dict[str, int]:
+        """What the episode counted that the run sums (metrics.jsonl, summary.json)."""
+        return {}
+
 
 def off_loop(method: Any, *args: Any) -> Any:
     """Call an environment's method without blocking the loop its episodes share: a

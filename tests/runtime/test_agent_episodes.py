@@ -122,6 +122,7 @@ def test_an_agent_that_only_re_asks_times_out_on_its_own_bound_not_the_drivers(
     state, _ = episodes.finish("r0")
     assert state.error == "the agent timed out after 0.5 s (no call, no return)"
     assert state.reward == 0.0 and episodes.env_errors == 1 and state.env.refused > 1
+    assert episodes.counts["agent_refused_calls"] == state.env.refused  # the run's sum
     assert _drain(episodes, 0.3) == []
     task.close()
 
