@@ -40,7 +40,12 @@ from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.segments import end_segment, open_segment, write_run_records
+from dorarl.record.segments import (
+    end_segment,
+    open_segment,
+    segment_books,
+    write_run_records,
+)
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.run_layout import RunFolder
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
@@ -87,7 +92,7 @@ def run_ray(
                 config.instances, config.engine, config.trainer, config.ray, spec
             )
             open_run_folder(out_dir, config, resume_version=point.version if point else None)
-            segment = open_segment(out_dir, start, config.instances, config.engine.max_num_seqs)
+            segment = _open_segment(config, point, out_dir, start)
             actors = RayActors.start(config, folder, task, point, placed, pace)
             startup.actors_up(wait_for_actors(actors.by_role(), config.ray.startup_timeout_s))
             return _run(
@@ -100,6 +105,15 @@ def run_ray(
             _leave_ray(own_ray, placed, actors)
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
+
+
+def _open_segment(
+    config: TrainConfig, point: ResumePoint | None, out_dir: Path, start: int
+) -> Path:
+    """This process's segment of the run, with what its checkpoint kept of the one before."""
+    books = point.books if point else None
+    slots = config.engine.max_num_seqs
+    return open_segment(out_dir, start, config.instances, slots, resumed_books=books)
 
 
 def _versions_line(config: TrainConfig) -> list[str]:
@@ -189,7 +203,9 @@ def _run(
     summary = run_segment(runtime, out_dir, segment)
     results = _gather(runtime, evals, progress, checkpoints.off)
     progress.stop()  # the bar ends above the checkpoint and summary lines
-    final = runtime.driver.controller.resume_state()  # no step in flight once the run finished
+    # no step in flight once the run ended; the segment's books go with it, so a resume
+    # still adds them up should this process be killed before it writes its summary
+    final = runtime.driver.resume_state() | {"books": segment_books(summary)}
     checkpoints.final(runtime, final)
     title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
@@ -256,6 +272,8 @@ def _plan(
         out_dir=out_dir,
         records_dir=segment,
         texts=trajectory_texts(task) if config.record.text else None,
+        carried=point.carried if point else (),
+        stop_timeout_s=config.stop_timeout_s,
     )
 
 

@@ -40,6 +40,8 @@ class Segment:
     slots: int
     summary: dict[str, Any] | None  # its own summary; None when killed before writing it
     rows: list[dict[str, Any]]  # its metrics rows that the history keeps
+    # the group counts of the segment before, from the stop checkpoint this one resumed from
+    resumed_books: dict[str, Any] | None = None
 
     @property
     def ended(self) -> str:
@@ -91,14 +93,23 @@ class Segment:
 
 
 # ---- a segment's records -----------------------------------------------------------------
-def open_segment(out_dir: Path, start_version: int, instances: int, slots: int) -> Path:
-    """The folder of a new segment of the run in `out_dir`, its start recorded."""
+def open_segment(
+    out_dir: Path,
+    start_version: int,
+    instances: int,
+    slots: int,
+    resumed_books: dict[str, Any] | None = None,
+) -> Path:
+    """The folder of a new segment of the run in `out_dir`, its start recorded (with the
+    group counts its checkpoint holds of the segment that wrote it, `segment_books`)."""
     run = RunFolder(out_dir)
     index = 1 + max((int(p.name) for p in _folders(run.segments)), default=-1)
     folder = run.segment(index)
     folder.mkdir(parents=True)
     start = {"start_version": start_version, "opened_at": time.time()}
     start |= {"instances": instances, "slots": slots}
+    if resumed_books is not None:
+        start["resumed_books"] = resumed_books
     (folder / START_FILE).write_text(json.dumps(start, indent=2) + "\n")
     return folder
 
@@ -164,9 +175,27 @@ def write_run_records(out_dir: Path) -> dict[str, Any]:
 # Fields of a segment's summary that describe where the run stands: the last segment's.
 LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
         "resume_command")  # fmt: skip
-# Work that only a segment's own books count: summed (a killed segment's is unknown, 0),
-# rolled-back work included.
-SUMMED = ("dispatched", "completed", "consumed", "filtered", "env_waits")
+# Work that only a segment's own books count: summed (a killed segment's from the stop
+# checkpoint the next resumed from, else unknown, 0), rolled-back work included.
+SUMMED = ("dispatched", "completed", "consumed", "filtered", "carried_in", "env_waits")
+BOOKS = ("dispatched", "completed", "consumed", "filtered", "carried_in", "dropped")
+
+
+def segment_books(summary: dict[str, Any]) -> dict[str, Any]:
+    """A segment's group counts, as its stop checkpoint keeps them."""
+    return {key: summary[key] for key in BOOKS if key in summary}
+
+
+def _books(segments: Sequence[Segment]) -> list[dict[str, Any]]:
+    """Each segment's group counts: its own summary's, or for one killed after its stop
+    checkpoint, what that checkpoint kept of them (the next segment's `resumed_books`)."""
+    books = []
+    for s, after in zip(segments, [*segments[1:], None], strict=True):
+        found = s.summary if s.summary is not None else (after and after.resumed_books)
+        books.append(found or {})
+    return books
+
+
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
           "replay_mismatches", "reward_errors", "env_errors")  # fmt: skip
 
@@ -193,7 +222,8 @@ def run_summary(
     summaries; steps, tokens, step times, staleness, migrations, offloads and re-prefill
     recomputed from the history's rows, which hold each kept step once; wall time summed
     over the segments' run times (`Segment.wall_time_s`), and the throughput, slot
-    utilization and overhead shares taken over it; `evaluations` (the run's
+    utilization and overhead shares taken over it (a killed segment's group counts from the
+    stop checkpoint it left, `_books`); `evaluations` (the run's
     evaluations.jsonl, by version) of the versions the history keeps, over those a run
     folder written before that file carries in its segments' summaries; the engines'
     set-ups and fast-path
@@ -205,9 +235,10 @@ def run_summary(
     wall = sum(s.wall_time_s for s in segments)
     tokens = sum(r["consumed_tokens"] for r in rows)
     step_time = sum(r["step_time_s"] for r in rows)
-    dropped = sum((Counter(s.get("dropped", {})) for s in own), Counter())
+    books = _books(segments)
+    dropped = sum((Counter(s.get("dropped", {})) for s in books), Counter())
     summary: dict[str, Any] = {"mode": newest.get("mode"), "K": newest.get("K"), "steps": len(rows)}
-    summary |= {key: sum(s.get(key, 0) for s in own) for key in SUMMED}
+    summary |= {key: sum(s.get(key, 0) for s in books) for key in SUMMED}
     summary |= {key: last[key] for key in LAST if key in last}
     summary |= _engine_setups(segments)
     summary |= {
