@@ -43,7 +43,7 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import (
     end_segment,
     open_segment,
-    segment_books,
+    run_books,
     write_run_records,
 )
 from dorarl.report.tensorboard import ScalarLogger
@@ -110,10 +110,18 @@ def run_ray(
 def _open_segment(
     config: TrainConfig, point: ResumePoint | None, out_dir: Path, start: int
 ) -> Path:
-    """This process's segment of the run, with what its checkpoint kept of the one before."""
-    books = point.books if point else None
+    """This process's segment of the run, with the run's group counts its checkpoint holds."""
     slots = config.engine.max_num_seqs
-    return open_segment(out_dir, start, config.instances, slots, resumed_books=books)
+    return open_segment(out_dir, start, config.instances, slots, _books_before(point, out_dir))
+
+
+def _books_before(point: ResumePoint | None, out_dir: Path) -> dict[str, Any] | None:
+    """The run's group counts before this segment: none for a fresh run; a checkpoint's
+    of this run folder when it holds them (a stop's); else unknown (None)."""
+    if point is None:
+        return {}
+    own = point.folder.resolve().parent == RunFolder(out_dir).checkpoints.resolve()
+    return point.books if own else None
 
 
 def _versions_line(config: TrainConfig) -> list[str]:
@@ -203,10 +211,7 @@ def _run(
     summary = run_segment(runtime, out_dir, segment)
     results = _gather(runtime, evals, progress, checkpoints.off)
     progress.stop()  # the bar ends above the checkpoint and summary lines
-    # no step in flight once the run ended; the segment's books go with it, so a resume
-    # still adds them up should this process be killed before it writes its summary
-    final = runtime.driver.resume_state() | {"books": segment_books(summary)}
-    checkpoints.final(runtime, final)
+    checkpoints.final(runtime, _final_position(runtime, point, out_dir, summary))
     title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         scalars.log(row)
@@ -217,6 +222,18 @@ def _run(
         if checkpoints.resumable():
             summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, segment, summary, runtime)
+
+
+def _final_position(
+    runtime: RayRuntime, point: ResumePoint | None, out_dir: Path, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The end's data position (no step in flight once the run ended), with the run's group
+    counts, so a resume still adds them up should this process die before its summary."""
+    final = runtime.driver.resume_state()
+    before = _books_before(point, out_dir)
+    if before is not None:
+        final["books"] = run_books(before, summary)
+    return final
 
 
 def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
