@@ -1,7 +1,8 @@
 """Stopping is a first-class operation and the printed command finishes the run: SIGINT to
-`dorarl train` (as a terminal's Ctrl-C: to the whole process group) stops after the step in
-flight with a checkpoint, summary.json and the resume command; a second SIGINT aborts at
-once; the printed command then finishes the run in its folder with one consistent history."""
+`dorarl train` (as a terminal's Ctrl-C: to the whole process group) stops after the step and
+the requests in flight with a checkpoint (keeping the groups not trained on), summary.json
+and the resume command; a second SIGINT aborts at once; the printed command then finishes
+the run in its folder with one consistent history, no group lost."""
 
 import json
 import os
