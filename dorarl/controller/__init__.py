@@ -8,6 +8,7 @@ from dorarl.controller.commands import (
     TRAINER,
     Command,
     Dispatch,
+    DropGroup,
     FilterGroup,
     Finish,
     Interrupt,
@@ -31,6 +32,7 @@ from dorarl.controller.config import (
 from dorarl.controller.controller import Controller
 from dorarl.controller.errors import ProtocolError
 from dorarl.controller.events import (
+    CarriedGroup,
     EnvAnswered,
     EnvWaiting,
     Event,
@@ -38,6 +40,7 @@ from dorarl.controller.events import (
     MigrationDone,
     SampleDone,
     Start,
+    Stop,
     Timer,
     TrainDone,
     WeightsLoaded,
@@ -46,10 +49,12 @@ from dorarl.controller.events import (
 __all__ = [
     "MODES",
     "TRAINER",
+    "CarriedGroup",
     "Command",
     "Controller",
     "ControllerConfig",
     "Dispatch",
+    "DropGroup",
     "EnvAnswered",
     "EnvWaiting",
     "Event",
@@ -70,6 +75,7 @@ __all__ = [
     "SampleDone",
     "SetTimer",
     "Start",
+    "Stop",
     "Timer",
     "Train",
     "TrainDone",

@@ -125,6 +125,17 @@ class FilterGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class DropGroup:
+    """A complete group carried over from a stopped run (`Start.carried`) that this run
+    cannot train on: its `version` is outside the staleness window (or admission's room).
+    The driver closes it and records it as dropped for `reason`. No answer."""
+
+    group_id: int
+    version: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SetTimer:
     """Deliver `Timer(now)` at or after time `at` (seconds since start)."""
 
@@ -148,6 +159,7 @@ Command = (
     | Offload
     | Train
     | FilterGroup
+    | DropGroup
     | SetTimer
     | Finish
 )

@@ -34,6 +34,13 @@ where out(<= w) counts outstanding (dispatched, not consumed) groups of version 
   every dispatched group is consumed once or filtered once, never both. At most
   `rollout.max_filtered_per_step` are filtered while one version is the newest; after that
   every completion is queued, so the no-deadlock argument applies unchanged.
+- Stopping (`Stop`): no group is dispatched and no step starts after it, so INV holds as
+  groups only complete; the run finishes once the step in flight and every request in
+  flight have ended (or at the stop's deadline). The complete groups left queued are a
+  checkpoint's to carry (`resume_state(carry=True)`); a resumed run queues them again at
+  `Start` under their own versions, each admitted as a dispatch would be (INV), so its
+  steps take them within the bound, or drops them (`DropGroup`) when its window or batch
+  size leaves no room.
 """
 
 from __future__ import annotations
@@ -43,8 +50,10 @@ from typing import Any
 
 from dorarl.controller.commands import (
     Command,
+    DropGroup,
     Finish,
     ReleaseVersion,
+    SetTimer,
     Train,
     parse_request_id,
     request_id,
@@ -53,6 +62,7 @@ from dorarl.controller.config import ControllerConfig
 from dorarl.controller.dora import DoraOrchestrator
 from dorarl.controller.errors import require
 from dorarl.controller.events import (
+    CarriedGroup,
     EnvAnswered,
     EnvWaiting,
     Event,
@@ -60,6 +70,7 @@ from dorarl.controller.events import (
     MigrationDone,
     SampleDone,
     Start,
+    Stop,
     Timer,
     TrainDone,
     WeightsLoaded,
@@ -91,8 +102,10 @@ class Controller:
         self.orchestrator = _make_orchestrator(config, self.ledger, self.rollout)
         self.filter = GroupFilter(self.ledger)
         self.finished = False
+        self.stop_deadline = float("inf")  # once stopping: when requests still running are left
         self._handlers = {
             Start: self._on_start,
+            Stop: self._on_stop,
             SampleDone: self._on_sample_done,
             EnvWaiting: self._on_env_waiting,
             EnvAnswered: self._on_env_answered,
@@ -114,6 +127,7 @@ class Controller:
             commands += self._maybe_train()
             if self.rollout.demand():
                 commands += self.rollout.supplement(self.orchestrator.dispatch_versions())
+            commands += self._maybe_stopped(event.now)
         return commands
 
     # ---- read-only views for runtimes and tests ------------------------------------------
@@ -158,30 +172,63 @@ class Controller:
             "consumed": ledger.consumed,
             "filtered": ledger.filtered,
             "queued": ledger.queued,
+            "carried": ledger.carried,
             "in_flight": ledger.dispatched - ledger.completed,
             "steps_started": ledger.t - self.config.initial_version,
             "steps_done": ledger.steps_done,
         }
 
-    def resume_state(self) -> dict[str, Any]:
+    def resume_state(self, carry: bool = False) -> dict[str, Any]:
         """The data position of a checkpoint of version `t`, for `ControllerConfig`'s resume
-        keys: prompts dispatched but not trained on come first in the resumed run.
+        keys: prompts dispatched but not trained on come first in the resumed run. With
+        `carry`, the complete groups queued now are kept whole instead (`carried_group_ids`,
+        oldest version first, for `Start.carried`), and only the others' prompts come first.
 
         Valid when no training step is in flight, or when the one in flight has finished and
         its TrainDone is not delivered yet (the runtime checkpoints then, before the next
         step can be queued on the trainer).
         """
         ledger = self.ledger
-        return {
+        carried = ledger.queued_groups() if carry else []
+        state: dict[str, Any] = {
             "version": ledger.t,
             "first_group": ledger.next_group,
             "first_prompt": ledger.next_prompt,
-            "resume_prompts": ledger.untrained_prompts(),
+            "resume_prompts": ledger.untrained_prompts(frozenset(carried)),
         }
+        return state | ({"carried_group_ids": carried} if carry else {})
 
     # ---- handlers -------------------------------------------------------------------------
     def _on_start(self, event: Start) -> list[Command]:
-        return self.orchestrator.on_start(event.now)
+        return self._carry(event.carried) + self.orchestrator.on_start(event.now)
+
+    def _carry(self, carried: tuple[CarriedGroup, ...]) -> list[Command]:
+        """Queue a stopped run's complete groups again, each if admission has room for it
+        under its version (as a dispatch of it would need: INV); the others are dropped."""
+        dropped: list[Command] = []
+        for group in sorted(carried, key=lambda g: g.version):
+            if self.rollout.room(group.version) > 0:
+                self.ledger.carry(group.group_id, group.prompt_index, group.version)
+            else:
+                reason = f"carried_beyond_staleness_K{self.config.effective_K}"
+                dropped.append(DropGroup(group.group_id, group.version, reason))
+        return dropped
+
+    def _on_stop(self, event: Stop) -> list[Command]:
+        self.ledger.stopping = True
+        self.stop_deadline = event.deadline
+        return [SetTimer(event.deadline)] if event.deadline < float("inf") else []
+
+    def _maybe_stopped(self, now: float) -> list[Command]:
+        """Stopping: Finish once no step and no request is in flight, or at the deadline."""
+        ledger = self.ledger
+        if not ledger.stopping:
+            return []
+        left = len(ledger.requests)
+        if ledger.training or (left and now < self.stop_deadline):
+            return []
+        self.finished = True
+        return [Finish(f"stopped at v{ledger.newest}, {left} requests left in flight")]
 
     def _on_sample_done(self, event: SampleDone) -> list[Command]:
         rid = request_id(event.group_id, event.sample_index)
@@ -236,17 +283,21 @@ class Controller:
             f"{event}: no training step to v{event.new_version} in flight",
         )
         ledger.publish(event.new_version)
+        if ledger.stopping:  # no next step: the orchestrator moves nothing to the new version
+            return []
         if ledger.newest >= self.config.steps:
             self.finished = True
             return [Finish(f"{ledger.steps_done} training steps done")]
         return self.orchestrator.on_train_done()
 
     def _on_timer(self, event: Timer) -> list[Command]:
+        if self.ledger.stopping:
+            return []
         return self.orchestrator.on_timer(event.now)
 
     def _maybe_train(self) -> list[Command]:
         ledger, cfg = self.ledger, self.config
-        if ledger.training or ledger.t >= cfg.steps:
+        if ledger.training or ledger.t >= cfg.steps or ledger.stopping:
             return []
         if ledger.queued < cfg.tbs:
             return []

@@ -12,10 +12,32 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class CarriedGroup:
+    """A complete, untrained group a stopped run saved with its checkpoint: it waits for a
+    training step again under its own version (its samples are the driver's)."""
+
+    group_id: int
+    prompt_index: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Start:
-    """The run begins; every instance hosts version 0 and is ready."""
+    """The run begins; every instance hosts its first version and is ready. `carried`: the
+    complete groups a stopped run left queued, oldest version first, in completion order."""
 
     now: float = 0.0
+    carried: tuple[CarriedGroup, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The run is asked to stop: no new group and no new training step; the step in flight
+    and the requests in flight finish, then `Finish`. Requests still running at `deadline`
+    are left (the runtime counts their groups dropped; a resume samples their prompts)."""
+
+    now: float
+    deadline: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +125,7 @@ class Timer:
 
 Event = (
     Start
+    | Stop
     | SampleDone
     | EnvWaiting
     | EnvAnswered

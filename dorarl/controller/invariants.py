@@ -102,8 +102,8 @@ def _counters(ledger: Ledger) -> list[str]:
                 inst = ledger.instances[i]
                 if not inst.ready or inst.version != version or ledger.free_slots(inst) != n:
                     problems.append(f"instance {i} filed under v{version} with {n} free slots")
-    if ledger.dispatched - ledger.consumed - ledger.filtered != len(ledger.groups):
-        problems.append("dispatched - consumed - filtered != outstanding groups")
+    if ledger.dispatched + ledger.carried - ledger.consumed - ledger.filtered != len(ledger.groups):
+        problems.append("dispatched + carried - consumed - filtered != outstanding groups")
     return problems + _queues(ledger)
 
 

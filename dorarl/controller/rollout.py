@@ -19,13 +19,14 @@ class RolloutManager:
         self.config = ledger.config
 
     def demand(self) -> int:
-        """Groups wanted now: RBS minus groups still generating; none after the last step starts.
+        """Groups wanted now: RBS minus groups still generating; none after the last step
+        starts, nor once the run is stopping.
 
         Complete groups waiting for the trainer do not count, so rollout keeps going while
         the trainer waits; admission (not RBS) bounds how far it may run ahead.
         """
         ledger, cfg = self.ledger, self.config
-        if ledger.t >= cfg.steps:
+        if ledger.t >= cfg.steps or ledger.stopping:
             return 0
         want = cfg.rollout_batch - (ledger.dispatched - ledger.completed)
         if cfg.max_groups is not None:

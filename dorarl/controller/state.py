@@ -107,6 +107,8 @@ class Ledger:
         self.resume_prompts = deque(config.resume_prompts)  # first, before new prompts
         self.trainer_loads = 0
         self.dispatched = self.completed = self.consumed = self.filtered = 0
+        self.carried = 0  # complete groups a stopped run left, queued again at the start
+        self.stopping = False  # no new group, no new step: the run ends once drained
         self.filtered_since_publish = 0  # dynamic sampling's per-step budget in use
         self.releases: list[tuple[int, int]] = []  # (instance, version) none of its requests hold
         for inst in self.instances:
@@ -160,7 +162,7 @@ class Ledger:
     @property
     def queued(self) -> int:
         """Complete groups waiting for a training step."""
-        return self.completed - self.consumed - self.filtered
+        return self.completed + self.carried - self.consumed - self.filtered
 
     # ---- groups and requests -------------------------------------------------------------
     def new_group(self, version: int) -> GroupState:
@@ -173,6 +175,14 @@ class Ledger:
         self.out[version] += 1
         self.dispatched += 1
         return group
+
+    def carry(self, group_id: int, prompt_index: int, version: int) -> None:
+        """Queue a complete group a stopped run left (dispatched and completed there)."""
+        require(group_id not in self.groups, f"carried group {group_id} is outstanding already")
+        self.groups[group_id] = GroupState(group_id, prompt_index, version, remaining=0)
+        self.out[version] += 1
+        self.done[version].append(group_id)
+        self.carried += 1
 
     def place(self, group: GroupState, inst: InstanceState, samples: range | tuple) -> None:
         require(
@@ -191,10 +201,16 @@ class Ledger:
         self.next_prompt += 1
         return self.next_prompt - 1
 
-    def untrained_prompts(self) -> list[int]:
-        """Prompt indices dispatched but not consumed, then those not dispatched yet of the
-        resume list: what a run resumed from a checkpoint taken now must dispatch first."""
-        return [g.prompt_index for g in self.groups.values()] + list(self.resume_prompts)
+    def queued_groups(self) -> list[int]:
+        """Complete groups waiting for a step, oldest version first, in completion order."""
+        return [gid for version in sorted(self.done) for gid in self.done[version]]
+
+    def untrained_prompts(self, skip: frozenset[int] = frozenset()) -> list[int]:
+        """Prompt indices dispatched but not consumed (but those of the groups `skip`), then
+        those not dispatched yet of the resume list: what a run resumed from a checkpoint
+        taken now must dispatch first."""
+        dispatched = [g.prompt_index for g in self.groups.values() if g.group_id not in skip]
+        return dispatched + list(self.resume_prompts)
 
     def finish_sample(self, rid: str, tokens: int, reward: float = 0.0) -> GroupState | None:
         """Record a finished sample; returns its group when that completes the group, for

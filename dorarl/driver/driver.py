@@ -9,9 +9,12 @@ runtime observed back through `sample_done`, `migration_done`, `train_done` or `
 
 Invariants kept here for every runtime: a request completes at most once (a second report
 of it is refused, so a sample is never counted twice); a Train gets complete groups only,
-and so does a FilterGroup, each group leaving the assembly once, by one or the other
-(`GroupAssembly` raises otherwise); nothing is dispatched once a stop was asked for (a
-stopped run's undispatched groups are the controller's resume position).
+and so does a FilterGroup or a DropGroup, each group leaving the assembly once, by one of
+them (`GroupAssembly` raises otherwise). A stop keeps what was sampled: once asked, the
+controller hears `Stop` before anything else, dispatches nothing more and lets the step
+and the requests in flight finish (within `stop_timeout_s`; groups still sampling then
+are counted dropped, and a resume samples their prompts again); `resume_state` then holds
+the complete groups not trained on, which a resumed driver (`carried`) queues again.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dorarl.controller import (
+    CarriedGroup,
     Command,
     Controller,
     ControllerConfig,
     Dispatch,
+    DropGroup,
     Event,
     FilterGroup,
     Finish,
@@ -38,11 +43,12 @@ from dorarl.controller import (
     SampleDone,
     SetTimer,
     Start,
+    Stop,
     Train,
     TrainDone,
     request_id,
 )
-from dorarl.data import Sample
+from dorarl.data import Sample, SavedGroup, group_to_json
 from dorarl.data.lengths import LengthDist
 from dorarl.driver.executor import Executor
 from dorarl.driver.groups import GroupAssembly
@@ -66,6 +72,8 @@ class Driver:
         seed: int = 0,
         observers: Sequence[Observer] = (),
         should_stop: Callable[[], bool] | None = None,
+        carried: Sequence[SavedGroup] = (),
+        stop_timeout_s: float = float("inf"),
     ) -> None:
         self.config = config
         self.controller = Controller(config)
@@ -75,10 +83,12 @@ class Driver:
         self.requests = RequestTable(config.instances)
         self.groups = GroupAssembly(config.group_size)
         self.observers = list(observers)
-        # polled by the loop: once true, nothing new is dispatched, the training step in
-        # flight (if any) finishes and the run ends there (`stopped`)
+        # polled by the loop: once true, the controller hears Stop; the training step and the
+        # requests in flight finish (within `stop_timeout_s`) and the run ends (`stopped`)
         self.should_stop: Callable[[], bool] = should_stop or _never
-        self.finished = self.stopped = False
+        self.stop_timeout_s = stop_timeout_s
+        self.carried = list(carried)  # a stopped run's complete groups, queued at start
+        self.finished = self.stopped = self.stopping = False
         # last: the runtime's machinery, made with this driver (its books are ready), which
         # it answers to; no command reaches it before `start`
         self.executor = executor(self)
@@ -91,15 +101,30 @@ class Driver:
         self.loop(poll)
 
     def start(self) -> None:
-        self.deliver(Start(self.now()))
+        """Start, with the carried groups back in the books (the controller may drop some)."""
+        for saved in self.carried:
+            self.groups.restore(saved)
+            self.recorder.carried(saved.group.group_id)
+        carried = tuple(
+            CarriedGroup(s.group.group_id, s.prompt_index, s.group.version) for s in self.carried
+        )
+        self.deliver(Start(self.now(), carried))
 
     def loop(self, poll: Callable[[], None]) -> None:
         """`poll()` the runtime's event source until the run finishes or stops."""
         while not self.finished:
-            if self.should_stop() and not self.controller.training:
-                self.stop("asked to stop")
-                break
-            poll()
+            self.check_stop()
+            if not self.finished:
+                poll()
+
+    def check_stop(self) -> None:
+        """Once a stop is asked for, tell the controller (once), before any other event."""
+        if self.stopping or not self.should_stop():
+            return
+        self.stopping = True
+        now = self.now()
+        log.info("stop asked at %.1fs: the step and the requests in flight finish", now)
+        self.deliver(Stop(now, now + self.stop_timeout_s))
 
     def deliver(self, event: Event) -> None:
         commands = self.controller.handle(event)
@@ -113,11 +138,14 @@ class Driver:
         """Update the books for `command`, then have the executor carry it out."""
         self._execute[type(command)](command)
 
-    def stop(self, reason: str) -> None:
-        """End the run early; the controller's data position is valid now (no step in
-        flight, or the one in flight done and its TrainDone not delivered)."""
-        log.info("run stopped at %.1fs: %s", self.now(), reason)
-        self.finished = self.stopped = True
+    def resume_state(self) -> dict[str, Any]:
+        """The checkpoint's data position once the run has ended (finished or stopped): the
+        controller's, with every complete group not trained on kept whole
+        (`carried_groups`, JSON) for the resumed run to queue again."""
+        position = self.controller.resume_state(carry=True)
+        ids = position.pop("carried_group_ids")
+        position["carried_groups"] = [group_to_json(self.groups.saved(gid)) for gid in ids]
+        return position
 
     # ---- what the runtime observed -------------------------------------------------------
     def sample_done(self, instance_id: int, sample: Sample) -> bool:
@@ -154,13 +182,10 @@ class Driver:
         self.deliver(MigrationDone(tuple(landed), src, dst, self.now()))
 
     def train_done(self, event: TrainDone) -> None:
-        """The step in flight ended. Asked to stop meanwhile: record it and end the run,
-        so no next step is queued (the data position stays that of `event.new_version`)."""
-        if self.should_stop():
-            self.recorder.observe(event, [])
-            self.stop("asked to stop after this step")
-        else:
-            self.deliver(event)
+        """The step in flight ended. Asked to stop meanwhile: the controller hears Stop
+        first, so no next step is queued (the data position is that of `event.new_version`)."""
+        self.check_stop()
+        self.deliver(event)
 
     # ---- commands ------------------------------------------------------------------------
     def _command_table(self) -> dict[type, Callable[[Any], None]]:
@@ -175,13 +200,12 @@ class Driver:
             Offload: rollout.offload,
             Train: self._train,
             FilterGroup: self._filter,
+            DropGroup: self._drop,
             SetTimer: lambda c: set_timer(c.at),
             Finish: self._finish,
         }
 
     def _dispatch(self, c: Dispatch) -> None:
-        if self.should_stop():  # stopping: the group stays untrained, so a resume samples it
-            return
         group = self.groups.open(c.group_id, c.prompt_index, c.version, self._targets(c.group_id))
         specs = [self._spec(c, s, group.target_lengths[s]) for s in c.sample_indices]
         for spec in specs:
@@ -229,9 +253,30 @@ class Driver:
         machinery holds nothing of it, so only the books and the recorder hear of it."""
         self.recorder.filtered(self.groups.take(c.group_id), c.step)
 
+    def _drop(self, c: DropGroup) -> None:
+        """A carried group this run cannot train on: it closes (the recorder counts it)."""
+        log.warning("carried group %d of v%d dropped: %s", c.group_id, c.version, c.reason)
+        self.groups.discard(c.group_id)
+
     def _finish(self, c: Finish) -> None:
         log.info("run finished at %.1fs: %s", self.now(), c.reason)
         self.finished = True
+        self.stopped = self.stopping
+        if self.stopping:
+            self._drop_unfinished()
+
+    def _drop_unfinished(self) -> None:
+        """Groups still sampling when a stop's time ran out: dropped (their prompts are the
+        resume position's), said in one line."""
+        groups = sorted({self.requests.spec(rid).group_id for rid in self.requests.ids()})
+        for gid in groups:
+            self.recorder.lost(gid, "in_flight_at_stop")
+            self.groups.discard(gid)
+        if groups:
+            log.warning(
+                "stop: %d groups still sampling after stop_timeout_s=%gs dropped; a resume "
+                "samples their prompts again", len(groups), self.stop_timeout_s,
+            )  # fmt: skip
 
 
 def _never() -> bool:

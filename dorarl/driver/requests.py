@@ -64,6 +64,10 @@ class RequestTable:
             if live.instance_id == instance_id and not live.moving
         ]
 
+    def ids(self) -> list[str]:
+        """Every live request, in start order."""
+        return list(self._live)
+
     def __len__(self) -> int:
         return len(self._live)
 

@@ -276,6 +276,14 @@ class TrainConfig:
             "gt": 0,
         },
     )
+    stop_timeout_s: float = field(
+        default=600.0,
+        metadata={
+            "help": "seconds a stop (Ctrl-C) waits for the requests in flight to finish; "
+            "groups still sampling then are dropped and sampled again on resume",
+            "gt": 0,
+        },
+    )
     resume: str | None = field(
         default=None,
         metadata={

@@ -40,7 +40,12 @@ from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
-from dorarl.record.segments import end_segment, open_segment, write_run_records
+from dorarl.record.segments import (
+    end_segment,
+    open_segment,
+    run_books,
+    write_run_records,
+)
 from dorarl.report.tensorboard import ScalarLogger
 from dorarl.run_layout import RunFolder
 from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
@@ -87,7 +92,7 @@ def run_ray(
                 config.instances, config.engine, config.trainer, config.ray, spec
             )
             open_run_folder(out_dir, config, resume_version=point.version if point else None)
-            segment = open_segment(out_dir, start, config.instances, config.engine.max_num_seqs)
+            segment = _open_segment(config, point, out_dir, start)
             actors = RayActors.start(config, folder, task, point, placed, pace)
             startup.actors_up(wait_for_actors(actors.by_role(), config.ray.startup_timeout_s))
             return _run(
@@ -100,6 +105,23 @@ def run_ray(
             _leave_ray(own_ray, placed, actors)
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
+
+
+def _open_segment(
+    config: TrainConfig, point: ResumePoint | None, out_dir: Path, start: int
+) -> Path:
+    """This process's segment of the run, with the run's group counts its checkpoint holds."""
+    slots = config.engine.max_num_seqs
+    return open_segment(out_dir, start, config.instances, slots, _books_before(point, out_dir))
+
+
+def _books_before(point: ResumePoint | None, out_dir: Path) -> dict[str, Any] | None:
+    """The run's group counts before this segment: none for a fresh run; a checkpoint's
+    of this run folder when it holds them (a stop's); else unknown (None)."""
+    if point is None:
+        return {}
+    own = point.folder.resolve().parent == RunFolder(out_dir).checkpoints.resolve()
+    return point.books if own else None
 
 
 def _versions_line(config: TrainConfig) -> list[str]:
@@ -189,8 +211,7 @@ def _run(
     summary = run_segment(runtime, out_dir, segment)
     results = _gather(runtime, evals, progress, checkpoints.off)
     progress.stop()  # the bar ends above the checkpoint and summary lines
-    final = runtime.driver.controller.resume_state()  # no step in flight once the run finished
-    checkpoints.final(runtime, final)
+    checkpoints.final(runtime, _final_position(runtime, point, out_dir, summary))
     title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         scalars.log(row)
@@ -201,6 +222,18 @@ def _run(
         if checkpoints.resumable():
             summary["resume_command"] = resume_command(out_dir)
     return _final_summary(out_dir, segment, summary, runtime)
+
+
+def _final_position(
+    runtime: RayRuntime, point: ResumePoint | None, out_dir: Path, summary: dict[str, Any]
+) -> dict[str, Any]:
+    """The end's data position (no step in flight once the run ended), with the run's group
+    counts, so a resume still adds them up should this process die before its summary."""
+    final = runtime.driver.resume_state()
+    before = _books_before(point, out_dir)
+    if before is not None:
+        final["books"] = run_books(before, summary)
+    return final
 
 
 def run_segment(runtime: RayRuntime, out_dir: Path, segment: Path) -> dict[str, Any]:
@@ -257,6 +290,8 @@ def _plan(
         out_dir=out_dir,
         records_dir=segment,
         texts=trajectory_texts(task) if config.record.text else None,
+        carried=point.carried if point else (),
+        stop_timeout_s=config.stop_timeout_s,
     )
 
 

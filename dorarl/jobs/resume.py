@@ -1,9 +1,11 @@
 """Where a resumed run starts: a checkpoint folder, its version and its data position.
 
 `resume=` names a checkpoint (`checkpoints/version_N`) or a run folder (its newest
-checkpoint); `dorarl train` reads it once (`read_resume_point`) and hands the point on. The trainer restores weights, optimizer and RNG from it; engines load its
-weights as version N; the controller dispatches the prompts the checkpoint never trained
-on first (`Controller.resume_state`, saved with every checkpoint).
+checkpoint); `dorarl train` reads it once (`read_resume_point`) and hands the point on.
+The trainer restores weights, optimizer and RNG from it; engines load its weights as
+version N; the driver queues the complete groups a run's last checkpoint kept (`carried`)
+under their own versions, and the controller dispatches the prompts the checkpoint never
+trained on first (`Controller.resume_state`, saved with every checkpoint).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.config import ConfigError
+from dorarl.data import SavedGroup, group_from_json
 from dorarl.errors import RunComplete
 from dorarl.run_layout import CHECKPOINT_NAMES, STATE_FILE, RunFolder, version_folders
 
@@ -24,6 +27,8 @@ class ResumePoint:
     first_group: int = 0
     first_prompt: int = 0
     resume_prompts: list[int] = field(default_factory=list)
+    carried: list[SavedGroup] = field(default_factory=list)  # complete, not trained on
+    books: dict[str, Any] | None = None  # the group counts of the segment that wrote it
 
     def controller_keys(self) -> dict[str, Any]:
         return {
@@ -78,4 +83,6 @@ def read_resume_point(path: str | Path) -> ResumePoint:
         first_group=int(extra.get("first_group", 0)),
         first_prompt=int(extra.get("first_prompt", 0)),
         resume_prompts=[int(p) for p in extra.get("resume_prompts", [])],
+        carried=[group_from_json(g) for g in extra.get("carried_groups", [])],
+        books=extra.get("books"),
     )

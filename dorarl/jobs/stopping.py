@@ -1,5 +1,6 @@
 """Stopping a run on request: the first SIGINT or SIGTERM asks the run to stop after the
-training step in flight (checkpoint, summary, resume command); a second one aborts at once.
+training step and the requests in flight (checkpoint with the groups not trained on,
+summary, resume command); a second one aborts at once.
 
 The runtime polls `StopRequest.requested()`; only the abort raises (KeyboardInterrupt), and
 the job turns it into one line and exit code 130, never a traceback.
@@ -50,7 +51,7 @@ class StopRequest:
         self.signum = signum
         print(
             f"dorarl: {signal.Signals(signum).name}: stopping after the current training step "
-            "(press Ctrl-C again to abort at once)",
+            "and the requests in flight (press Ctrl-C again to abort at once)",
             file=sys.stderr,
             flush=True,
         )

@@ -4,8 +4,9 @@ Kept apart from the controller's ledger on purpose, so tests can check one again
 other. Invariant: a group ends consumed once or filtered once (dynamic sampling), never
 both, and only when complete; anything else (a sample of an unknown group, a consumption
 or filtering of a running, unknown, consumed or filtered group, a group a runtime could
-not keep) is counted under `dropped` with its reason. So in a sound run, at every moment,
-dispatched = consumed + filtered + running + complete, and dropped is 0.
+not keep) is counted under `dropped` with its reason. A group carried over from a stopped
+run starts complete (`carried_in`). So in a sound run, at every moment,
+dispatched + carried_in = consumed + filtered + running + complete + dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class GroupAccount:
             self._remaining[group_id] = 0
             self.counts["dispatched"] += 1
         self._remaining[group_id] += samples
+
+    def carried(self, group_id: int) -> None:
+        """A complete group a stopped run left queued, waiting for a step in this one."""
+        self.state[group_id] = "complete"
+        self.counts["carried_in"] += 1
 
     def sample_done(self, group_id: int) -> None:
         if group_id not in self._remaining:

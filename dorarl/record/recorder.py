@@ -217,6 +217,10 @@ class Recorder:
         """A runtime could not keep a group (e.g. an engine failed): reported as dropped."""
         self.groups.lost(group_id, reason)
 
+    def carried(self, group_id: int) -> None:
+        """A complete group a stopped run left queued, taken up by this one (`carried_in`)."""
+        self.groups.carried(group_id)
+
     # ---- event handlers ------------------------------------------------------------------
     def _event_handlers(self) -> dict[type, Any]:
         return {
@@ -288,6 +292,7 @@ class Recorder:
             cmd.Offload: self._on_offload,
             cmd.Train: self._on_train,
             cmd.FilterGroup: lambda c, now: None,  # the runtime hands the group (`filtered`)
+            cmd.DropGroup: lambda c, now: self.groups.lost(c.group_id, c.reason),
             cmd.SetTimer: lambda c, now: None,
             cmd.Finish: lambda c, now: None,
         }
@@ -432,6 +437,7 @@ class Recorder:
             "completed": counts["completed"],
             "consumed": counts["consumed"],
             "filtered": counts["filtered"],
+            "carried_in": counts["carried_in"],
             "in_flight_at_end": states["running"],
             "queued_at_end": states["complete"],
             "dropped": dict(dropped),

@@ -40,6 +40,8 @@ class Segment:
     slots: int
     summary: dict[str, Any] | None  # its own summary; None when killed before writing it
     rows: list[dict[str, Any]]  # its metrics rows that the history keeps
+    # the run's group counts up to the stop checkpoint this one resumed from (`run_books`)
+    resumed_books: dict[str, Any] | None = None
 
     @property
     def ended(self) -> str:
@@ -91,14 +93,23 @@ class Segment:
 
 
 # ---- a segment's records -----------------------------------------------------------------
-def open_segment(out_dir: Path, start_version: int, instances: int, slots: int) -> Path:
-    """The folder of a new segment of the run in `out_dir`, its start recorded."""
+def open_segment(
+    out_dir: Path,
+    start_version: int,
+    instances: int,
+    slots: int,
+    resumed_books: dict[str, Any] | None = None,
+) -> Path:
+    """The folder of a new segment of the run in `out_dir`, its start recorded (with the
+    run's group counts its checkpoint holds, `run_books`, when it has them)."""
     run = RunFolder(out_dir)
     index = 1 + max((int(p.name) for p in _folders(run.segments)), default=-1)
     folder = run.segment(index)
     folder.mkdir(parents=True)
     start = {"start_version": start_version, "opened_at": time.time()}
     start |= {"instances": instances, "slots": slots}
+    if resumed_books is not None:
+        start["resumed_books"] = resumed_books
     (folder / START_FILE).write_text(json.dumps(start, indent=2) + "\n")
     return folder
 
@@ -164,12 +175,34 @@ def write_run_records(out_dir: Path) -> dict[str, Any]:
 # Fields of a segment's summary that describe where the run stands: the last segment's.
 LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
         "resume_command")  # fmt: skip
-# Work that only a segment's own books count: summed (a killed segment's is unknown, 0),
+# Work that only a segment's own books count: summed (a killed segment's is unknown, 0,
+# unless a later segment resumed from a stop checkpoint holding the run's counts up to it),
 # rolled-back work included.
-SUMMED = ("dispatched", "completed", "consumed", "filtered", "env_waits")
+GROUP_COUNTS = ("dispatched", "completed", "consumed", "filtered", "carried_in")
+SUMMED = (*GROUP_COUNTS, "env_waits")
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
           "replay_mismatches", "reward_errors", "env_errors", "agent_refused_calls",
           "context_overflows")  # fmt: skip
+
+
+def run_books(before: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
+    """The run's group counts at a segment's end: those its start checkpoint held of the run
+    (`before`; {} for a fresh run) plus the segment's own (its summary's)."""
+    books = {key: before.get(key, 0) + summary.get(key, 0) for key in GROUP_COUNTS}
+    dropped = Counter(before.get("dropped", {})) + Counter(summary.get("dropped", {}))
+    return books | {"dropped": dict(dropped)}
+
+
+def _books(segments: Sequence[Segment]) -> list[dict[str, Any]]:
+    """What the run's group counts add up from: every segment's own, or, from the last one
+    that resumed from a stop checkpoint holding the run's counts, those counts (the segments
+    before it, a killed or rolled-back one included, as that checkpoint saw them) and its
+    own and later ones'."""
+    own = [s.summary or {} for s in segments]
+    held = [i for i, s in enumerate(segments) if s.resumed_books is not None]
+    if not held:
+        return own
+    return [segments[held[-1]].resumed_books or {}, *own[held[-1] :]]
 
 
 def _engine_setups(segments: Sequence[Segment]) -> dict[str, Any]:
@@ -194,7 +227,7 @@ def run_summary(
     summaries; steps, tokens, step times, staleness, migrations, offloads and re-prefill
     recomputed from the history's rows, which hold each kept step once; wall time summed
     over the segments' run times (`Segment.wall_time_s`), and the throughput, slot
-    utilization and overhead shares taken over it; `evaluations` (the run's
+    utilization and overhead shares taken over it (the group counts as `_books` finds them); `evaluations` (the run's
     evaluations.jsonl, by version) of the versions the history keeps, over those a run
     folder written before that file carries in its segments' summaries; the engines'
     set-ups and fast-path
@@ -206,9 +239,11 @@ def run_summary(
     wall = sum(s.wall_time_s for s in segments)
     tokens = sum(r["consumed_tokens"] for r in rows)
     step_time = sum(r["step_time_s"] for r in rows)
-    dropped = sum((Counter(s.get("dropped", {})) for s in own), Counter())
+    books = _books(segments)
+    dropped = sum((Counter(s.get("dropped", {})) for s in books), Counter())
     summary: dict[str, Any] = {"mode": newest.get("mode"), "K": newest.get("K"), "steps": len(rows)}
-    summary |= {key: sum(s.get(key, 0) for s in own) for key in SUMMED}
+    summary |= {key: sum(s.get(key, 0) for s in books) for key in GROUP_COUNTS}
+    summary["env_waits"] = sum(s.get("env_waits", 0) for s in own)
     summary |= {key: last[key] for key in LAST if key in last}
     summary |= _engine_setups(segments)
     summary |= {

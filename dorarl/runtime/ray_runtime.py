@@ -31,7 +31,7 @@ import ray
 
 from dorarl.config import ConfigError
 from dorarl.controller import TRAINER, ControllerConfig, Timer
-from dorarl.data import Sample
+from dorarl.data import Sample, SavedGroup
 from dorarl.driver import Driver, Executor
 from dorarl.engine.outputs import EngineSetup
 from dorarl.errors import UserInputError, WorkerFailed
@@ -105,13 +105,17 @@ class RayRunPlan:
     """Where summary.json and trace.json go (None: `out_dir`)."""
     texts: Callable[[Sample], dict[str, str]] | None = None
     """A sample's text fields in trajectories.jsonl (record.text)."""
+    carried: Sequence[SavedGroup] = ()
+    """Complete groups a stopped run's checkpoint kept, queued again at the start."""
+    stop_timeout_s: float = float("inf")
+    """How long a stop waits for the requests in flight to finish."""
 
 
 class RayRuntime:
     """Runs one training job on Ray; `run()` returns the recorder's summary. `on_step` and
     `on_publish` are the trainer client's hooks (dorarl.runtime.trainer_client);
-    `should_stop` is polled: once true nothing new is dispatched, the training step in
-    flight (if any) finishes and the run ends there (`driver.stopped`)."""
+    `should_stop` is polled: once true nothing new is dispatched, the training step and the
+    requests in flight finish and the run ends there (`driver.stopped`)."""
 
     # The overheads this runtime measures, and its Recorder reports. No free_cache: a
     # request's KV blocks go back to the pool as it leaves an engine, inside the engine step,
@@ -162,6 +166,8 @@ class RayRuntime:
             lengths=plan.rollout.forced_lengths,
             seed=plan.rollout.seed,
             should_stop=should_stop,
+            carried=plan.carried,
+            stop_timeout_s=plan.stop_timeout_s,
         )
         self.recovery = self._engine_recovery(plan.restarts)
         self.trainer_recovery = self._trainer_recovery(plan.restarts, log)

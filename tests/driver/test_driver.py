@@ -1,5 +1,5 @@
 """The driver's books: requests complete once, groups are trained complete, a stop
-dispatches nothing; checked on the simulator's real executor where one is needed."""
+dispatches nothing more and keeps what was sampled; checked on the simulator's real executor where one is needed."""
 
 import pytest
 
@@ -70,10 +70,12 @@ def test_a_stopping_driver_dispatches_nothing_and_the_targets_are_the_groups_own
     sim = _sim()
     driver = sim.driver
     driver.should_stop = lambda: True
-    driver.execute(Dispatch(group_id=0, prompt_index=0, version=0, instance_id=0,
-                            sample_indices=(0, 1)))  # fmt: skip
-    assert len(driver.requests) == 0
-    driver.should_stop = lambda: False
+    driver.check_stop()  # the controller hears Stop first: it dispatches nothing after it
+    driver.deliver(Start(0.0))
+    assert len(driver.requests) == 0 and driver.controller.counts()["dispatched"] == 0
+    assert driver.finished and driver.stopped  # nothing in flight: stopped at once
+    sim = _sim()
+    driver = sim.driver
     driver.execute(Dispatch(0, 0, 0, 0, (0,)))
     driver.execute(Dispatch(0, 0, 0, 1, (1,)))  # the rest of the group, elsewhere
     targets = sim.driver.lengths.group_lengths(1, 0, 2)

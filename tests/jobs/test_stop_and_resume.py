@@ -1,7 +1,8 @@
 """Stopping is a first-class operation and the printed command finishes the run: SIGINT to
-`dorarl train` (as a terminal's Ctrl-C: to the whole process group) stops after the step in
-flight with a checkpoint, summary.json and the resume command; a second SIGINT aborts at
-once; the printed command then finishes the run in its folder with one consistent history."""
+`dorarl train` (as a terminal's Ctrl-C: to the whole process group) stops after the step and
+the requests in flight with a checkpoint (keeping the groups not trained on), summary.json
+and the resume command; a second SIGINT aborts at once; the printed command then finishes
+the run in its folder with one consistent history, no group lost."""
 
 import json
 import os
@@ -28,15 +29,20 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _interrupt(args: list[str], out: Path, after_rows: int, times: int) -> tuple[int, str, int]:
+def _interrupt(
+    args: list[str], out: Path, after_rows: int, times: int, after_line: str = ""
+) -> tuple[int, str, int]:
     """Run `dorarl train ARGS` in its own process group; once metrics.jsonl has `after_rows`
-    rows, send SIGINT `times` times to the group, each once the run has taken the one
-    before (two close together would reach Python's handler once); returns (exit code,
-    stdout + stderr, the rows metrics.jsonl had just before the first SIGINT)."""
+    rows and the run has printed a line holding `after_line`, send SIGINT `times` times to
+    the group, each once the run has taken the one before (two close together would reach
+    Python's handler once); returns (exit code, stdout + stderr, the rows metrics.jsonl had
+    just before the first SIGINT)."""
     cmd = [sys.executable, "-m", "dorarl.cli", "train", *args]
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}  # each line as the run prints it
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=env,
+    )  # fmt: skip
     lines: list[str] = []
 
     def read() -> None:
@@ -46,9 +52,14 @@ def _interrupt(args: list[str], out: Path, after_rows: int, times: int) -> tuple
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     deadline = time.monotonic() + 600
-    while len(_lines(out / "metrics.jsonl")) < after_rows and proc.poll() is None:
+
+    def waiting() -> bool:
+        told = any(after_line in line for line in list(lines))
+        return (len(_lines(out / "metrics.jsonl")) < after_rows or not told) and proc.poll() is None
+
+    while waiting():
         assert time.monotonic() < deadline, "no training step logged in 600 s"
-        time.sleep(0.2)
+        time.sleep(0.05)
     rows_at_signal = len(_lines(out / "metrics.jsonl"))
     for sent in range(times):
         os.killpg(proc.pid, signal.SIGINT)
@@ -85,8 +96,16 @@ def test_sigint_stops_the_run_and_the_printed_command_finishes_it(tmp_path):
     command = printed.strip()
     assert command == f"dorarl train resume={out}" == summary["resume_command"]
 
-    # the printed command, interrupted twice: it aborts at once, cleanly, after a new step
-    rc, text, rows = _interrupt(shlex.split(command)[2:], out, stopped + 1, times=2)
+    # the first stop kept what it had sampled: the complete groups it had not trained on
+    carried = {g["group_id"] for g in state["extra_state"]["carried_groups"]}
+    assert len(carried) == summary["queued_at_end"] and summary["in_flight_at_end"] == 0
+    assert summary["dropped_total"] == 0, summary
+
+    # the printed command, interrupted twice: it aborts at once, cleanly. The first SIGINT
+    # goes as the run says its actors are up, so it has steps left to stop after (a signal
+    # sent once it had logged a step could find it past its last one)
+    resumed = shlex.split(command)[2:]
+    rc, text, rows = _interrupt(resumed, out, 0, times=2, after_line="actors up in")
     assert rc == 130 and "Traceback" not in text and "dorarl: aborted" in text, text
     # the first SIGINT's checkpoint is saved when the step in flight ends; the second may
     # abort before it (the aborted segment rolls back) or after it (its steps are kept).
@@ -105,11 +124,17 @@ def test_sigint_stops_the_run_and_the_printed_command_finishes_it(tmp_path):
     assert len(samples) == len(set(samples))  # each trajectory trained once in this history
     trained = [t["train_version"] for t in trajectories]
     assert trained == sorted(trained) and set(trained) == set(range(STEPS))
+    assert carried <= {t["group_id"] for t in trajectories}  # trained after the resume
     # summary and trace are the whole run's: the stopped segment, the aborted one if its
     # checkpoint holds (else its steps were all rolled back, its records with them) and the
     # one that finished the run
     summary = json.loads((out / "summary.json").read_text())
     assert summary.get("stopped_by") is None and summary["steps"] == STEPS
+    # no group lost: every one dispatched is consumed, filtered, queued or in flight at the
+    # end, across the segments (the carried ones dispatched once, in the stopped segment)
+    ends = summary["queued_at_end"] + summary["in_flight_at_end"] + summary["dropped_total"]
+    assert summary["dispatched"] == summary["consumed"] + summary["filtered"] + ends, summary
+    assert summary["dropped_total"] == 0 and summary["carried_in"] >= len(carried), summary
     aborted = [(stopped, kept, "killed")] if kept > stopped else []
     assert [(s["start_version"], s["end_version"], s["ended"]) for s in summary["segments"]] == [
         (0, stopped, "stopped"),

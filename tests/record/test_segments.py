@@ -9,7 +9,7 @@ from dorarl.controller import Dispatch, SampleDone, Start, Train, TrainDone
 from dorarl.data import Group, Sample
 from dorarl.jobs.run_folder import roll_back
 from dorarl.record import Recorder
-from dorarl.record.segments import end_segment, open_segment, write_run_records
+from dorarl.record.segments import end_segment, open_segment, run_books, write_run_records
 from dorarl.report.run_curve import read_curve
 
 EPOCH = 1_700_000_000.0
@@ -165,3 +165,29 @@ def test_the_runs_evaluations_come_from_its_evaluations_file_joined_by_version(t
     assert summary["eval"] == {"0": 0.1, "2": 0.4, "4": 0.6}  # v9: not in the history
     assert summary["eval_sampled"] == {"2": {"mean@2": 0.5}}
     assert (summary["eval_version_last"], summary["eval_accuracy_last"]) == (4, 0.6)
+
+
+def test_a_segment_killed_after_its_stop_checkpoint_counts_the_books_it_left(tmp_path):
+    """Stopped with 2 groups queued, resumed (carrying them), killed after its own stop
+    checkpoint (which kept the run's counts), resumed again: the whole run still adds up."""
+    _segment(tmp_path, 0, 2)
+    stopped = json.loads((tmp_path / "segments" / "000" / "summary.json").read_text())
+    stopped |= {"dispatched": 4, "completed": 4, "queued_at_end": 2}  # 2 left queued
+    (tmp_path / "segments" / "000" / "summary.json").write_text(json.dumps(stopped))
+    killed = {"dispatched": 5, "completed": 4, "consumed": 2, "filtered": 0, "carried_in": 2,
+              "dropped": {"in_flight_at_stop": 1}}  # fmt: skip  # and 4 queued at its stop
+    _segment(tmp_path, 2, 1, close=False)
+    books = run_books(run_books({}, stopped), killed)  # what its stop checkpoint held
+    folder = open_segment(tmp_path, 3, instances=1, slots=2, resumed_books=books)
+    rec = Recorder(tmp_path, mode="dora", k=1, num_instances=1, slots_per_instance=2,
+                   first_version=3, records_dir=folder)  # fmt: skip
+    for gid in (90, 91, 92, 93):
+        rec.carried(gid)
+    rec.observe(Start(0.0), [Train((90, 91, 92, 93), 3)])
+    rec.consumed([_group(gid, 2, 4) for gid in (90, 91, 92, 93)], 3)
+    rec.observe(TrainDone(4, 1.0), [])
+    end_segment(folder, rec.close(1.5), "finished", EPOCH + 50)
+    summary = write_run_records(tmp_path)
+    assert summary["carried_in"] == 2 + 4 and summary["dropped_total"] == 1
+    ends = summary["queued_at_end"] + summary["in_flight_at_end"] + summary["dropped_total"]
+    assert summary["dispatched"] == summary["consumed"] + summary["filtered"] + ends
