@@ -332,7 +332,7 @@ class EngineWorker:
             manifest.verify(named_tensors, version, where)
         self.engine.load_weights(named_tensors, version)
         if manifest is not None:
-            self._verify_hosted(manifest, version, where)
+            verify_hosted(self.engine, manifest, version, where)
         return WeightsReport(self.instance_id, version, time.time() - start, time.time())
 
     # ---- adapter versions (engine.max_versions > 1) ------------------------------------------
@@ -411,22 +411,6 @@ class EngineWorker:
             return self.engine.adapter_tensors(version)[0]
         return self.engine.state_dict() if self.engine.version == version else None
 
-    def _verify_hosted(self, manifest: Manifest, version: int, where: str) -> None:
-        """Check the engine's own tensors after the copy against `manifest`: what it will
-        sample with and serve to peers, not only what arrived. They are the copy's
-        destinations, in the manifest's dtype (the engines' own): the plain tensors and
-        the q/k/v and gate/up slices of the fused matrices (oneDNN's reordered copies are
-        made from these and cannot be compared bit for bit). A tied model's output layer
-        is its embedding, which a manifest's `lm_head.weight` (a sender whose alias came
-        apart) must then match. On a mismatch the engine holds no version's weights."""
-        hosted = self.engine.state_dict()
-        hosted.setdefault("lm_head.weight", hosted["model.embed_tokens.weight"])
-        try:
-            manifest.verify(hosted, version, f"{where} after the copy")
-        except WeightsRefused:
-            self.engine.version = NO_VERSION
-            raise
-
     def _check_empty(self) -> None:
         left = self.engine.request_ids()
         if left:
@@ -486,6 +470,23 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+
+def verify_hosted(engine: Engine, manifest: Manifest, version: int, where: str) -> None:
+    """Check `engine`'s own tensors after a copy against `manifest`: what it will sample
+    with and serve to peers, not only what arrived. They are the copy's destinations, in
+    the manifest's dtype (the engines' own): the plain tensors and the q/k/v and gate/up
+    slices of the fused matrices (oneDNN's reordered copies are made from these and cannot
+    be compared bit for bit). A tied model's output layer is its embedding, which a
+    manifest's `lm_head.weight` (a sender whose alias came apart) must then match. On a
+    mismatch the engine holds no version's weights."""
+    hosted = engine.state_dict()
+    hosted.setdefault("lm_head.weight", hosted["model.embed_tokens.weight"])
+    try:
+        manifest.verify(hosted, version, f"{where} after the copy")
+    except WeightsRefused:
+        engine.version = NO_VERSION
+        raise
 
 
 def with_ray_gpu_share(config: EngineConfig) -> EngineConfig:
