@@ -59,8 +59,9 @@ class EngineConfig:
     num_blocks: int | None = field(
         default=None,
         metadata={
-            "help": "KV blocks on the device; None: max_num_seqs full-length sequences, on "
-            "cuda at most what engine.gpu_memory_share leaves after weights and workspace",
+            "help": "KV blocks on the device; None: max_num_seqs full-length sequences, at "
+            "most what the engine's memory share leaves after weights and workspace (cuda: "
+            "engine.gpu_memory_share; cpu: a quarter of the host memory it may use)",
             "gt": 0,
         },
     )

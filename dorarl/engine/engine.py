@@ -37,10 +37,11 @@ from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.device_runner import DeviceRunner, build_graphs
+from dorarl.engine.host_memory import host_memory
 from dorarl.engine.kv_cache import KVCache, KVShape
 from dorarl.engine.linear import choose_kernel
 from dorarl.engine.lora import BASE_SLOT, ResidentAdapters, parse_adapter
-from dorarl.engine.memory import DEFAULT_SHARE, KVPlan, plan_kv
+from dorarl.engine.memory import DEFAULT_SHARE, HOST_SHARE, KVPlan, plan_kv
 from dorarl.engine.model import Transformer, rms_norm, rotate
 from dorarl.engine.model_runner import ModelRunner
 from dorarl.engine.model_spec import ModelSpec, read_hf_config, rope_tables, spec_from_hf
@@ -200,22 +201,33 @@ class Engine:
         self.fallbacks.append(FastPathFallback(key, instead, error))
 
     def _plan_pool(self) -> KVPlan | None:
-        """On cuda, the pool its memory share holds (an explicit engine.num_blocks wins);
-        refused in one line when not even one max_model_len sequence fits."""
+        """The pool its memory share holds (an explicit engine.num_blocks wins): on cuda its
+        GPU share, on the CPU `HOST_SHARE` of the host memory the process may use; refused in
+        one line when not even one max_model_len sequence fits."""
         memory = device_memory(self.device)
         if memory is None:
             return None
         free, total = memory
-        share = self.config.gpu_memory_share or DEFAULT_SHARE
+        default = DEFAULT_SHARE if self.device.type == "cuda" else HOST_SHARE
+        share = self.config.gpu_memory_share or default
         elem = torch.empty((), dtype=self.dtype).element_size()
         plan = plan_kv(self.spec, self.config, elem, self.backends.cuda_graphs, total, share, free)
         if not plan.explicit and not plan.fits:
-            raise ConfigError(
+            raise ConfigError(self._shortfall(plan))
+        logger.info("engine on %s: %s", self.device, plan.describe())
+        return plan
+
+    def _shortfall(self, plan: KVPlan) -> str:
+        """Why the default pool cannot run here, naming the key that sizes it."""
+        if self.device.type == "cuda" or self.config.gpu_memory_share is not None:
+            return (
                 f"engine.gpu_memory_share: {plan.shortfall()} on {self.device} (a larger "
                 "share, ray.engine_gpus, a smaller engine.max_model_len or a smaller model)"
             )
-        logger.info("engine on %s: %s", self.device, plan.describe())
-        return plan
+        return (
+            f"engine.num_blocks: unset, and on the CPU {plan.shortfall()} (set "
+            "engine.num_blocks, a smaller engine.max_model_len or a smaller model)"
+        )
 
     def setup(self) -> EngineSetup:
         """What this engine runs and how its pool was sized (reported at start)."""
@@ -837,10 +849,11 @@ class Engine:
 
 
 def device_memory(device: torch.device) -> tuple[int, int] | None:
-    """(free, total) bytes of a cuda device now; None elsewhere (a CPU pool keeps its size)."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.mem_get_info(device)
+    """(free, total) bytes the engine may use: a cuda device's now, the host memory this
+    process may use on the CPU; None elsewhere (a pool of max_num_seqs sequences)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    return host_memory() if device.type == "cpu" else None
 
 
 def _one_line(exc: Exception) -> str:

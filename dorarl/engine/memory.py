@@ -4,9 +4,10 @@ Pure arithmetic on byte counts, no device: tests give the totals (an H200's 141 
 card). On cuda the engine sizes its pool with `plan_kv` from `torch.cuda.mem_get_info`, as
 vLLM's gpu_memory_utilization does: share x total memory - weights - workspace, rounded down
 to blocks, and never more than `max_num_seqs` full-length sequences can use (an explicit
-`engine.num_blocks` wins). The driver and `dorarl train --print-placement` run the same
-arithmetic with a stated total before any actor starts. Torch-free, so the simulator's cost
-model takes `kv_bytes_per_token` from here.
+`engine.num_blocks` wins). On the CPU the same, `HOST_SHARE` of the host memory the
+process may use (dorarl.engine.host_memory). The driver and `dorarl train --print-placement`
+run the same arithmetic with a stated total before any actor starts. Torch-free, so the
+simulator's cost model takes `kv_bytes_per_token` from here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_SHARE = 0.9  # an engine on cuda outside a placement: vLLM's default utilization
+# An engine on the CPU shares the host with the trainer and its peer engines: its pool, weights
+# and workspace take at most this share of the memory the process may use (host_memory.py).
+HOST_SHARE = 0.25
 # The CUDA context, cuBLAS workspaces and loaded kernels: device memory outside torch's
 # allocator, which mem_get_info counts as used (measured by the device check).
 CONTEXT_BYTES = 1 << 30

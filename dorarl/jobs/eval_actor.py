@@ -3,8 +3,10 @@
 It never stalls rollout or training: versions are handed to it as they are published
 (`offer`), or, with `defer`, kept until the run ends so it takes no CPU from a timed run.
 Each result is appended to the run's evaluations.jsonl once it is seen finished, so a run
-stopped or killed later keeps it. An evaluation that fails, or an evaluator that dies (Ray's
-memory monitor may pick it), costs that evaluation, in one line, never the run.
+stopped or killed later keeps it. The evaluator checks a version's weights against the
+trainer's manifest as engines do, so weights that differ fail their evaluation instead of
+scoring it. An evaluation that fails, or an evaluator that dies (Ray's memory monitor may
+pick it), costs that evaluation, in one line, never the run.
 """
 
 from __future__ import annotations
@@ -67,18 +69,28 @@ class Evaluations:
         self.running: dict[int, ray.ObjectRef] = {}
         self.told: set[int] = set()  # versions whose results were looked at
         self.gone = False  # the evaluator died: later versions go unevaluated
-        self.deferred: dict[int, ray.ObjectRef | None] = {start: None}  # version -> weights
+        # version -> its weights and the manifest they must match (None: what it holds)
+        self.deferred: dict[int, tuple[ray.ObjectRef, ray.ObjectRef] | None] = {start: None}
         if not defer:
             self.running[start] = evaluator.evaluate.remote(None, start)
 
-    def offer(self, version: int, weights: ray.ObjectRef) -> None:
-        """`version` was published with `weights`: evaluate it if it is wanted."""
+    def offer(self, version: int, weights: ray.ObjectRef, manifest: ray.ObjectRef) -> None:
+        """`version` was published with `weights`, which must match the trainer's `manifest`
+        (the evaluator refuses them otherwise): evaluate it if it is wanted."""
         if version not in self.wanted or self.gone:
             return
         if self.defer:
-            self.deferred[version] = weights
+            self.deferred[version] = (weights, manifest)
         elif version not in self.running:
-            self.running[version] = self.evaluator.evaluate.remote(weights, version)
+            self.running[version] = self._evaluate(version, (weights, manifest))
+
+    def _evaluate(
+        self, version: int, sent: tuple[ray.ObjectRef, ray.ObjectRef] | None
+    ) -> ray.ObjectRef:
+        """Ask for `version`'s evaluation: of its weights checked by their manifest, or
+        with None of what the evaluator holds."""
+        weights, manifest = sent if sent is not None else (None, None)
+        return self.evaluator.evaluate.remote(weights, version, manifest)
 
     def finished(self) -> dict[int, dict[str, Any]]:
         """The evaluations finished by now (a stopped run waits for no others)."""
@@ -93,9 +105,7 @@ class Evaluations:
         now); one not finished by then is left out, in one line, and the run ends without
         it (its checkpoint and summary matter more than one evaluation)."""
         if self.defer and not self.gone:
-            self.running = {
-                v: self.evaluator.evaluate.remote(w, v) for v, w in self.deferred.items()
-            }
+            self.running = {v: self._evaluate(v, sent) for v, sent in self.deferred.items()}
         refs = list(self.running.values())
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
         late = sorted(v for v, ref in self.running.items() if ref in set(pending))

@@ -312,7 +312,8 @@ def _step_hook(
         version = row["new_version"]
         runtime = runtime_of()
         if version in evals.wanted:  # a copy of the weights only for a version evaluated
-            evals.offer(version, runtime.weights.trainer_copy(version))
+            weights = runtime.weights
+            evals.offer(version, weights.trainer_copy(version), weights.manifest_for(version, None))
         scalars.log(row)
         signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)

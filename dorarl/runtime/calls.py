@@ -1,12 +1,13 @@
 """The Ray runtime's remote calls in flight, each waiting for its answer.
 
-Every call whose result the runtime acts on is one record here, of its own type: what it
-is (a stepping burst, a weight load, a migration; a training step, a replayed one, a
-checkpoint write) with the fields its answer needs, its answer's reference, when it was
-sent, and the incarnation of each engine instance then (`generations`: an instance's
-number goes up each time a dead actor is replaced), so a result from a replaced actor is
-recognised as stale. `ready` gives results in submission order: an actor runs its calls
-in that order, but Ray orders nothing across actors.
+Every call whose result or failure the runtime must see is one record here, of its own
+type: what it is (a stepping burst, a weight load, a migration, a call read only for its
+failure; a training step, a replayed one, a checkpoint write) with the fields its answer
+needs, its answer's reference, when it was sent, and the incarnation of each engine
+instance then (`generations`: an instance's number goes up each time a dead actor is
+replaced), so a result from a replaced actor is recognised as stale. `ready` gives results
+in submission order: an actor runs its calls in that order, but Ray orders nothing across
+actors.
 """
 
 from __future__ import annotations
@@ -132,6 +133,29 @@ class MigrateCall(EngineCall):
     @property
     def worker(self) -> str:
         return f"engine instance {self.src} or {self.dst} (request migration)"
+
+
+@dataclass(frozen=True)
+class SendCall(EngineCall):
+    """A call on instance `iid` that changes what it holds and answers nothing the runtime
+    acts on (`what`: requests added, an observation, versions to keep): read only for its
+    failure, which stops the run (a lost actor's is recovery's, which starts the
+    instance's requests again), so no request stays counted on an engine that lacks it."""
+
+    iid: int
+    what: str
+
+    @property
+    def lands_on(self) -> int:
+        return self.iid
+
+    @property
+    def engines(self) -> tuple[int, ...]:
+        return (self.iid,)
+
+    @property
+    def worker(self) -> str:
+        return f"engine instance {self.iid} ({self.what})"
 
 
 # ---- calls on the trainer actor ----------------------------------------------------------

@@ -56,7 +56,15 @@ from dorarl.controller import (
 from dorarl.data import NewSegment
 from dorarl.driver import Driver, RequestSpec
 from dorarl.record.pacing import PaceTally
-from dorarl.runtime.calls import CallTable, EngineCall, LoadCall, MigrateCall, RunCall, lives
+from dorarl.runtime.calls import (
+    CallTable,
+    EngineCall,
+    LoadCall,
+    MigrateCall,
+    RunCall,
+    SendCall,
+    lives,
+)
 from dorarl.runtime.rollout import RolloutPlan
 from dorarl.runtime.transfer.weights import WeightTransport
 from dorarl.runtime.workers.engine_worker import RunReport, WeightsReport
@@ -111,7 +119,8 @@ class EngineFleet:
     def release_version(self, c: ReleaseVersion) -> None:
         """An older version none of the instance's requests use any more: its adapter goes
         (the engine keeps it should a request still run under it, and says so)."""
-        self.unload(c.instance_id, c.version)
+        ref = self.unload(c.instance_id, c.version)
+        self._send(c.instance_id, f"releasing version {c.version}", ref)
 
     # ---- versions on an engine -------------------------------------------------------------
     def host_first(self, version: int, timeout_s: float) -> None:
@@ -163,12 +172,15 @@ class EngineFleet:
             if rid in self._resetting:
                 self._resetting[rid] = c.version
         refs = list(dict.fromkeys(self._parked.pop(rid) for rid in c.request_ids))
-        self.workers[c.instance_id].resume.remote(list(c.request_ids), *refs, version=c.version)
+        worker = self.workers[c.instance_id]
+        ref = worker.resume.remote(list(c.request_ids), *refs, version=c.version)
+        self._send(c.instance_id, "resuming requests", ref)
         self._release_held_back(c.request_ids)
         self.keep_running(c.instance_id)
 
     def offload(self, c: Offload) -> None:
-        self.workers[c.instance_id].offload.remote(c.request_id)
+        ref = self.workers[c.instance_id].offload.remote(c.request_id)
+        self._send(c.instance_id, "offloading a request", ref)
 
     # ---- what recovery and the commands share -------------------------------------------
     def start(
@@ -185,7 +197,8 @@ class EngineFleet:
         if requests:
             versions = [None if spec.version in held else version for spec in requests]
             if self.plan.episodes is None:
-                self.workers[iid].add.remote(self.plan.requests(requests, versions))
+                ref = self.workers[iid].add.remote(self.plan.requests(requests, versions))
+                self._send(iid, "adding requests", ref)
             else:
                 self._reset(requests, versions)
         self.keep_running(iid)
@@ -305,6 +318,9 @@ class EngineFleet:
             stats = report.stats
             self.driver.deliver(InstanceStats(iid, stats.running, stats.waiting, usage, self.now()))
 
+    def on_sent(self, result: Any, call: SendCall) -> None:
+        """A call read only for its failure ran: nothing to act on."""
+
     def on_loaded(self, report: WeightsReport, call: LoadCall) -> None:
         self.recorder.overhead("load_balance", self.now() - call.started)
         self.driver.deliver(WeightsLoaded(report.instance_id, report.version, self.now()))
@@ -385,15 +401,15 @@ class EngineFleet:
             ids, reason = self._held_back.pop(rid)
             if rid in self._resetting:
                 spec = requests.spec(rid)
-                self.workers[iid].add.remote(
-                    [self.plan.request(spec, ids, self._resetting.pop(rid))]
-                )
+                new = self.plan.request(spec, ids, self._resetting.pop(rid))
+                self._send(iid, "adding an episode", self.workers[iid].add.remote([new]))
             elif ids is None:
                 self._env_waiting.discard(rid)
                 self._end_episode(rid, iid, reason)
                 continue
             else:
-                self.workers[iid].continue_.remote(rid, ids, isinstance(ids, NewSegment))
+                ref = self.workers[iid].continue_.remote(rid, ids, isinstance(ids, NewSegment))
+                self._send(iid, "continuing an episode", ref)
             if rid in self._env_waiting:
                 self._env_waiting.discard(rid)
                 spec = requests.spec(rid)
@@ -403,7 +419,7 @@ class EngineFleet:
     def _end_episode(self, rid: str, iid: int, reason: str | None) -> None:
         assert self.plan.episodes is not None
         state, last = self.plan.episodes.finish(rid, reason)
-        self.workers[iid].end.remote([rid])
+        self._send(iid, "ending an episode", self.workers[iid].end.remote([rid]))
         sample = self.plan.sample(self.driver.requests.spec(rid), last, episode=state)
         self.driver.sample_done(iid, sample)
 
@@ -418,8 +434,18 @@ class EngineFleet:
 
     # ---- helpers -------------------------------------------------------------------------
     def _carry(self, iid: int, version: int, source: int) -> ray.ObjectRef:
+        """Load `version` on `iid` from `source`, first telling it the older versions the
+        controller holds there (their adapters stay through the load: a request of one may
+        still come, its episode's reset out)."""
+        worker = self.workers[iid]
+        held = [v for v in self.driver.controller.instance(iid).held if v != version]
+        self._send(iid, "holding versions", worker.hold_versions.remote(held))
         peer = None if source == TRAINER else self.workers[source]
-        return self.weights.load(self.workers[iid], version, peer)
+        return self.weights.load(worker, version, peer)
+
+    def _send(self, iid: int, what: str, ref: ray.ObjectRef) -> None:
+        """Track a call read only for its failure (the runtime's loop stops the run on one)."""
+        self.calls.submit(SendCall(iid, what, **self._sent(ref)))
 
     def _sent(self, ref: ray.ObjectRef) -> dict[str, Any]:
         """What every engine call records: its answer, now, each instance's incarnation."""

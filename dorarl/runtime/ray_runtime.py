@@ -47,6 +47,7 @@ from dorarl.runtime.calls import (
     MigrateCall,
     ReplayCall,
     RunCall,
+    SendCall,
     StepCall,
     TrainerCall,
 )
@@ -298,6 +299,7 @@ class RayRuntime:
             RunCall: engines.on_run,
             LoadCall: engines.on_loaded,
             MigrateCall: engines.on_migrated,
+            SendCall: engines.on_sent,
             StepCall: trainer.on_trained,
             CheckpointCall: trainer.on_saved,
         }

@@ -1,7 +1,8 @@
 """An engine on a device that reports its memory (cuda; here the CPU given cuda's figures)
 sizes its KV pool from its share of it: weights and workspace first, whole blocks, an
 explicit num_blocks winning, one line when not even one sequence fits; the decode graphs'
-split-K partials are sized from what that pool holds."""
+split-K partials are sized from what that pool holds. On the CPU the default pool is what
+`HOST_SHARE` of the host memory the process may use holds."""
 
 import dataclasses
 import os
@@ -13,7 +14,7 @@ import dorarl.engine.engine as engine_module
 from dorarl.config import ConfigError
 from dorarl.engine import EngineConfig
 from dorarl.engine.backends import resolve_backends
-from dorarl.engine.memory import plan_kv
+from dorarl.engine.memory import HOST_SHARE, plan_kv
 from dorarl.engine.model_spec import spec_from_hf
 
 SMALL = dict(
@@ -74,6 +75,40 @@ def test_a_share_that_cannot_hold_one_sequence_is_refused_in_one_line(device_of)
     device_of(_memory_for(5))  # one 96-token sequence needs 6 blocks
     with pytest.raises(ConfigError, match=r"^engine.gpu_memory_share: 0.5 of .* cannot hold"):
         make_engine(tiny_model("qwen2", seed=1), **SMALL, gpu_memory_share=0.5)
+
+
+@pytest.fixture
+def host_of(monkeypatch):
+    """The host reporting `total` bytes of memory the process may use, all free."""
+
+    def report(total: int) -> None:
+        monkeypatch.setattr(engine_module, "host_memory", lambda: (total, total))
+
+    return report
+
+
+def test_the_default_pool_on_the_cpu_stays_within_the_host_budget(host_of):
+    total = _memory_for(POOL, share=HOST_SHARE)
+    host_of(total)
+    engine = make_engine(tiny_model("qwen2", seed=1), **SMALL)
+    assert engine.config.kv_blocks == 48 and engine.kv_blocks == POOL  # 48 would not fit
+    plan = engine.kv_plan
+    pool_bytes = engine.kv.pool.numel() * engine.kv.pool.element_size()
+    assert pool_bytes == POOL * plan.block_bytes
+    assert plan.weight_bytes + plan.workspace.total + pool_bytes <= HOST_SHARE * total
+    assert " in 0.25 of " in engine.setup().kv_budget
+
+
+def test_an_explicit_num_blocks_wins_on_the_cpu(host_of):
+    host_of(_memory_for(POOL, share=HOST_SHARE))
+    engine = make_engine(tiny_model("qwen2", seed=1), **{**SMALL, "num_blocks": 40})
+    assert engine.kv_blocks == 40 and engine.kv.pool.shape[2] == 40
+
+
+def test_a_host_that_cannot_hold_one_sequence_is_refused_in_one_line(host_of):
+    host_of(_memory_for(5, share=HOST_SHARE))
+    with pytest.raises(ConfigError, match=r"^engine.num_blocks: unset, and on the CPU 0.25 of"):
+        make_engine(tiny_model("qwen2", seed=1), **SMALL)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter")

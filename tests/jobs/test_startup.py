@@ -88,7 +88,7 @@ def test_an_evaluation_not_done_in_time_is_left_out_and_the_run_goes_on(
     local_ray, tmp_path, caplog
 ):
     class Evaluator:  # v0 answers at once, v2 never within the bound
-        def evaluate(self, weights, version: int) -> dict:
+        def evaluate(self, weights, version: int, manifest=None) -> dict:
             if version:
                 time.sleep(60)
             return {"version": version, "accuracy": 0.5, "n": 4}
@@ -96,7 +96,7 @@ def test_an_evaluation_not_done_in_time_is_left_out_and_the_run_goes_on(
     evaluator = local_ray.remote(num_cpus=0)(Evaluator).remote()
     record = tmp_path / "evaluations.jsonl"
     evals = Evaluations(evaluator, {0, 2}, 0, False, record, timeout_s=3)
-    evals.offer(2, None)
+    evals.offer(2, None, None)
     started = time.monotonic()
     results = evals.all()
     assert time.monotonic() - started < 15
@@ -110,7 +110,7 @@ def test_an_evaluator_that_dies_costs_its_evaluations_not_the_run(local_ray, tmp
     later versions go unevaluated, and nothing raises into the run."""
 
     class Evaluator:  # v0 answers at once, v2 takes the process down
-        def evaluate(self, weights, version: int) -> dict:
+        def evaluate(self, weights, version: int, manifest=None) -> dict:
             if version:
                 os._exit(1)
             return {"version": version, "accuracy": 0.5, "n": 4}
@@ -123,10 +123,10 @@ def test_an_evaluator_that_dies_costs_its_evaluations_not_the_run(local_ray, tmp
     while 0 not in evals.recorded and time.monotonic() < deadline:
         evals.finished()
         time.sleep(0.1)
-    evals.offer(2, None)
+    evals.offer(2, None, None)
     while 2 in evals.running and time.monotonic() < deadline:
         evals.finished()
         time.sleep(0.1)
     assert evals.gone and "evaluation of v2 failed, left out (ActorDiedError" in caplog.text
-    evals.offer(4, None)  # nobody left to evaluate it: not asked
+    evals.offer(4, None, None)  # nobody left to evaluate it: not asked
     assert list(evals.all()) == [0] and len(record.read_text().splitlines()) == 1

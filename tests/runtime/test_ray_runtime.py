@@ -202,8 +202,9 @@ def _dora_k1_runtime(
         engines=max_restarts, respawn_engine=lambda i: spawn_engine(i, engine, pace)
     )
     transport = config.weights.spec(
-        config.engine.device, config.trainer.device, config.engine.dtype
-    )
+        config.engine.device, config.trainer.device, config.engine.dtype,
+        adapters=config.adapter_versions,
+    )  # fmt: skip
     plan = RayRunPlan(
         config.controller_config(None), task, rollout_settings(config, task), workers, trainer,
         restarts=restarts, transport=transport, out_dir=out, records_dir=records_dir,

@@ -12,6 +12,8 @@ the group still has one version. Then the failed call's effect is redone:
 
 - a stepping burst (`run`): nothing to redo; its finished requests, if any, were started
   again with the others, and a stale report is dropped whole, so none is reported twice;
+- a call read only for its failure (requests added, an observation sent): nothing to
+  redo, the replacement started the instance's requests again;
 - a weight load: loaded again on the destination's current actor, from a live copy;
 - a migration: its snapshots outlive a dead destination (the driver owns them), so they
   land on the replacement with their KV; if the source died before exporting, its
@@ -33,7 +35,15 @@ from typing import Any
 import ray
 
 from dorarl.driver import Driver
-from dorarl.runtime.calls import DEATHS, Call, EngineCall, LoadCall, MigrateCall, RunCall
+from dorarl.runtime.calls import (
+    DEATHS,
+    Call,
+    EngineCall,
+    LoadCall,
+    MigrateCall,
+    RunCall,
+    SendCall,
+)
 from dorarl.runtime.engines import EngineFleet
 
 log = logging.getLogger(__name__)
@@ -75,6 +85,8 @@ class InstanceRecovery:
         match call:
             case RunCall():
                 self.fleet.run_ended(call)
+            case SendCall():  # the replacement started the instance's requests again
+                pass
             case LoadCall(iid=iid, version=version):
                 self.fleet.load(iid, version, self._source(version, avoid=iid))
             case MigrateCall() if _exported(call):

@@ -80,6 +80,9 @@ class WeightTransport(Protocol):
     def trainer_copy(self, version: int) -> ray.ObjectRef:
         """A reference to the trainer's CPU copies of `version` (the evaluator loads it)."""
 
+    def manifest_for(self, version: int, peer: Any | None) -> ray.ObjectRef:
+        """The manifest a copy of `version` from `peer` (None: the trainer's) must match."""
+
     def kv_route(self, src: Any, dst: Any) -> tuple[int, str] | None:
         """How a migration's KV goes from engine `src` to `dst`: the source's rank and
         "group" | "ipc" (dorarl.runtime.transfer.kv_transfer), or None: inside the snapshots,

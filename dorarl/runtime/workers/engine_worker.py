@@ -9,9 +9,11 @@ whatever carried it, and the engine's own weights against it once copied.
 
 A load is of full weights, or, with an adapter manifest (a LoRA run on engines with
 `engine.max_versions > 1`), of one version's adapter over the base the engine started on
-(version 0, the base itself, never travels): the adapter goes into a free slot, adapters
-of versions no request here still uses are dropped, and every request names its version.
-`resident_versions` and `unload_version` are the rest of that interface. With a
+(version 0, the base itself, never travels): the adapter goes into a free slot, every
+request names its version, and an adapter goes only when the runtime no longer holds its
+version here (`hold_versions`, from the controller's view, which counts requests whose
+episode reset is still out) and no request here uses it. `resident_versions` and
+`unload_version` are the rest of that interface. With a
 `DeviceModel`, every engine step lasts its device time (dorarl.record.pacing). On cuda the
 engine's memory share is its GPU share in Ray unless `engine.gpu_memory_share` says
 otherwise. A setting the engine refuses at start (`ConfigError`, `UserInputError`) is raised
@@ -123,6 +125,9 @@ class EngineWorker:
         self.group: WeightGroup | None = None  # the weight-transfer group, once joined
         self._shared: dict[int, list[torch.Tensor]] = {}  # buckets a peer on this GPU reads
         self.held_kv = kv_transfer.HeldKV()  # exported KV waiting for its destination
+        # older versions the controller holds here for requests that may still come (an
+        # episode whose reset is out is on no engine yet): their adapters stay
+        self._held: set[int] = set()
         self._startup = clock.done()
 
     @property
@@ -327,7 +332,7 @@ class EngineWorker:
             manifest.verify(named_tensors, version, where)
         self.engine.load_weights(named_tensors, version)
         if manifest is not None:
-            self._verify_hosted(manifest, version, where)
+            verify_hosted(self.engine, manifest, version, where)
         return WeightsReport(self.instance_id, version, time.time() - start, time.time())
 
     # ---- adapter versions (engine.max_versions > 1) ------------------------------------------
@@ -335,9 +340,9 @@ class EngineWorker:
         self, named: dict[str, torch.Tensor], version: int, manifest: Manifest
     ) -> WeightsReport:
         """Load `version`'s adapter into a free slot (beside requests of other versions), then
-        drop the adapters no request here still uses. Checked against `manifest` first (a
-        refusal changes nothing) and once in its slot (a mismatch unloads it); slots are
-        freed before the load only when none is free."""
+        drop the adapters neither held (`hold_versions`) nor used here. Checked against
+        `manifest` first (a refusal changes nothing) and once in its slot (a mismatch unloads
+        it); slots are freed before the load only when none is free."""
         if version in self.engine.resident_versions():
             return self.host_resident(version)
         start = time.time()
@@ -358,7 +363,8 @@ class EngineWorker:
 
     def host_resident(self, version: int) -> WeightsReport:
         """Host `version`, which this engine holds already (a LoRA run's base, version 0,
-        or a resident adapter): nothing moves; the adapters no request uses are dropped."""
+        or a resident adapter): nothing moves; the adapters neither held nor used are
+        dropped."""
         start = time.time()
         if version not in self.engine.resident_versions():
             raise WeightsRefused(
@@ -368,9 +374,16 @@ class EngineWorker:
         self._drop_unused(keep=version)
         return WeightsReport(self.instance_id, version, time.time() - start, time.time())
 
+    def hold_versions(self, versions: list[int]) -> list[int]:
+        """Keep the adapters of `versions` (older ones the controller holds here for its
+        requests) through the loads that follow, until each is unloaded; returns them."""
+        self._held = set(versions)
+        return sorted(self._held)
+
     def unload_version(self, version: int) -> bool:
-        """Drop `version`'s adapter unless a request here still runs under it; returns
-        whether it went (False: still in use, or no such adapter)."""
+        """Drop `version`'s adapter (no longer held) unless a request here still runs under
+        it; returns whether it went (False: still in use, or no such adapter)."""
+        self._held.discard(version)
         if version not in self._adapters() or version in self.engine.versions_in_use():
             return False
         self.engine.unload_version(version)
@@ -384,8 +397,9 @@ class EngineWorker:
         return self.engine.resident_versions()[1:]
 
     def _drop_unused(self, keep: int) -> None:
+        """Drop the adapters of versions other than `keep` that the runtime does not hold."""
         for version in self._adapters():
-            if version != keep:
+            if version != keep and version not in self._held:
                 self.unload_version(version)
 
     def _served(self, version: int, manifest: Manifest) -> dict[str, torch.Tensor] | None:
@@ -396,22 +410,6 @@ class EngineWorker:
                 return None
             return self.engine.adapter_tensors(version)[0]
         return self.engine.state_dict() if self.engine.version == version else None
-
-    def _verify_hosted(self, manifest: Manifest, version: int, where: str) -> None:
-        """Check the engine's own tensors after the copy against `manifest`: what it will
-        sample with and serve to peers, not only what arrived. They are the copy's
-        destinations, in the manifest's dtype (the engines' own): the plain tensors and
-        the q/k/v and gate/up slices of the fused matrices (oneDNN's reordered copies are
-        made from these and cannot be compared bit for bit). A tied model's output layer
-        is its embedding, which a manifest's `lm_head.weight` (a sender whose alias came
-        apart) must then match. On a mismatch the engine holds no version's weights."""
-        hosted = self.engine.state_dict()
-        hosted.setdefault("lm_head.weight", hosted["model.embed_tokens.weight"])
-        try:
-            manifest.verify(hosted, version, f"{where} after the copy")
-        except WeightsRefused:
-            self.engine.version = NO_VERSION
-            raise
 
     def _check_empty(self) -> None:
         left = self.engine.request_ids()
@@ -472,6 +470,23 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+
+def verify_hosted(engine: Engine, manifest: Manifest, version: int, where: str) -> None:
+    """Check `engine`'s own tensors after a copy against `manifest`: what it will sample
+    with and serve to peers, not only what arrived. They are the copy's destinations, in
+    the manifest's dtype (the engines' own): the plain tensors and the q/k/v and gate/up
+    slices of the fused matrices (oneDNN's reordered copies are made from these and cannot
+    be compared bit for bit). A tied model's output layer is its embedding, which a
+    manifest's `lm_head.weight` (a sender whose alias came apart) must then match. On a
+    mismatch the engine holds no version's weights."""
+    hosted = engine.state_dict()
+    hosted.setdefault("lm_head.weight", hosted["model.embed_tokens.weight"])
+    try:
+        manifest.verify(hosted, version, f"{where} after the copy")
+    except WeightsRefused:
+        engine.version = NO_VERSION
+        raise
 
 
 def with_ray_gpu_share(config: EngineConfig) -> EngineConfig:

@@ -4,7 +4,9 @@ seeded samples per prompt) through its own engine, any version.
 Runs beside rollout so an evaluation never stalls the instances or the trainer. In a LoRA
 run whose versions travel as adapters (`EvalAdapters`) it is given adapters and merges
 each into the base its folder holds, read again from the folder each time (its engine
-then holds that merge, not the base).
+then holds that merge, not the base). A version's weights are checked against the trainer's
+manifest as engines check theirs (`Manifest.verify` as they arrive, `verify_hosted` once
+copied; an adapter as it arrives): a mismatch refuses the evaluation, never scores it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from dorarl.engine import Engine, EngineConfig
 from dorarl.engine.lora import merge_adapter
 from dorarl.engine.weights import from_checkpoint, load_folder
 from dorarl.runtime.threads import apply_threads
+from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused
+from dorarl.runtime.workers.engine_worker import verify_hosted
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import EvalSampling, evaluate
@@ -67,16 +71,34 @@ class EvalWorker:
         base = from_checkpoint(self.engine.spec, load_folder(self.model_folder))
         return merge_adapter(base, adapter, self.adapters.alpha, self.adapters.rank)
 
-    def evaluate(self, weights: dict[str, torch.Tensor] | None, version: int) -> dict[str, Any]:
+    def evaluate(
+        self,
+        weights: dict[str, torch.Tensor] | None,
+        version: int,
+        manifest: Manifest | None = None,
+    ) -> dict[str, Any]:
         """Evaluate `version`: `weights` (full, or an adapter with EvalAdapters), or with
-        None what the engine holds."""
+        None what the engine holds. `weights` must match the sender's `manifest`
+        (WeightsRefused names the tensor that does not)."""
+        if weights is not None and manifest is None:
+            raise WeightsRefused(
+                f"weights of version {version} refused on the evaluator: no manifest to check"
+            )
         if weights is not None:
-            if self.adapters is not None:
-                weights = self._merged(weights)
-            self.engine.load_weights(weights, version)
+            self._load(weights, version, manifest)
         started = time.time()
         result: dict[str, Any] = dict(
             evaluate(self.engine, self.task, max_prompts=self.max_prompts, sampling=self.sampling)
         )
         result.update(version=version, eval_s=time.time() - started)
         return result
+
+    def _load(self, weights: dict[str, torch.Tensor], version: int, manifest: Manifest) -> None:
+        """Load `version`, checked as it arrives and, full weights, once copied."""
+        where = "the evaluator"
+        manifest.verify(weights, version, where)
+        if self.adapters is not None:
+            weights = self._merged(weights)
+        self.engine.load_weights(weights, version)
+        if manifest.adapter is None:
+            verify_hosted(self.engine, manifest, version, where)

@@ -1,7 +1,8 @@
 """An engine worker hosting LoRA versions as adapters over its base (engine.max_versions > 1),
 in one process: an adapter version samples what the merged weights sample, its slot reads
 back bit for bit, a corrupted adapter is refused by its fingerprint with the resident
-adapters unchanged, and a load drops the adapters no request still uses."""
+adapters unchanged, and a load drops the adapters neither held by the runtime nor used by
+a request."""
 
 import pytest
 import torch
@@ -117,6 +118,21 @@ def test_a_load_drops_the_adapters_no_request_uses(tiny_model_dir, adapters):
     assert worker.resident_versions() == [0]
     with pytest.raises(WeightsRefused, match="version 5 is not resident on instance 0"):
         worker.host_resident(5)
+
+
+def test_a_held_version_stays_through_loads_until_it_is_unloaded(tiny_model_dir, adapters):
+    """The runtime holds 1 for a request that is on no engine yet (its episode's reset is
+    out): loads keep its adapter, and the request then runs under it."""
+    worker = EngineWorker(0, str(tiny_model_dir), _config())
+    worker.load_weights(adapters[1], 1, _manifest(adapters[1], 1))
+    assert worker.hold_versions([1]) == [1]
+    worker.load_weights(adapters[2], 2, _manifest(adapters[2], 2))
+    assert worker.host_resident(2).version == 2
+    assert worker.resident_versions() == [0, 1, 2]
+    tokens, _ = _sample(worker, "late", 1)
+    assert tokens
+    assert worker.unload_version(1)
+    assert worker.resident_versions() == [0, 2]
 
 
 def test_the_engine_adapts_what_the_run_config_allows():
