@@ -35,6 +35,7 @@ from dorarl.data.samples import SegmentStart
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
+from dorarl.engine.capabilities import Capabilities
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.device_runner import DeviceRunner, build_graphs
 from dorarl.engine.host_memory import host_memory
@@ -89,6 +90,13 @@ _COUNTERS = (
 
 
 class Engine:
+    # KV travels with a migrated request, moves to host memory, adapters share a step,
+    # MoE routes are recorded, the weights are served to peers, log-probs are the trainer's
+    capabilities = Capabilities(
+        kv_export=True, offload=True, adapters=True, route_recording=True,
+        serves_weights=True, exact_logprobs=True,
+    )  # fmt: skip
+
     def __init__(
         self,
         hf_config: PretrainedConfig,

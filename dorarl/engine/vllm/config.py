@@ -1,0 +1,50 @@
+"""vLLM's own engine arguments for a `VllmEngine` (engine.vllm.*), checked without vllm."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dorarl.config import check_fields
+
+VllmDtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(kw_only=True)
+class VllmArgs:
+    """Passed through to vLLM's `EngineArgs`; `max_model_len`, `max_num_seqs` and the
+    prefix cache come from `EngineConfig`."""
+
+    tensor_parallel_size: int = field(
+        default=1, metadata={"help": "GPUs one instance's vLLM engine shards over", "gt": 0}
+    )
+    gpu_memory_utilization: float = field(
+        default=0.9,
+        metadata={"help": "share of each GPU for vLLM's weights and KV", "gt": 0, "le": 1},
+    )
+    enforce_eager: bool = field(
+        default=False, metadata={"help": "no torch.compile or CUDA graphs (faster start)"}
+    )
+    dtype: VllmDtype = field(
+        default="auto",
+        metadata={"help": "auto (float32 on cpu, where bfloat16 drifts from HF; else the "
+                  "model's) | float32 | bfloat16 | float16"},
+    )  # fmt: skip
+    kv_cache_dtype: str = field(default="auto", metadata={"help": "vLLM's kv_cache_dtype"})
+    max_num_seqs: int | None = field(
+        default=None,
+        metadata={"help": "vLLM's max_num_seqs; None: engine.max_num_seqs", "gt": 0},
+    )
+    block_size: int | None = field(
+        default=None,
+        metadata={"help": "tokens per KV block; None: vLLM's choice for the device (CPU "
+                  "attention takes multiples of 32)", "gt": 0},
+    )  # fmt: skip
+    run_name: str = field(
+        default="",
+        metadata={"help": "names the run in every request's cache_salt (empty: a random id "
+                  "per engine)"},
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_fields(self, "engine.vllm.")

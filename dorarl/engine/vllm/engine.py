@@ -1,0 +1,373 @@
+"""`VllmEngine`: the calls a rollout instance makes of `Engine`, answered by one vLLM
+`LLMEngine` hosting one version.
+
+vLLM's engine core runs in this process (no engine-core process, no busy loop beside the
+caller): `step` is the caller's, as with our engine; a weight load hands the worker the
+tensors themselves (`collective_rpc` with the uniprocess executor calls the worker
+directly, where a separate process would pickle them); and a crash is this process's,
+which engine recovery already restarts. Every request carries a `cache_salt` naming the
+run and the hosted version, so no prefix block computed under one version is read under
+another. vLLM exports no request's KV: an aborted request continues by re-prefilling its
+prompt and tokens so far (`resume_request`), and every multi-turn turn is a new vLLM
+request over the whole token history, whose salted prefix cache prefills only new tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import uuid
+from pathlib import Path
+
+import torch
+import vllm
+from vllm.engine.arg_utils import EngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.llm_engine import LLMEngine
+
+from dorarl.engine.capabilities import Capabilities
+from dorarl.engine.config import EngineConfig, SamplingParams
+from dorarl.engine.outputs import EngineSetup, EngineStats, RequestOutput, RequestSnapshot, StepWork
+from dorarl.engine.sequence import next_segment_seed
+from dorarl.engine.token_ids import checked_token_ids
+from dorarl.engine.vllm.config import VllmArgs
+from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
+from dorarl.engine.vllm.stats import SchedulerView, logger_factory
+from dorarl.engine.vllm.weights import EXTENSION, WeightsCheck
+from dorarl.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+CAPABILITIES = Capabilities(
+    kv_export=False, offload=False, adapters=False, route_recording=False,
+    serves_weights=False, exact_logprobs=False,
+)  # fmt: skip
+
+
+class VllmEngine:
+    """One vLLM engine behind dorarl's engine calls (the subset a rollout instance uses)."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self, llm: LLMEngine, config: EngineConfig, args: VllmArgs, model: dict, version: int,
+        view: SchedulerView,
+    ) -> None:  # fmt: skip
+        self.llm = llm
+        self.config = config
+        self.args = args
+        self.version = version
+        self.view = view
+        self.vocab_size: int = model["vocab_size"]
+        self.eos_ids = _eos_ids(model)
+        self.run_name = args.run_name or uuid.uuid4().hex[:12]
+        self._tracked: dict[str, Tracked] = {}
+        self._by_vllm: dict[str, Tracked] = {}  # the vLLM request id carrying each
+        self._seed_rng = random.Random(config.seed)
+        self._counters = {"tokens": 0, "steps": 0, "migrations_in": 0, "migrations_out": 0}
+        self.last_step = StepWork()
+
+    @classmethod
+    def from_pretrained(
+        cls, folder: str | Path, config: EngineConfig, version: int = 0,
+        args: VllmArgs | None = None,
+    ) -> VllmEngine:  # fmt: skip
+        """A vLLM engine on a local Hugging Face folder (one per instance)."""
+        args = args or VllmArgs()
+        model = json.loads((Path(folder) / "config.json").read_text())
+        view = SchedulerView()
+        # vLLM's console stat logger would log every step (iteration details are on for
+        # `last_step`); it is made only where this logger logs INFO.
+        logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+        llm = LLMEngine.from_engine_args(
+            engine_args(folder, config, args), stat_loggers=[logger_factory(view)]
+        )
+        logger.info("vLLM %s engine on %s, version %d", vllm.__version__, folder, version)
+        return cls(llm, config, args, model, version, view)
+
+    def close(self) -> None:
+        """Stop vLLM's engine core and free its KV cache."""
+        self.llm.engine_core.shutdown()
+
+    def setup(self) -> EngineSetup:
+        cache = self.llm.vllm_config.cache_config
+        return EngineSetup(
+            attention="vllm", sampler="vllm", cuda_graphs=not self.args.enforce_eager,
+            dtype=str(self.llm.vllm_config.model_config.dtype).removeprefix("torch."),
+            kv_blocks=cache.num_gpu_blocks or 0, block_size=cache.block_size,
+        )  # fmt: skip
+
+    @property
+    def cache_salt(self) -> str:
+        """What every request of the hosted version carries: run and version."""
+        return f"{self.run_name}/v{self.version}"
+
+    # --- requests ---------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None,
+        version: int | None = None,
+    ) -> None:  # fmt: skip
+        """Queue a request under the hosted version (the only one a vLLM instance holds)."""
+        params = params or SamplingParams()
+        prompt = checked_token_ids(request_id, prompt_ids)
+        self._check_new(request_id, prompt, params, version)
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        stop_ids = self.eos_ids if params.stop_token_ids is None else list(params.stop_token_ids)
+        t = Tracked(request_id, prompt, params, seed, stop_ids, self.version)
+        self._tracked[request_id] = t
+        self._submit(t)
+
+    def _check_new(
+        self, request_id: str, prompt: list[int], params: SamplingParams, version: int | None
+    ) -> None:
+        if request_id in self._tracked:
+            raise UserInputError(
+                f"request {request_id!r}: a request with this id is already in the engine"
+            )
+        params.validate(request_id)
+        if version is not None and version != self.version:
+            raise UserInputError(
+                f"request {request_id!r}: version {version} is not hosted here (vLLM instance "
+                f"of version {self.version})"
+            )
+        if not prompt:
+            raise UserInputError(f"request {request_id!r}: empty prompt")
+        if len(prompt) >= self.config.max_model_len:
+            raise UserInputError(
+                f"request {request_id!r}: prompt has {len(prompt)} tokens, max_model_len is "
+                f"{self.config.max_model_len} (the prompt must leave room for one new token)"
+            )
+        self._check_vocabulary(request_id, prompt, "")
+
+    def _check_vocabulary(self, request_id: str, token_ids: list[int], what: str) -> None:
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise UserInputError(
+                f"request {request_id!r}: {what}token id {bad[0]} is outside the vocabulary "
+                f"(size {self.vocab_size})"
+            )
+
+    def _submit(self, t: Tracked) -> None:
+        """A new vLLM request for `t`: its whole token history as the prompt."""
+        seed = t.seed if t.submissions == 0 else next_segment_seed(t.seed ^ t.submissions)
+        vllm_id = t.next_vllm_id()
+        prompt = TokensPrompt(prompt_token_ids=t.token_ids, cache_salt=self.cache_salt)
+        params = vllm_params(t, self.config.max_model_len, seed)
+        self._by_vllm[vllm_id] = t
+        self.llm.add_request(vllm_id, prompt, params)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._tracked)
+
+    def has_runnable(self) -> bool:
+        """Any request a step can advance (not waiting for its environment)."""
+        return any(not t.waits_env for t in self._tracked.values())
+
+    def request_ids(self) -> list[str]:
+        return list(self._tracked)
+
+    def progress(self, request_id: str) -> int:
+        return len(self._get(request_id).output_ids)
+
+    def _get(self, request_id: str) -> Tracked:
+        if request_id not in self._tracked:
+            raise UserInputError(f"request {request_id!r} is not in this engine")
+        return self._tracked[request_id]
+
+    # --- one step ---------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One vLLM step; returns the requests (or multi-turn turns) it finished."""
+        finished: list[RequestOutput] = []
+        sampled = 0
+        for out in self.llm.step():
+            t = self._by_vllm.get(out.request_id)
+            if t is None:  # aborted after vLLM scheduled it
+                continue
+            done = out.outputs[0]
+            ids = list(done.token_ids)
+            t.sampled(ids, _sampled_logprobs(done.logprobs, ids))
+            sampled += len(ids)
+            if out.finished:
+                finished.append(self._finish(t, done.finish_reason, done.stop_reason))
+        self._counters["tokens"] += sampled
+        self._counters["steps"] += 1
+        self.last_step = self._step_work()
+        return finished
+
+    def _finish(self, t: Tracked, reason: str | None, stop: int | str | None) -> RequestOutput:
+        del self._by_vllm[t.vllm_id]
+        t.vllm_id = None
+        t.finish_reason = finish_reason(reason, stop)
+        t.stop_string = stop if isinstance(stop, str) else None
+        if t.params.multi_turn:
+            t.waits_env = True  # a turn ended: continue_request or end_request next
+        else:
+            del self._tracked[t.request_id]
+        return output_of(t)
+
+    def _step_work(self) -> StepWork:
+        v = self.view
+        resident = sum(len(t.token_ids) for t in self._tracked.values() if t.vllm_id)
+        return StepWork(
+            rows=v.running, decode_tokens=v.step_decode, prefill_tokens=v.step_prefill,
+            resident_tokens=resident, saved_tokens=v.step_hits,
+        )  # fmt: skip
+
+    def stats(self) -> EngineStats:
+        total = self.llm.vllm_config.cache_config.num_gpu_blocks or 0
+        used = round(self.view.kv_usage * total)
+        c = self._counters
+        return EngineStats(
+            version=self.version, running=self.view.running, waiting=self.view.waiting,
+            offloaded=0, env_waiting=sum(t.waits_env for t in self._tracked.values()),
+            kv_blocks_used=used, kv_blocks_free=total - used, kv_blocks_total=total,
+            host_blocks_used=0, host_blocks_total=0, max_num_seqs=self.config.max_num_seqs,
+            tokens_generated=c["tokens"], steps=c["steps"], offloads=0, restores=0,
+            preemptions=0, migrations_in=c["migrations_in"], migrations_out=c["migrations_out"],
+            prefill_tokens=self.view.prefill_tokens, prefill_saved_tokens=self.view.prefix_hits,
+        )  # fmt: skip
+
+    # --- abort and re-prefill ------------------------------------------------------------
+    def abort(self, request_id: str) -> RequestSnapshot:
+        """Interrupt a request; its tokens so far (prompt and output, their log-probs and
+        versions) in a tokens-only snapshot."""
+        t = self._get(request_id)
+        self._release(t)
+        del self._tracked[request_id]
+        return snapshot_of(t)
+
+    def _release(self, t: Tracked) -> None:
+        if t.vllm_id is not None:
+            self.llm.abort_request([t.vllm_id])
+            del self._by_vllm[t.vllm_id]
+            t.vllm_id = None
+
+    def resume_request(self, snap: RequestSnapshot, version: int | None = None) -> None:
+        """Continue a snapshot's request by re-prefilling its prompt and tokens so far; its
+        new tokens carry the hosted version (`version`, if given, must be it)."""
+        self._check_new(snap.request_id, checked_token_ids(snap.request_id, snap.prompt_ids),
+                        snap.params, version)  # fmt: skip
+        if not len(snap.output_ids) == len(snap.logprobs) == len(snap.versions):
+            raise UserInputError(
+                f"request {snap.request_id!r}: output_ids, logprobs and versions differ in length"
+            )
+        if snap.num_tokens >= self.config.max_model_len:
+            raise UserInputError(
+                f"request {snap.request_id!r}: {snap.num_tokens} tokens leave no room under "
+                f"max_model_len {self.config.max_model_len}"
+            )
+        t = tracked_from(snap, self.version)
+        t.reprefill_tokens += max(0, snap.num_tokens - 1)
+        self._tracked[t.request_id] = t
+        if not t.waits_env:
+            self._submit(t)
+
+    # --- multi-turn ------------------------------------------------------------------------
+    def continue_request(self, request_id: str, observation_ids: list[int]) -> bool:
+        """Append an observation to a request waiting for it and open its next turn: a new
+        vLLM request over its whole history (token in, token out; the salted prefix cache
+        prefills only the new tokens). False (nothing changed) without room for a token."""
+        t = self._waiting(request_id)
+        obs = checked_token_ids(request_id, observation_ids, "observation_ids")
+        self._check_vocabulary(request_id, obs, "observation ")
+        room = self.config.max_model_len - len(t.token_ids) - len(obs)
+        if room < (t.params.target_len or 1):
+            return False
+        t.observe(obs)
+        self._submit(t)
+        return True
+
+    def end_request(self, request_id: str) -> RequestOutput:
+        """End a request waiting for its environment: its output, every turn in it."""
+        t = self._waiting(request_id)
+        del self._tracked[request_id]
+        return output_of(t)
+
+    def _waiting(self, request_id: str) -> Tracked:
+        t = self._get(request_id)
+        if not t.waits_env:
+            raise UserInputError(f"request {request_id!r} is not waiting for an observation")
+        return t
+
+    # --- weights ---------------------------------------------------------------------------
+    def load_weights(
+        self,
+        named_tensors: dict[str, torch.Tensor],
+        version: int,
+        check: WeightsCheck | None = None,
+    ) -> None:
+        """Host `version`: full weights by HF name, checked by `check` inside vLLM's worker
+        (weights.py says why before the load) and reloaded in place there. A refusal
+        leaves the old version. Refused while requests are here: a vLLM instance holds one
+        version, and each request keeps its version from first token to last."""
+        if self._tracked:
+            raise UserInputError(
+                f"load_weights(version={version}): {len(self._tracked)} request(s) in flight "
+                f"under version {self.version}, e.g. {next(iter(self._tracked))!r} (finish, "
+                "abort or end them first)"
+            )
+        self.llm.collective_rpc("dorarl_load", args=(named_tensors, check))
+        # the salt moves with the version; freeing the old version's blocks is memory only
+        if not self.llm.reset_prefix_cache():
+            logger.warning("vLLM kept its prefix cache: the old version's blocks stay, unread")
+        self.version = version
+
+
+def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> EngineArgs:
+    """vLLM's engine arguments for an instance: ours mapped, vLLM's own passed through."""
+    dtype = args.dtype
+    if dtype == "auto" and not torch.cuda.is_available():
+        dtype = "float32"  # vLLM-CPU's bfloat16 drifts far from HF (module docstring of tests)
+    return EngineArgs(
+        model=str(folder), tokenizer=str(folder), dtype=dtype, seed=config.seed,
+        max_model_len=config.max_model_len, block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs or config.max_num_seqs,
+        tensor_parallel_size=args.tensor_parallel_size,
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=config.prefix_cache == "on",
+        logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        enable_logging_iteration_details=True,
+    )  # fmt: skip
+
+
+def vllm_params(t: Tracked, max_model_len: int, seed: int) -> vllm.SamplingParams:
+    """Our sampling of `t`'s current turn as vLLM's: stop ids resolved here (EOS ignored
+    unless listed, as our engine does), the turn's budget left, the sampled token's
+    log-prob under the processed distribution, new tokens only in each step's output."""
+    p = t.params
+    room = max_model_len - len(t.token_ids)
+    if p.target_len is not None:
+        wanted = p.target_len - t.turn_output
+        stops: dict = {"stop_token_ids": [], "min_tokens": min(wanted, room)}
+    else:
+        wanted = p.max_new_tokens - t.turn_output
+        stops = {"stop_token_ids": list(t.stop_ids), "stop": list(p.stop_strings) or None}
+    return vllm.SamplingParams(
+        temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=seed,
+        max_tokens=max(1, min(wanted, room)), ignore_eos=True, logprobs=0,
+        output_kind=RequestOutputKind.DELTA, detokenize=bool(p.stop_strings), **stops,
+    )  # fmt: skip
+
+
+def finish_reason(reason: str | None, stop: int | str | None) -> str:
+    """vLLM's finish reason as ours: stop (a stop token) | stop_string | length."""
+    if reason == "stop":
+        return "stop_string" if isinstance(stop, str) else "stop"
+    return "length"
+
+
+def _sampled_logprobs(logprobs, token_ids: list[int]) -> list[float]:
+    """Each sampled token's log-prob from vLLM's per-token {token id: Logprob}."""
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs for a request that asked for them")
+    return [float(step[token].logprob) for step, token in zip(logprobs, token_ids, strict=True)]
+
+
+def _eos_ids(model: dict) -> list[int]:
+    eos = model.get("eos_token_id")
+    if eos is None:
+        return []
+    return list(eos) if isinstance(eos, list) else [int(eos)]

@@ -1,0 +1,142 @@
+"""The vLLM backend on the shipped tiny base model (a Llama): greedy equality with HF
+generate, behaviour log-probs against HF's forward, seeded sampling, abort + re-prefill,
+multi-turn, prefix-cache isolation by version. One engine for the module."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from vllm_testlib import BASE_MODEL, engine_or_skip, hf_greedy, hf_logprobs, hf_model, run_all
+
+from dorarl.engine.config import SamplingParams
+from dorarl.errors import UserInputError
+
+EOS = 2
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    eng = engine_or_skip(BASE_MODEL)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return hf_model(BASE_MODEL)
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 101) for _ in range(rng.randint(3, 20))] for _ in range(n)]
+
+
+def test_greedy_equals_hf_generate_and_logprobs_match(engine, hf):
+    batch = prompts(32)
+    for i, p in enumerate(batch):
+        engine.add_request(f"g{i}", p, GREEDY)
+    done = run_all(engine)
+    same, worst = 0, 0.0
+    for i, p in enumerate(batch):
+        out = done[f"g{i}"]
+        assert out.versions == [engine.version] * len(out.output_ids)
+        same += out.output_ids == hf_greedy(hf, p, GREEDY.max_new_tokens, EOS)
+        ref = hf_logprobs(hf, p, out.output_ids, temperature=0.0)
+        worst = max(worst, max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)))
+    print(f"tiny base: {same}/32 greedy equal to HF generate, max |logprob diff| {worst:.2e}")
+    assert same >= 30
+    assert worst < 1e-3
+    assert any(done[f"g{i}"].finish_reason == "stop" for i in range(32))
+
+
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 20)])
+def test_sampled_logprobs_are_the_processed_distribution(engine, hf, temperature, top_k):
+    params = SamplingParams(temperature=temperature, top_k=top_k, max_new_tokens=16, seed=7)
+    batch = prompts(4, seed=1)
+    for i, p in enumerate(batch):
+        engine.add_request(f"s{i}", p, params)
+    done = run_all(engine)
+    for i, p in enumerate(batch):
+        out = done[f"s{i}"]
+        ref = hf_logprobs(hf, p, out.output_ids, temperature, top_k)
+        assert max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)) < 1e-3
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    p = prompts(1, seed=2)[0]
+    runs = []
+    for seed in (11, 11, 12):
+        engine.add_request(
+            "seeded", p, SamplingParams(max_new_tokens=20, stop_token_ids=[], seed=seed)
+        )
+        runs.append(run_all(engine)["seeded"])
+    assert runs[0].output_ids == runs[1].output_ids
+    assert runs[0].logprobs == runs[1].logprobs
+    assert runs[0].output_ids != runs[2].output_ids
+
+
+def test_abort_and_resume_continues_as_uninterrupted(engine):
+    p = prompts(1, seed=3)[0]
+    params = SamplingParams(temperature=0.0, max_new_tokens=20, stop_token_ids=[])
+    engine.add_request("whole", p, params)
+    whole = run_all(engine)["whole"]
+    engine.add_request("cut", p, params)
+    for _ in range(6):
+        assert engine.step() == []
+    snap = engine.abort("cut")
+    assert "cut" not in engine.request_ids()
+    assert 0 < len(snap.output_ids) < 20
+    assert snap.output_ids == whole.output_ids[: len(snap.output_ids)]
+    engine.resume_request(snap)
+    out = run_all(engine)["cut"]
+    assert out.output_ids == whole.output_ids
+    assert out.versions == whole.versions
+    assert max(abs(a - b) for a, b in zip(out.logprobs, whole.logprobs, strict=True)) < 1e-4
+    assert out.reprefill_tokens == len(p) + len(snap.output_ids) - 1
+    with pytest.raises(UserInputError, match="version 5 is not hosted"):
+        engine.resume_request(snap, version=5)
+
+
+def test_multi_turn_continues_token_in_token_out(engine):
+    p = [1] + list(range(3, 80))  # 78 tokens: two full blocks of 32 to reuse
+    turn = SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=[], multi_turn=True)
+    engine.add_request("chat", p, turn)
+    first = run_all(engine)["chat"]
+    assert first.waits_env and "chat" in engine.request_ids() and not engine.has_runnable()
+    hits = engine.view.prefix_hits
+    assert engine.continue_request("chat", [40, 41, 42])
+    second = run_all(engine)["chat"]
+    assert engine.view.prefix_hits - hits >= 64  # the history's full blocks came from the cache
+    history = p + first.output_ids + [40, 41, 42]
+    engine.add_request(
+        "flat", history, SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=[])
+    )
+    assert second.turn_ids == run_all(engine)["flat"].output_ids
+    assert second.observed == [False] * 8 + [True] * 3 + [False] * 8
+    ended = engine.end_request("chat")
+    assert ended.output_ids == second.output_ids and engine.request_ids() == []
+
+
+def test_cache_salt_keeps_versions_apart(engine):
+    """The salt alone: a version change with the same weights (no load, no cache reset)
+    still reads no block of the old version; the new version then caches its own."""
+    p = [1] + list(range(10, 80))  # 71 tokens: two full blocks of 32
+    params = SamplingParams(temperature=0.0, max_new_tokens=2)
+
+    def hits_of_one_run(rid: str) -> int:
+        before = engine.view.prefix_hits
+        engine.add_request(rid, p, params)
+        run_all(engine)
+        return engine.view.prefix_hits - before
+
+    hits_of_one_run("warm")
+    assert hits_of_one_run("again") >= 64
+    hosted = engine.version
+    engine.version = hosted + 1
+    try:
+        assert hits_of_one_run("other") == 0
+        assert hits_of_one_run("other again") >= 64
+    finally:
+        engine.version = hosted
