@@ -66,7 +66,7 @@ class VllmEngine:
         self._tracked: dict[str, Tracked] = {}
         self._by_vllm: dict[str, Tracked] = {}  # the vLLM request id carrying each
         self._seed_rng = random.Random(config.seed)
-        self._counters = {"tokens": 0, "steps": 0, "migrations_in": 0, "migrations_out": 0}
+        self._counters = dict.fromkeys(("tokens", "steps", "prefill", "saved"), 0)
         self.last_step = StepWork()
 
     @classmethod
@@ -78,9 +78,6 @@ class VllmEngine:
         args = args or VllmArgs()
         model = json.loads((Path(folder) / "config.json").read_text())
         view = SchedulerView()
-        # vLLM's console stat logger would log every step (iteration details are on for
-        # `last_step`); it is made only where this logger logs INFO.
-        logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         llm = LLMEngine.from_engine_args(
             engine_args(folder, config, args), stat_loggers=[logger_factory(view)]
@@ -181,20 +178,25 @@ class VllmEngine:
     def step(self) -> list[RequestOutput]:
         """One vLLM step; returns the requests (or multi-turn turns) it finished."""
         finished: list[RequestOutput] = []
-        sampled = 0
+        work = {"rows": 0, "decode": 0, "prefill": 0, "saved": 0, "tokens": 0}
         for out in self.llm.step():
             t = self._by_vllm.get(out.request_id)
             if t is None:  # aborted after vLLM scheduled it
                 continue
             done = out.outputs[0]
             ids = list(done.token_ids)
+            _count(work, t, out.num_cached_tokens or 0, len(ids))
             t.sampled(ids, _sampled_logprobs(done.logprobs, ids))
-            sampled += len(ids)
             if out.finished:
                 finished.append(self._finish(t, done.finish_reason, done.stop_reason))
-        self._counters["tokens"] += sampled
+        for key in ("tokens", "prefill", "saved"):
+            self._counters[key] += work[key]
         self._counters["steps"] += 1
-        self.last_step = self._step_work()
+        resident = sum(len(t.token_ids) for t in self._tracked.values() if t.vllm_id)
+        self.last_step = StepWork(
+            rows=work["rows"], decode_tokens=work["decode"], prefill_tokens=work["prefill"],
+            resident_tokens=resident, saved_tokens=work["saved"],
+        )  # fmt: skip
         return finished
 
     def _finish(self, t: Tracked, reason: str | None, stop: int | str | None) -> RequestOutput:
@@ -208,14 +210,6 @@ class VllmEngine:
             del self._tracked[t.request_id]
         return output_of(t)
 
-    def _step_work(self) -> StepWork:
-        v = self.view
-        resident = sum(len(t.token_ids) for t in self._tracked.values() if t.vllm_id)
-        return StepWork(
-            rows=v.running, decode_tokens=v.step_decode, prefill_tokens=v.step_prefill,
-            resident_tokens=resident, saved_tokens=v.step_hits,
-        )  # fmt: skip
-
     def stats(self) -> EngineStats:
         total = self.llm.vllm_config.cache_config.num_gpu_blocks or 0
         used = round(self.view.kv_usage * total)
@@ -226,8 +220,8 @@ class VllmEngine:
             kv_blocks_used=used, kv_blocks_free=total - used, kv_blocks_total=total,
             host_blocks_used=0, host_blocks_total=0, max_num_seqs=self.config.max_num_seqs,
             tokens_generated=c["tokens"], steps=c["steps"], offloads=0, restores=0,
-            preemptions=0, migrations_in=c["migrations_in"], migrations_out=c["migrations_out"],
-            prefill_tokens=self.view.prefill_tokens, prefill_saved_tokens=self.view.prefix_hits,
+            preemptions=0, migrations_in=0, migrations_out=0,
+            prefill_tokens=c["prefill"], prefill_saved_tokens=c["saved"],
         )  # fmt: skip
 
     # --- abort and re-prefill ------------------------------------------------------------
@@ -329,7 +323,6 @@ def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> Eng
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=config.prefix_cache == "on",
         logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
-        enable_logging_iteration_details=True,
     )  # fmt: skip
 
 
@@ -350,6 +343,19 @@ def vllm_params(t: Tracked, max_model_len: int, seed: int) -> vllm.SamplingParam
         max_tokens=max(1, min(wanted, room)), ignore_eos=True, logprobs=0,
         output_kind=RequestOutputKind.DELTA, detokenize=bool(p.stop_strings), **stops,
     )  # fmt: skip
+
+
+def _count(work: dict[str, int], t: Tracked, cached: int, sampled: int) -> None:
+    """A step's row for `t` in `work`: its prompt's prefill (computed and cached tokens,
+    counted in the step that samples its first token) or one decoded token."""
+    work["rows"] += 1
+    work["tokens"] += sampled
+    if t.prefilling:
+        work["prefill"] += t.prefilling - cached
+        work["saved"] += cached
+        t.prefilling = 0
+    else:
+        work["decode"] += sampled
 
 
 def finish_reason(reason: str | None, stop: int | str | None) -> str:

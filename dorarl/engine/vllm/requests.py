@@ -32,6 +32,7 @@ class Tracked:
     migrations: int = 0
     submissions: int = 0  # vLLM requests made for it so far (each has its own id)
     vllm_id: str | None = None  # the vLLM request that carries it now (None: none)
+    prefilling: int = 0  # tokens of that request's prompt, until its first token comes
 
     @property
     def token_ids(self) -> list[int]:
@@ -45,6 +46,7 @@ class Tracked:
     def next_vllm_id(self) -> str:
         self.submissions += 1
         self.vllm_id = f"{self.request_id}#{self.submissions}"
+        self.prefilling = len(self.prompt_ids) + len(self.output_ids)
         return self.vllm_id
 
     def sampled(self, token_ids: list[int], logprobs: list[float]) -> None:

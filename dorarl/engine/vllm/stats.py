@@ -1,5 +1,5 @@
 """What vLLM's scheduler reports each step (running and waiting requests, KV use, prefix
-cache queries and hits), caught by a stat logger of ours and summed for `EngineStats`."""
+cache queries and hits), caught by a stat logger of ours for `EngineStats`."""
 
 from __future__ import annotations
 
@@ -11,15 +11,11 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 @dataclass
 class SchedulerView:
-    """The latest step's scheduler figures and the run's sums."""
+    """The latest step's scheduler figures and the prefix cache's sums."""
 
     running: int = 0
     waiting: int = 0
     kv_usage: float = 0.0  # share of the KV blocks in use
-    step_prefill: int = 0  # prompt tokens the latest step computed (iteration details)
-    step_decode: int = 0  # rows that decoded one token in it
-    step_hits: int = 0  # prompt tokens the prefix cache gave to requests scheduled in it
-    prefill_tokens: int = 0
     prefix_queries: int = 0  # prompt tokens looked up in the prefix cache, total
     prefix_hits: int = 0  # of which found, total
 

@@ -32,4 +32,23 @@ class WorkerWeights:
         self.reload_weights(  # type: ignore[attr-defined]
             weights_iterator=iter(named.items()), is_checkpoint_format=True
         )
+        refresh_tied(self.model_runner.get_model())  # type: ignore[attr-defined]
         return len(named)
+
+
+def refresh_tied(model: torch.nn.Module) -> int:
+    """Process again every layer whose weight is another layer's (a tied output layer);
+    returns how many. `reload_weights` processes the layers whose names it loaded, and a
+    tied `lm_head`'s name never comes (its weight is the embedding's): on the CPU its
+    packed copy for the GEMM kernel would keep the old version's embedding."""
+    owners: set[int] = set()
+    refreshed = 0
+    for module in model.modules():
+        weight, method = getattr(module, "weight", None), getattr(module, "quant_method", None)
+        if not isinstance(weight, torch.nn.Parameter) or method is None:
+            continue
+        if id(weight) in owners:
+            method.process_weights_after_loading(module)
+            refreshed += 1
+        owners.add(id(weight))
+    return refreshed

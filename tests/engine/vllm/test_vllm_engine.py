@@ -49,6 +49,10 @@ def test_greedy_equals_hf_generate_and_logprobs_match(engine, hf):
     assert same >= 30
     assert worst < 1e-3
     assert any(done[f"g{i}"].finish_reason == "stop" for i in range(32))
+    stats = engine.stats()  # the module's first requests
+    assert stats.tokens_generated == sum(len(out.output_ids) for out in done.values())
+    assert stats.prefill_tokens + stats.prefill_saved_tokens == sum(map(len, batch))
+    assert stats.running == stats.waiting == 0 and stats.kv_blocks_total > 0
 
 
 @pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 20)])
@@ -105,10 +109,12 @@ def test_multi_turn_continues_token_in_token_out(engine):
     engine.add_request("chat", p, turn)
     first = run_all(engine)["chat"]
     assert first.waits_env and "chat" in engine.request_ids() and not engine.has_runnable()
-    hits = engine.view.prefix_hits
+    hits, saved = engine.view.prefix_hits, engine.stats().prefill_saved_tokens
     assert engine.continue_request("chat", [40, 41, 42])
     second = run_all(engine)["chat"]
-    assert engine.view.prefix_hits - hits >= 64  # the history's full blocks came from the cache
+    # the history's full blocks came from the cache (vLLM's counter and ours)
+    assert engine.view.prefix_hits - hits >= 64
+    assert engine.stats().prefill_saved_tokens - saved == engine.view.prefix_hits - hits
     history = p + first.output_ids + [40, 41, 42]
     engine.add_request(
         "flat", history, SamplingParams(temperature=0.0, max_new_tokens=8, stop_token_ids=[])
