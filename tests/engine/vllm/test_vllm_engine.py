@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from vllm_testlib import BASE_MODEL, engine_or_skip, hf_greedy, hf_logprobs, hf_model, run_all
+from vllm_testlib import BASE_MODEL, hf_greedy, hf_logprobs, hf_model, run_all, start_engine
 
 from dorarl.engine.config import SamplingParams
 from dorarl.errors import UserInputError
@@ -18,7 +18,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = engine_or_skip(BASE_MODEL)
+    eng = start_engine(BASE_MODEL)
     yield eng
     eng.close()
 

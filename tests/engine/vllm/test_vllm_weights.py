@@ -8,7 +8,7 @@ import functools
 
 import pytest
 import torch
-from vllm_testlib import BASE_MODEL, engine_or_skip, hf_greedy, hf_model, run_all
+from vllm_testlib import BASE_MODEL, hf_greedy, hf_model, run_all, start_engine
 
 from dorarl.engine.config import SamplingParams
 from dorarl.errors import UserInputError
@@ -21,7 +21,7 @@ PROMPTS = [[1, 5, 9, 14, 30], [1, 40, 41, 42, 43, 44], [1, 70, 3, 3, 60, 61, 62,
 
 @pytest.fixture(scope="module")
 def engine():
-    eng = engine_or_skip(BASE_MODEL)
+    eng = start_engine(BASE_MODEL)
     yield eng
     eng.close()
 

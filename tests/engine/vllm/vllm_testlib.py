@@ -1,5 +1,6 @@
 """Helpers for the vLLM backend tests: references from Hugging Face transformers on the
-same tokens (greedy `generate`, and log-probs of given tokens under our sampling)."""
+same tokens (greedy `generate`, and log-probs of given tokens under our sampling).
+Importing it skips the importing module where vllm is not installed (conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+pytest.importorskip("vllm.v1.engine.llm_engine")
 BASE_MODEL = Path(__file__).resolve().parents[3] / "assets" / "base_model"
 
 
-def engine_or_skip(folder: Path, **config):
-    """A VllmEngine (eager, float32, blocks of 32 tokens) on `folder`; skips where vllm is missing."""
-    pytest.importorskip("vllm.v1.engine.llm_engine")
+def start_engine(folder: Path, **config):
+    """A VllmEngine (eager, float32, blocks of 32 tokens) on `folder`."""
     from dorarl.engine.config import EngineConfig
     from dorarl.engine.vllm.config import VllmArgs
     from dorarl.engine.vllm.engine import VllmEngine

@@ -1,0 +1,42 @@
+"""What the vLLM backend offers without vllm installed: its arguments checked in one line
+naming the key, a package that imports no vllm, and each engine's capabilities."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dorarl.config import ConfigError
+from dorarl.engine.capabilities import Capabilities
+from dorarl.engine.vllm.config import VllmArgs
+
+
+def test_vllm_args_are_checked_naming_the_key():
+    assert VllmArgs().tensor_parallel_size == 1
+    with pytest.raises(ConfigError, match="engine.vllm.tensor_parallel_size"):
+        VllmArgs(tensor_parallel_size=0)
+    with pytest.raises(ConfigError, match="engine.vllm.gpu_memory_utilization"):
+        VllmArgs(gpu_memory_utilization=1.5)
+    with pytest.raises(ConfigError, match="engine.vllm.dtype"):
+        VllmArgs(dtype="int8")  # type: ignore[arg-type]
+
+
+def test_the_backend_package_imports_no_vllm():
+    code = (
+        "import sys, dorarl.engine.vllm, dorarl.engine.vllm.config, dorarl.engine.vllm.requests;"
+        "import dorarl.engine.engine; print('vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_our_engine_states_its_capabilities():
+    from dorarl.engine.engine import Engine
+
+    assert Engine.capabilities == Capabilities(
+        kv_export=True, offload=True, adapters=True, route_recording=True,
+        serves_weights=True, exact_logprobs=True,
+    )  # fmt: skip
