@@ -328,13 +328,14 @@ def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> Eng
 
 def vllm_params(t: Tracked, max_model_len: int, seed: int) -> vllm.SamplingParams:
     """Our sampling of `t`'s current turn as vLLM's: stop ids resolved here (EOS ignored
-    unless listed, as our engine does), the turn's budget left, the sampled token's
+    unless listed, as our engine does; target_len: none, EOS sampled as any token), the
+    turn's budget left, the sampled token's
     log-prob under the processed distribution, new tokens only in each step's output."""
     p = t.params
     room = max_model_len - len(t.token_ids)
     if p.target_len is not None:
         wanted = p.target_len - t.turn_output
-        stops: dict = {"stop_token_ids": [], "min_tokens": min(wanted, room)}
+        stops: dict = {"stop_token_ids": []}  # min_tokens would mask the stop ids: none
     else:
         wanted = p.max_new_tokens - t.turn_output
         stops = {"stop_token_ids": list(t.stop_ids), "stop": list(p.stop_strings) or None}

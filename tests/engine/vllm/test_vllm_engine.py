@@ -146,3 +146,26 @@ def test_cache_salt_keeps_versions_apart(engine):
         assert hits_of_one_run("other again") >= 64
     finally:
         engine.version = hosted
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.0, max_new_tokens=12, stop_strings=["11"]),
+        SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=[21]),
+        SamplingParams(temperature=0.0, max_new_tokens=5, stop_token_ids=[]),
+        SamplingParams(temperature=0.0, max_new_tokens=4, target_len=9),
+    ],
+    ids=["stop_string", "stop_id", "length", "target_len"],
+)
+def test_stops_as_our_engine_stops(engine, params):
+    from dorarl.engine.config import EngineConfig
+    from dorarl.engine.engine import Engine
+
+    ours = Engine.from_pretrained(BASE_MODEL, EngineConfig(max_model_len=256, max_num_seqs=4))
+    for eng in (ours, engine):
+        eng.add_request("stops", [1, 5, 9, 14, 30], params)
+    want, got = run_all(ours)["stops"], run_all(engine)["stops"]
+    assert (got.output_ids, got.finish_reason, got.stop_string) == (
+        want.output_ids, want.finish_reason, want.stop_string,
+    )  # fmt: skip
