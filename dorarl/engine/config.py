@@ -15,6 +15,7 @@ from typing import Literal
 
 from dorarl.config import ConfigError, check_fields
 from dorarl.engine.token_ids import checked_token_ids
+from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs, vllm_missing
 from dorarl.errors import UserInputError
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -25,6 +26,7 @@ Sampler = Literal["auto", "device", "host"]
 # YAML 1.1 reads a bare on / off as true / false: both spellings are taken, stored as on / off.
 CudaGraphs = Literal["auto", "on", "off", True, False]
 PrefixCacheMode = Literal["on", "off"]
+Backend = Literal["dorarl", "vllm"]
 TRITON_MIN = 16  # the Triton kernels' smallest block size and head dim (triton_attention.py)
 # Keys per Triton decode partition; fixed so a row's result never depends on its batch.
 DECODE_PARTITION_TOKENS = 512
@@ -52,6 +54,14 @@ def _power_of_two_from(value: int, least: int) -> bool:
 class EngineConfig:
     """Capacity and placement of one rollout engine (one instance)."""
 
+    backend: Backend = field(
+        default="dorarl",
+        metadata={
+            "help": "dorarl (this engine) | vllm (one vLLM engine per instance, its own "
+            "arguments under engine.vllm; dorarl.engine.vllm)"
+        },
+    )
+    vllm: VllmArgs = field(default_factory=VllmArgs)
     max_num_seqs: int = field(
         default=64, metadata={"help": "slot budget: max running sequences", "gt": 0}
     )
@@ -179,6 +189,8 @@ class EngineConfig:
 
     def validate(self) -> None:
         check_fields(self, "engine.")  # bounds and choices first: kv_blocks divides by block_size
+        if self.backend == "vllm":
+            self._check_vllm()
         self._check_fast_paths()
         self._check_versions()
         # Liveness: one request of max_model_len tokens must fit alone, or it could never run.
@@ -187,6 +199,24 @@ class EngineConfig:
                 f"engine.num_blocks: {self.kv_blocks} blocks of {self.block_size} tokens cannot hold "
                 f"one request of max_model_len={self.max_model_len} tokens"
             )
+
+    def _check_vllm(self) -> None:
+        """What backend vllm needs installed, and the keys it cannot serve (its
+        capabilities), refused up front."""
+        missing = vllm_missing()
+        if missing:
+            raise ConfigError(f"engine.backend: vllm {missing}")
+        can = VLLM_CAPABILITIES
+        for key, needs, able in (
+            ("host_blocks", self.host_blocks > 0, can.offload),
+            ("max_versions", self.max_versions > 1, can.adapters),
+            ("record_routes", self.record_routes, can.route_recording),
+        ):
+            if needs and not able:
+                raise ConfigError(
+                    f"engine.{key}: {getattr(self, key)} is not served by engine.backend=vllm "
+                    "(use engine.backend=dorarl)"
+                )
 
     def _check_versions(self) -> None:
         """What several resident versions cannot share yet, refused up front."""

@@ -332,6 +332,11 @@ class TrainConfig:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
         self._check_overlong()
+        if self.engine.backend != "dorarl":
+            raise ConfigError(
+                f"engine.backend: {self.engine.backend} engines run on their own "
+                "(dorarl.engine.vllm.engine.VllmEngine); a run's instances run backend dorarl"
+            )
         if self.adapter_versions:
             self._check_adapters()
         if self.trainer.moe.route_replay and not self.engine.record_routes:

