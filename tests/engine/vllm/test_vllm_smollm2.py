@@ -62,3 +62,14 @@ def test_greedy_equals_hf_generate_and_logprobs_match(engine, smollm2_dir):
     print(f"SmolLM2: {same}/32 greedy equal to HF generate, max |logprob diff| {worst:.2e}")
     assert same >= 30
     assert worst < 1e-3
+    sampled = SamplingParams(temperature=0.7, top_k=50, max_new_tokens=32, seed=3)
+    for i, p in enumerate(prompts[:4]):
+        engine.add_request(f"t{i}", list(p), sampled)
+    done = run_all(engine)
+    worst = 0.0
+    for i, p in enumerate(prompts[:4]):
+        out = done[f"t{i}"]
+        ref = hf_logprobs(hf, list(p), out.output_ids, temperature=0.7, top_k=50)
+        worst = max(worst, max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)))
+    print(f"SmolLM2 at temperature 0.7, top-k 50: max |logprob diff| {worst:.2e}")
+    assert worst < 1e-3

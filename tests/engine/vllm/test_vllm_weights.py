@@ -48,7 +48,17 @@ def check_of(named: dict[str, torch.Tensor], version: int):
     return functools.partial(manifest.verify, version=version, where="a test instance")
 
 
+def prefix_hits_of_one_run(engine, prompt: list[int]) -> int:
+    before = engine.view.prefix_hits
+    engine.add_request("long", prompt, SamplingParams(temperature=0.0, max_new_tokens=1))
+    run_all(engine)
+    return engine.view.prefix_hits - before
+
+
 def test_load_is_fingerprinted_in_the_worker(engine):
+    long = [1] + list(range(10, 80))  # two full blocks of 32
+    prefix_hits_of_one_run(engine, long)
+    assert prefix_hits_of_one_run(engine, long) >= 64
     before = greedy_outputs(engine)
     model, named = new_version()
     check = check_of(named, 1)
@@ -58,6 +68,7 @@ def test_load_is_fingerprinted_in_the_worker(engine):
     engine.abort("busy")
     engine.load_weights(named, 1, check)
     assert engine.version == 1 and engine.cache_salt.endswith("/v1")
+    assert prefix_hits_of_one_run(engine, long) == 0  # no block of version 0 is read
     after = greedy_outputs(engine)
     assert after != before
     assert after == [hf_greedy(model, p, GREEDY.max_new_tokens, EOS) for p in PROMPTS]
