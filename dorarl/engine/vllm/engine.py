@@ -35,7 +35,7 @@ from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
 from dorarl.engine.vllm.stats import SchedulerView, logger_factory
-from dorarl.engine.vllm.weights import EXTENSION, WeightsCheck
+from dorarl.engine.vllm.weights import EXTENSION, WeightsCheck, shared_file
 from dorarl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,9 @@ class VllmEngine:
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(("tokens", "steps", "prefill", "saved"), 0)
         self.last_step = StepWork()
+        # workers in other processes read a version from a shared-memory file (weights.py)
+        backend = llm.vllm_config.parallel_config.distributed_executor_backend
+        self.weights_by_file = backend != "uni"
 
     @classmethod
     def from_pretrained(
@@ -299,7 +302,11 @@ class VllmEngine:
                 f"under version {self.version}, e.g. {next(iter(self._tracked))!r} (finish, "
                 "abort or end them first)"
             )
-        self.llm.collective_rpc("dorarl_load", args=(named_tensors, check))
+        if self.weights_by_file:
+            with shared_file(named_tensors) as path:
+                self.llm.collective_rpc("dorarl_load", args=(path, check))
+        else:
+            self.llm.collective_rpc("dorarl_load", args=(named_tensors, check))
         # the salt moves with the version; freeing the old version's blocks is memory only
         if not self.llm.reset_prefix_cache():
             logger.warning("vLLM kept its prefix cache: the old version's blocks stay, unread")

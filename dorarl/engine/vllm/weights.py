@@ -1,7 +1,10 @@
 """Weights into a running vLLM engine: a worker extension (vLLM mixes it into its worker
 class, `worker_extension_cls`) that checks the tensors it received, then reloads them.
 
-What is checked is what the worker received, just before `reload_weights`: on the CPU
+The tensors go to a worker in this process by reference; to workers in other processes
+(tensor parallelism), which would receive pickled tensors as lists, as a safetensors file
+in shared memory (`shared_file`) that each worker reads. What is checked is what the
+worker received, just before `reload_weights`: on the CPU
 vLLM fuses q/k/v and gate/up and hands its linear weights to oneDNN or its packed GEMM
 kernels, keeping an empty tensor in the parameter's place, so the loaded parameters cannot
 be read back as Hugging Face tensors to compare. The check is the caller's (the runtime's
@@ -11,9 +14,13 @@ the old weights loaded. vllm is imported by vLLM's worker before this class is u
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
 
 import torch
+from safetensors.torch import load_file, save_file
 
 WeightsCheck = Callable[[dict[str, torch.Tensor]], None]
 """Raises (e.g. WeightsRefused) unless the named tensors are the version the sender sent."""
@@ -24,9 +31,13 @@ EXTENSION = "dorarl.engine.vllm.weights.WorkerWeights"
 class WorkerWeights:
     """Methods vLLM adds to its worker; `self` is the worker (`reload_weights` is its)."""
 
-    def dorarl_load(self, named: dict[str, torch.Tensor], check: WeightsCheck | None) -> int:
-        """Check `named` here, in the worker, then reload them in place (HF names, the
-        checkpoint's layout); returns how many tensors were loaded."""
+    def dorarl_load(
+        self, weights: dict[str, torch.Tensor] | str, check: WeightsCheck | None
+    ) -> int:
+        """Check `weights` (named tensors, or a safetensors file of them) here, in the
+        worker, then reload them in place (HF names, the checkpoint's layout); returns how
+        many tensors were loaded."""
+        named = weights if isinstance(weights, dict) else load_file(weights)
         if check is not None:
             check(named)
         self.reload_weights(  # type: ignore[attr-defined]
@@ -52,3 +63,17 @@ def refresh_tied(model: torch.nn.Module) -> int:
             refreshed += 1
         owners.add(id(weight))
     return refreshed
+
+
+@contextlib.contextmanager
+def shared_file(named: dict[str, torch.Tensor]) -> Iterator[str]:
+    """`named` as a safetensors file in shared memory (/dev/shm where there is one), for
+    workers in other processes; removed on exit."""
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    handle, path = tempfile.mkstemp(prefix="dorarl-weights-", suffix=".safetensors", dir=folder)
+    os.close(handle)
+    try:
+        save_file({name: t.detach().cpu().contiguous() for name, t in named.items()}, path)
+        yield path
+    finally:
+        os.unlink(path)

@@ -33,10 +33,10 @@ def greedy_outputs(engine) -> list[list[int]]:
     return [done[f"p{i}"].output_ids for i in range(len(PROMPTS))]
 
 
-def new_version():
+def new_version(seed: int = 0):
     """The base model's weights moved by seeded noise, as HF model and wire tensors."""
     model = hf_model(BASE_MODEL)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for tensor in model.state_dict().values():
             tensor.add_(torch.randn(tensor.shape, generator=gen) * 0.05)
@@ -82,3 +82,18 @@ def test_load_is_fingerprinted_in_the_worker(engine):
         engine.load_weights(flipped, 2, check_of(named2, 2))
     assert engine.version == 1
     assert greedy_outputs(engine) == after  # the refused load left version 1 in place
+
+
+def test_a_version_reaches_workers_apart_through_a_shared_file(engine):
+    """The carrier of tensor-parallel workers (in other processes), taken here in-process."""
+    assert not engine.weights_by_file  # one CPU worker in this process: by reference
+    model, named = new_version(seed=3)
+    engine.weights_by_file = True
+    try:
+        engine.load_weights(named, 3, check_of(named, 3))
+    finally:
+        engine.weights_by_file = False
+    assert engine.version == 3
+    assert greedy_outputs(engine) == [
+        hf_greedy(model, p, GREEDY.max_new_tokens, EOS) for p in PROMPTS
+    ]
