@@ -1,6 +1,6 @@
-"""What a rollout engine backend can do beyond the calls every backend answers, so the
-runtime and controller plan by capability (a migration with KV or as a re-prefill), never
-by a backend's name."""
+"""What a rollout engine backend can do beyond the calls every backend answers
+(interface.py), so the runtime and controller plan by capability (a migration with KV or
+as a re-prefill), never by a backend's name."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Capabilities:
-    """Optional abilities of one engine backend; every backend adds, steps, aborts and
-    resumes requests, and loads a version's full weights."""
+    """Optional abilities of one engine backend, beyond `InstanceEngine`."""
 
     kv_export: bool  # export_request / import_request carry a request's KV (else re-prefill)
     offload: bool  # offload: a request's KV moves to host memory and back

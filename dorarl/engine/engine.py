@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import operator
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -750,9 +751,14 @@ class Engine:
         )
 
     # --- weights ------------------------------------------------------------------------
-    def load_weights(self, named_tensors: dict[str, torch.Tensor], version: int) -> None:
-        """Swap in another version's weights between steps (all tensors checked first: a
-        refused load leaves the old weights whole).
+    def load_weights(
+        self,
+        named_tensors: dict[str, torch.Tensor],
+        version: int,
+        check: Callable[[dict[str, torch.Tensor]], None] | None = None,
+    ) -> None:
+        """Swap in another version's weights between steps (all tensors checked first, by
+        `check` too when given: a refused load leaves the old weights whole).
 
         Every cached prefix block of the old weights is freed first. Requests still in the
         engine continue on their existing KV under the new weights and their new tokens
@@ -760,6 +766,8 @@ class Engine:
         callers that need one version per trajectory migrate or abort them first. Resident
         LoRA adapters stay in their slots, over the new weights."""
         check_named(self.spec, named_tensors, f"load_weights(version={version})")
+        if check is not None:
+            check(named_tensors)
         if version in self.resident_versions()[1:]:
             raise UserInputError(
                 f"load_weights(version={version}): an adapter of this version is resident "

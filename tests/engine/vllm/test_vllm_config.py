@@ -33,7 +33,7 @@ def test_the_backend_package_imports_no_vllm():
     assert out.stdout.strip() == "False"
 
 
-def test_our_engine_states_its_capabilities():
+def test_our_engine_states_its_capabilities():  # and vLLM's: VLLM_CAPABILITIES
     from dorarl.engine.engine import Engine
 
     assert Engine.capabilities == Capabilities(

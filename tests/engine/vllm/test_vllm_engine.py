@@ -169,3 +169,12 @@ def test_stops_as_our_engine_stops(engine, params):
     assert (got.output_ids, got.finish_reason, got.stop_string) == (
         want.output_ids, want.finish_reason, want.stop_string,
     )  # fmt: skip
+
+
+def test_answers_the_instance_interface(engine):
+    from dorarl.engine.interface import InstanceEngine, interface_gaps
+    from dorarl.engine.vllm.engine import VllmEngine
+
+    assert interface_gaps(VllmEngine) == []
+    assert isinstance(engine, InstanceEngine)
+    assert not engine.capabilities.kv_export  # a migration re-prefills
