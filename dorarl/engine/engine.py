@@ -55,6 +55,7 @@ from dorarl.engine.outputs import (
     RequestOutput,
     RequestSnapshot,
     StepWork,
+    with_earlier,
 )
 from dorarl.engine.preflight import check_triton_attention
 from dorarl.engine.scheduler import Batch, Restore, Scheduler
@@ -894,22 +895,7 @@ def _output(seq: Sequence) -> RequestOutput:
         stop_string=seq.stop_string,
         routes=bytes(seq.routes),
     )
-    return out if seq.earlier is None else _with_earlier(out, seq.earlier)
-
-
-def _with_earlier(out: RequestOutput, e: EarlierSegments) -> RequestOutput:
-    """A later segment's output preceded by the segments before it, as one flat response."""
-    return dataclasses.replace(
-        out,
-        prompt_ids=list(e.prompt_ids),
-        output_ids=e.output_ids + out.output_ids,
-        logprobs=e.logprobs + out.logprobs,
-        versions=e.versions + out.versions,
-        observed=e.observed + out.observed,
-        turn_start=len(e.output_ids) + out.turn_start,
-        routes=e.routes + out.routes,
-        segments=list(e.starts),
-    )
+    return out if seq.earlier is None else with_earlier(out, seq.earlier)
 
 
 def _snapshot(seq: Sequence, version: int, kv: torch.Tensor | None) -> RequestSnapshot:

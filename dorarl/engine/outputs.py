@@ -195,3 +195,18 @@ class EngineSetup:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def with_earlier(out: RequestOutput, e: EarlierSegments) -> RequestOutput:
+    """A later segment's output preceded by the segments before it, as one flat response."""
+    return dataclasses.replace(
+        out,
+        prompt_ids=list(e.prompt_ids),
+        output_ids=e.output_ids + out.output_ids,
+        logprobs=e.logprobs + out.logprobs,
+        versions=e.versions + out.versions,
+        observed=e.observed + out.observed,
+        turn_start=len(e.output_ids) + out.turn_start,
+        routes=e.routes + out.routes,
+        segments=list(e.starts),
+    )

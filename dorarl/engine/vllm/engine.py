@@ -274,6 +274,26 @@ class VllmEngine:
         self._submit(t)
         return True
 
+    def start_segment(self, request_id: str, prompt_ids: list[int]) -> bool:
+        """Open a new segment of a request waiting for its environment: `prompt_ids` is a
+        fresh context under the request's version (its tokens so far stay in its output,
+        the new prompt observed there). False (nothing changed) without room for a token."""
+        t = self._waiting(request_id)
+        prompt = checked_token_ids(request_id, prompt_ids, "prompt_ids")
+        if not prompt:
+            raise UserInputError(f"request {request_id!r}: a new segment with an empty prompt")
+        self._check_vocabulary(request_id, prompt, "segment prompt ")
+        if self.config.max_model_len - len(prompt) < (t.params.target_len or 1):
+            return False
+        fresh = Tracked(
+            request_id, prompt, t.params, next_segment_seed(t.seed), t.stop_ids, t.version,
+            reprefill_tokens=t.reprefill_tokens, migrations=t.migrations,
+            earlier=t.earlier_with(prompt),
+        )  # fmt: skip
+        self._tracked[request_id] = fresh
+        self._submit(fresh)
+        return True
+
     def end_request(self, request_id: str) -> RequestOutput:
         """End a request waiting for its environment: its output, every turn in it."""
         t = self._waiting(request_id)

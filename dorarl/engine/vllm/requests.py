@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dorarl.data.samples import SegmentStart
 from dorarl.engine.config import SamplingParams
-from dorarl.engine.outputs import RequestOutput, RequestSnapshot
+from dorarl.engine.outputs import EarlierSegments, RequestOutput, RequestSnapshot, with_earlier
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Tracked:
     submissions: int = 0  # vLLM requests made for it so far (each has its own id)
     vllm_id: str | None = None  # the vLLM request that carries it now (None: none)
     prefilling: int = 0  # tokens of that request's prompt, until its first token comes
+    earlier: EarlierSegments | None = None  # its segments before the current one
 
     @property
     def token_ids(self) -> list[int]:
@@ -64,9 +66,22 @@ class Tracked:
         self.turn_start = len(self.output_ids)
         self.waits_env, self.finish_reason, self.stop_string = False, None, None
 
+    def earlier_with(self, prompt: list[int]) -> EarlierSegments:
+        """Its segments, the current one included, with `prompt` opening the next."""
+        e = self.earlier or EarlierSegments(list(self.prompt_ids), [], [], [], [], b"", [])
+        return EarlierSegments(
+            e.prompt_ids,
+            e.output_ids + self.output_ids + prompt,
+            e.logprobs + self.logprobs + [0.0] * len(prompt),
+            e.versions + self.versions + [self.version] * len(prompt),
+            e.observed + self.observed + [True] * len(prompt),
+            b"",
+            [*e.starts, SegmentStart(len(e.output_ids) + len(self.output_ids), len(prompt))],
+        )
+
 
 def output_of(t: Tracked) -> RequestOutput:
-    return RequestOutput(
+    out = RequestOutput(
         request_id=t.request_id,
         prompt_ids=list(t.prompt_ids),
         output_ids=list(t.output_ids),
@@ -80,6 +95,7 @@ def output_of(t: Tracked) -> RequestOutput:
         waits_env=t.waits_env,
         stop_string=t.stop_string,
     )
+    return out if t.earlier is None else with_earlier(out, t.earlier)
 
 
 def snapshot_of(t: Tracked) -> RequestSnapshot:
@@ -101,6 +117,7 @@ def snapshot_of(t: Tracked) -> RequestSnapshot:
         waits_env=t.waits_env,
         turn_reason=t.finish_reason if t.waits_env else None,
         turn_stop_string=t.stop_string if t.waits_env else None,
+        earlier=t.earlier,
     )
 
 
@@ -123,4 +140,5 @@ def tracked_from(snap: RequestSnapshot, version: int) -> Tracked:
         stop_string=snap.turn_stop_string,
         reprefill_tokens=snap.reprefill_tokens,
         migrations=snap.migrations,
+        earlier=snap.earlier,
     )

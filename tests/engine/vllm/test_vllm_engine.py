@@ -178,3 +178,22 @@ def test_answers_the_instance_interface(engine):
     assert interface_gaps(VllmEngine) == []
     assert isinstance(engine, InstanceEngine)
     assert not engine.capabilities.kv_export  # a migration re-prefills
+
+
+def test_a_new_segment_is_as_our_engine_makes_it(engine):
+    from dorarl.engine.config import EngineConfig
+    from dorarl.engine.engine import Engine
+
+    ours = Engine.from_pretrained(BASE_MODEL, EngineConfig(max_model_len=256, max_num_seqs=4))
+    turn = SamplingParams(temperature=0.0, max_new_tokens=6, stop_token_ids=[], multi_turn=True)
+    ends = []
+    for eng in (ours, engine):
+        eng.add_request("agent", [1, 5, 9, 14, 30], turn)
+        run_all(eng)
+        assert eng.start_segment("agent", [1, 40, 41, 42])
+        run_all(eng)
+        ends.append(eng.end_request("agent"))
+    want, got = ends
+    assert got.segments and got.segments == want.segments
+    for key in ("prompt_ids", "output_ids", "observed", "versions", "turn_start"):
+        assert getattr(got, key) == getattr(want, key), key
