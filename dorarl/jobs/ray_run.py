@@ -38,6 +38,7 @@ from dorarl.jobs.run_actors import RayActors
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
+from dorarl.jobs.truncation import TruncationWatch
 from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import (
@@ -204,7 +205,15 @@ def _run(
     # the hooks run once the runtime runs: `runtime` is bound by then
     runtime = RayRuntime(
         plan,
-        on_step=_step_hook(lambda: runtime, evals, scalars, progress, startup, episodes_key),
+        on_step=_step_hook(
+            lambda: runtime,
+            evals,
+            scalars,
+            progress,
+            startup,
+            episodes_key,
+            truncation_watch(config, plan.rollout.max_new_tokens),
+        ),  # fmt: skip
         on_publish=lambda version: checkpoints.periodic(runtime, version),
         should_stop=stop.requested if stop is not None else None,
     )
@@ -302,10 +311,12 @@ def _step_hook(
     progress: TrainProgress,
     startup: StartupLines,
     episodes_key: str,
+    truncation: TruncationWatch,
 ) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
-    warn when it cannot learn, stop when its environment (`episodes_key`) failed every
-    episode of it (`runtime_of()`: the runtime the hook is given to)."""
+    warn when it cannot learn or its responses were cut by a length limit, stop when its
+    environment (`episodes_key`) failed every episode of it (`runtime_of()`: the runtime
+    the hook is given to)."""
     signal = LearningSignal()
 
     def on_step(row: dict[str, Any], groups: list) -> None:
@@ -317,15 +328,22 @@ def _step_hook(
         scalars.log(row)
         signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)
+        _, cut = truncation.observe(row["step"], groups)
         finished = evals.finished()
         startup.step(row)
         if finished:
             first = min(finished)
             startup.evaluation(first, finished[first], format_scores(finished[first]))
-        progress.update(row, finished)
+        progress.update(row, finished, flag=cut)
         check_episodes(row["step"], groups, episodes_key)
 
     return on_step
+
+
+def truncation_watch(config: TrainConfig, max_new_tokens: int) -> TruncationWatch:
+    """The run's watch on cut responses; off under forced lengths, which cut every one."""
+    threshold = 1.0 if config.forced_lengths.enabled else config.sampling.warn_truncated
+    return TruncationWatch(config.engine.max_model_len, max_new_tokens, threshold)
 
 
 def _gather(
