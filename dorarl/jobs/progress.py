@@ -21,7 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from dorarl.jobs.evaluation import format_scores
+from dorarl.jobs.evaluation import format_scores, version_label
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -120,7 +120,8 @@ class TrainProgress:
             text += f"  {flag}"
         if evaluations:
             last = max(evaluations)
-            text += f"  eval v{last}: {format_scores(evaluations[last])}"
+            result = evaluations[last]
+            text += f"  eval {version_label(last, result)}: {format_scores(result)}"
         self._progress.update(self._task, advance=1, description=text)
         if self.enabled and not self.live and self._plain_due():
             self.console.print(self.plain_line(row, text), highlight=False, soft_wrap=True)

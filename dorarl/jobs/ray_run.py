@@ -29,7 +29,7 @@ from dorarl.jobs.checkpoints import Checkpoints
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations
-from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
+from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores, held_out_line
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
@@ -77,8 +77,7 @@ def run_ray(
     check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
     task = build_task(config, folder)  # bad data stops the run before any file is written
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
-    for line in chosen + _versions_line(config):
-        print(line)
+    _say_choices(config, task, chosen)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     start = point.version if point else 0
@@ -106,6 +105,16 @@ def run_ray(
             _leave_ray(own_ray, placed, actors)
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
+
+
+def _say_choices(config: TrainConfig, task: Task, chosen: list[str]) -> None:
+    """The start's lines on what the run chose and the held-out set it scores; a warning
+    when that set is too small to tell versions apart."""
+    held_out, few = held_out_line(config, len(task.eval_prompts()))
+    for line in chosen + _versions_line(config) + [held_out]:
+        print(line)
+    if few is not None:
+        log.warning("%s", few)
 
 
 def _open_segment(
@@ -201,19 +210,10 @@ def _run(
     )  # fmt: skip
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     checkpoints = Checkpoints.of(config, out_dir)
-    episodes_key = "task.agent" if config.task.agent is not None else "task.env"
     # the hooks run once the runtime runs: `runtime` is bound by then
     runtime = RayRuntime(
         plan,
-        on_step=_step_hook(
-            lambda: runtime,
-            evals,
-            scalars,
-            progress,
-            startup,
-            episodes_key,
-            truncation_watch(config, plan.rollout.max_new_tokens),
-        ),  # fmt: skip
+        on_step=_step_hook(lambda: runtime, evals, scalars, progress, startup, config, plan),
         on_publish=lambda version: checkpoints.periodic(runtime, version),
         should_stop=stop.requested if stop is not None else None,
     )
@@ -310,14 +310,16 @@ def _step_hook(
     scalars: ScalarLogger,
     progress: TrainProgress,
     startup: StartupLines,
-    episodes_key: str,
-    truncation: TruncationWatch,
+    config: TrainConfig,
+    plan: RayRunPlan,
 ) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
     warn when it cannot learn or its responses were cut by a length limit, stop when its
-    environment (`episodes_key`) failed every episode of it (`runtime_of()`: the runtime
-    the hook is given to)."""
+    environment (task.env or task.agent) failed every episode of it (`runtime_of()`: the
+    runtime the hook is given to)."""
     signal = LearningSignal()
+    truncation = truncation_watch(config, plan.rollout.max_new_tokens)
+    episodes_key = "task.agent" if config.task.agent is not None else "task.env"
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
