@@ -31,6 +31,7 @@ from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations
 from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores, held_out_line
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
+from dorarl.jobs.model_context import context_line
 from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
@@ -111,7 +112,8 @@ def _say_choices(config: TrainConfig, task: Task, chosen: list[str]) -> None:
     """The start's lines on what the run chose and the held-out set it scores; a warning
     when that set is too small to tell versions apart."""
     held_out, few = held_out_line(config, len(task.eval_prompts()))
-    for line in chosen + _versions_line(config) + [held_out]:
+    context = context_line(config)
+    for line in chosen + ([context] if context else []) + _versions_line(config) + [held_out]:
         print(line)
     if few is not None:
         log.warning("%s", few)
