@@ -164,6 +164,16 @@ class SamplingSection:
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "response cap (None: the task's own)"}
     )
+    warn_truncated: float = field(
+        default=0.2,
+        metadata={
+            "help": "warn when more than this share of a step's responses were cut by a "
+            "length limit (engine.max_model_len or the response cap), naming the key to "
+            "raise; again only when it gets worse by 0.1 (1: never)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
 
 
 @dataclass(kw_only=True)

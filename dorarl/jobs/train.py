@@ -258,4 +258,4 @@ def _eval_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         rows += [(f"eval_version_{end}", version)]
         rows += [(f"eval_accuracy_{end}", summary[f"eval_accuracy_{end}"])]
         rows += [(f"eval_{key}_{end}", v) for key, v in sampled.get(str(version), {}).items()]
-    return rows
+    return rows + ([("eval_n", summary["eval_n"])] if rows and "eval_n" in summary else [])
