@@ -27,18 +27,18 @@ from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.checkpoints import Checkpoints
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations
 from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_defaults import with_model_defaults
+from dorarl.jobs.preflight import check_run
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_actors import RayActors
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
-from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
+from dorarl.jobs.workload import rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import (
     end_segment,
@@ -71,10 +71,8 @@ def run_ray(
     ends, a checkpoint of that version is written, the summary says `stopped_by`)."""
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
-    folder = model_folder(config, point)
-    spec, where = model_spec(folder)  # a model the engine does not run: refused
-    check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
-    task = build_task(config, folder)  # bad data stops the run before any file is written
+    checked = check_run(config, point)  # every problem, before any file is written
+    folder, spec, task = checked.folder, checked.spec, checked.task
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
     for line in chosen + _versions_line(config):
         print(line)
