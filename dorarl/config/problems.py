@@ -3,7 +3,8 @@ one line each (the CLI prints each line, exit 2)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from dorarl.config.errors import ConfigError
@@ -22,8 +23,8 @@ class ManyProblems(ConfigError, UserInputError):
 
 
 class Problems:
-    """Collects the ConfigErrors and UserInputErrors of the checks it runs (`check`), then
-    raises them together (`raise_any`): one alone as itself, several as `ManyProblems`."""
+    """Collects the ConfigErrors and UserInputErrors of the checks it runs (`check`, or a
+    block: `collecting`), then raises them together (`raise_any`): one alone as itself, several as `ManyProblems`."""
 
     def __init__(self) -> None:
         self.errors: list[ValueError] = []
@@ -45,6 +46,14 @@ class Problems:
         except (ConfigError, UserInputError) as exc:
             self.add(exc)
             return None
+
+    @contextmanager
+    def collecting(self) -> Iterator[None]:
+        """The block's user error collected, not raised (the block ends there)."""
+        try:
+            yield
+        except (ConfigError, UserInputError) as exc:
+            self.add(exc)
 
     def raise_any(self) -> None:
         if len(self.errors) == 1:

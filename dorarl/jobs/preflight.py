@@ -12,11 +12,9 @@ the run's alone.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
-from dorarl.config import Problems
-from dorarl.engine.model_spec import ModelSpec
+from dorarl.config.problems import Problems
 from dorarl.errors import UserInputError
 from dorarl.jobs.config import TaskSection, TrainConfig
 from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
@@ -29,20 +27,9 @@ from dorarl.tasks.model_files import load_tokenizer
 from dorarl.tasks.rewards import get_reward
 
 
-@dataclass
-class CheckedRun:
-    """What the checks read, for the run to use: the model's folder and spec (`where`: the
-    file it was read from) and the task."""
-
-    folder: str
-    spec: ModelSpec
-    where: str
-    task: Task
-
-
-def check_run(config: TrainConfig, point: ResumePoint | None) -> CheckedRun:
+def check_run(config: TrainConfig, point: ResumePoint | None) -> Task:
     """Run every check; raise every problem found together (one: itself; several:
-    `ManyProblems`, one line each)."""
+    `ManyProblems`, one line each). Returns the task, built as the run uses it."""
     problems = Problems()
     folder = model_folder(config, point)
     read = problems.check(model_spec, folder)
@@ -54,10 +41,11 @@ def check_run(config: TrainConfig, point: ResumePoint | None) -> CheckedRun:
     task = None
     if tokenizer is not None and section is not None:
         checked = config if section == config.task else dataclasses.replace(config, task=section)
-        task = problems.check(build_task, checked, folder)
+        with problems.collecting():
+            task = build_task(checked, folder)
     problems.raise_any()
-    assert read is not None and task is not None  # no problem: both were read
-    return CheckedRun(folder, read[0], read[1], task)
+    assert task is not None  # no problem: it was built
+    return task
 
 
 def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection | None:

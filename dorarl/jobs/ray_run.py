@@ -27,6 +27,7 @@ from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.checkpoints import Checkpoints
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.engine_plan import model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations
 from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
@@ -71,8 +72,9 @@ def run_ray(
     ends, a checkpoint of that version is written, the summary says `stopped_by`)."""
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
-    checked = check_run(config, point)  # every problem, before any file is written
-    folder, spec, task = checked.folder, checked.spec, checked.task
+    task = check_run(config, point)  # every problem, before any file is written
+    folder = model_folder(config, point)
+    spec, _ = model_spec(folder)
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
     for line in chosen + _versions_line(config):
         print(line)

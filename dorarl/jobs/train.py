@@ -67,10 +67,12 @@ def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
     says what it comes to for this one."""
     if config.runtime != "ray":
         return to_yaml(config)
+    from dorarl.jobs.engine_plan import model_folder
     from dorarl.jobs.model_defaults import LORA_RATE_FACTOR, default_lr, rate
     from dorarl.jobs.preflight import check_run
 
-    folder = check_run(config, point).folder
+    check_run(config, point)
+    folder = model_folder(config, point)
     notes = {}
     if config.trainer.lr is None:
         chosen = default_lr(folder, point)
