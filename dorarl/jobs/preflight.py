@@ -58,12 +58,13 @@ def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection 
         wrong["agent"] = None
     if section.reward is not None and problems.check(_check_reward, section.reward) is None:
         wrong["reward"] = None
-    files = (("task.path", section.path), ("task.eval_path", section.eval_path))
-    missing = [(key, path) for key, path in files if path is not None and not Path(path).is_file()]
-    for key, path in missing if section.name == "jsonl" else []:
-        problems.add(UserInputError(f"{key}: no such data file {path}"))
-    if section.name == "jsonl" and missing:
-        return None
+    if section.name == "jsonl":
+        files = (("task.path", section.path), ("task.eval_path", section.eval_path))
+        missing = [(k, path) for k, path in files if path is not None and not Path(path).is_file()]
+        for key, path in missing:
+            problems.add(UserInputError(f"{key}: no such data file {path}"))
+        if missing:
+            return None
     return dataclasses.replace(section, **wrong)
 
 
