@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dorarl.config import ConfigError, check_fields
+from dorarl.config import ConfigError, Problems, check_fields
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
@@ -329,30 +329,57 @@ class TrainConfig:
         self.trainer.loss.response_cap = self.sampling.max_new_tokens
 
     def validate(self) -> None:
-        check_fields(self)  # the loader checked what it read; a config built in code, here
+        """Every check between keys; ConfigError naming the key, one line per problem found
+        (several: `ManyProblems`)."""
+        problems = Problems()
+        problems.check(check_fields, self)  # the loader checked what it read; code, here
         for key, device in (
             ("engine.device", self.engine.device),
             ("trainer.device", self.trainer.device),
         ):
-            _check_device(key, device)
-        self.weights.resolve(self.engine.device, self.trainer.device)
+            problems.check(_check_device, key, device)
+        if not problems:  # the transport follows the devices
+            problems.check(self.weights.resolve, self.engine.device, self.trainer.device)
+        problems.check(self.controller_config(None).validate)
+        for check in (
+            self._check_resume,
+            self._check_task,
+            self._check_overlong,
+            self._check_adapters,
+            self._check_routes,
+            self._check_lengths,
+        ):
+            problems.check(check)
+        problems.raise_any()
+
+    def _check_resume(self) -> None:
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
-        self.controller_config(None).validate()
+
+    def _check_task(self) -> None:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
-        self._check_overlong()
-        if self.adapter_versions:
-            self._check_adapters()
+
+    def _check_routes(self) -> None:
         if self.trainer.moe.route_replay and not self.engine.record_routes:
             raise ConfigError(
                 "trainer.moe.route_replay: needs engine.record_routes=true (the engines record "
                 "the routes it replays)"
             )
-        if self.forced_lengths.enabled and self.forced_lengths.max_len >= self.engine.max_model_len:
+
+    def _check_lengths(self) -> None:
+        """A response cap that leaves no room for a prompt in the engines' context."""
+        limit = self.engine.max_model_len
+        if self.forced_lengths.enabled and self.forced_lengths.max_len >= limit:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "
-                f"prompt under engine.max_model_len={self.engine.max_model_len}"
+                f"prompt under engine.max_model_len={limit}"
+            )
+        cap = self.sampling.max_new_tokens
+        if cap is not None and cap >= limit:
+            raise ConfigError(
+                f"sampling.max_new_tokens: {cap} leaves no room for the prompt under "
+                f"engine.max_model_len={limit}; raise engine.max_model_len or lower the cap"
             )
 
     @property
@@ -363,6 +390,8 @@ class TrainConfig:
 
     def _check_adapters(self) -> None:
         """What an engine's adapter slot takes, refused before anything starts."""
+        if not self.adapter_versions:
+            return
         lora = self.trainer.lora
         if lora.rank > self.engine.max_lora_rank:
             raise ConfigError(

@@ -27,12 +27,13 @@ from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.checkpoints import Checkpoints
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
+from dorarl.jobs.engine_plan import model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations
 from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores, held_out_line
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
 from dorarl.jobs.model_context import context_line
 from dorarl.jobs.model_defaults import with_model_defaults
+from dorarl.jobs.preflight import check_run
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_actors import RayActors
@@ -40,7 +41,7 @@ from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.truncation import TruncationWatch
-from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
+from dorarl.jobs.workload import rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import (
     end_segment,
@@ -73,10 +74,9 @@ def run_ray(
     ends, a checkpoint of that version is written, the summary says `stopped_by`)."""
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
+    task = check_run(config, point)  # every problem, before any file is written
     folder = model_folder(config, point)
-    spec, where = model_spec(folder)  # a model the engine does not run: refused
-    check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
-    task = build_task(config, folder)  # bad data stops the run before any file is written
+    spec, _ = model_spec(folder)
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
     _say_choices(config, task, chosen)
     if stop is not None and stop.requested():

@@ -85,3 +85,21 @@ def test_as_a_section_they_name_the_key_under_it(overrides, key):
     nested = [f"train.{item}" for item in overrides]
     with pytest.raises(ConfigError, match=rf"^train\.{key}: "):
         load_config(ConvergenceConfig, None, nested)
+
+
+def test_every_check_between_keys_is_reported():
+    with pytest.raises(ConfigError) as refused:
+        load_config(TrainConfig, None, ["rbs=2", "tbs=4", "trainer.loss.overlong=soft",
+                                        "engine.device=gpu"])  # fmt: skip
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("engine.device: use cpu or cuda")
+    assert any(line.startswith("rbs: must be >= tbs") for line in lines)
+    assert any(line.startswith("trainer.loss.overlong: soft needs sampling.max_new_tokens")
+               for line in lines)  # fmt: skip
+
+
+def test_a_response_cap_over_the_context_is_refused():
+    with pytest.raises(ConfigError, match=r"^sampling.max_new_tokens: 256 leaves no room for the prompt under engine.max_model_len=256"):  # fmt: skip
+        load_config(TrainConfig, None, ["sampling.max_new_tokens=256"])
+    assert load_config(TrainConfig, None, ["sampling.max_new_tokens=255"])
