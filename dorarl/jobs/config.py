@@ -368,14 +368,19 @@ class TrainConfig:
             )
 
     def _check_lengths(self) -> None:
-        """A response cap that leaves no room for a prompt in the engines' context."""
+        """Forced lengths that leave no room for a prompt in the engines' context (the
+        response cap is checked before a run, once the context follows the model:
+        `check_response_cap`)."""
         limit = self.engine.max_model_len
         if self.forced_lengths.enabled and self.forced_lengths.max_len >= limit:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "
                 f"prompt under engine.max_model_len={limit}"
             )
-        cap = self.sampling.max_new_tokens
+
+    def check_response_cap(self) -> None:
+        """A response cap that leaves no room for a prompt in the engines' context."""
+        cap, limit = self.sampling.max_new_tokens, self.engine.max_model_len
         if cap is not None and cap >= limit:
             raise ConfigError(
                 f"sampling.max_new_tokens: {cap} leaves no room for the prompt under "

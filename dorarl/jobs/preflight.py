@@ -31,6 +31,7 @@ def check_run(config: TrainConfig, point: ResumePoint | None) -> Task:
     """Run every check; raise every problem found together (one: itself; several:
     `ManyProblems`, one line each). Returns the task, built as the run uses it."""
     problems = Problems()
+    problems.check(config.check_response_cap)  # the context as it follows the model
     folder = model_folder(config, point)
     read = problems.check(model_spec, folder)
     tokenizer = None

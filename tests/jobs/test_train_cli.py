@@ -374,15 +374,17 @@ def test_print_config_reports_every_problem_one_line_each(tmp_path, capsys, tiny
 
 def test_print_config_refuses_what_the_run_refuses(tmp_path, capsys, tiny_model_dir):
     data = _long_prompt_data(tmp_path)
-    for args in (
-        ["task.reward=myreward:score"],
-        ["engine.max_model_len=128"],  # a prompt over the context
-        ["sampling.max_new_tokens=300"],  # a cap over engine.max_model_len (256)
+    for args, first in (
+        (["task.reward=myreward:score"], "task.reward"),
+        (["engine.max_model_len=128"], str(data)),  # a prompt over the context: its row
+        (["sampling.max_new_tokens=300"], "sampling.max_new_tokens"),  # over the context (256)
     ):
         common = [f"model={tiny_model_dir}", "task.name=jsonl", f"task.path={data}", *args]
         checked, checked_err = _err(capsys, "--print-config", *common)
         ran, ran_err = _err(capsys, *common, "--out", str(tmp_path / "run"), "progress=false")
-        assert checked == ran == 2 and checked_err == ran_err and len(ran_err) == 1, ran_err
+        assert checked == ran == 2 and checked_err == ran_err, ran_err
+        # the cap over the context also puts the long prompt over it: a second line then
+        assert ran_err[0].startswith(f"dorarl: error: {first}") and len(ran_err) <= 2, ran_err
     assert not (tmp_path / "run").exists()
 
 
