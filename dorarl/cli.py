@@ -1,7 +1,7 @@
 """The `dorarl` command: dispatches sub-commands to their modules, imported lazily.
 
 Every sub-command is `main(argv) -> int`. User errors (`ConfigError`, `UserInputError`)
-print one line and exit 2; a run that failed on a worker (`RunFailed`) prints one line with
+print one line per problem and exit 2; a run that failed on a worker (`RunFailed`) prints one line with
 how to resume and exits 1; output whose reader left (`dorarl ... | head`) ends the command
 quietly with exit 1, as rich does for what it prints; nothing else is swallowed.
 """
@@ -150,7 +150,8 @@ def _dispatch(argv: list[str]) -> int:
         module = importlib.import_module(module_name)
         return int(module.main(rest) or 0)
     except (ConfigError, UserInputError) as exc:
-        print(f"dorarl: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines() or [""]:  # several problems: one line each
+            print(f"dorarl: error: {line}", file=sys.stderr)
         return 2
     except RunComplete as exc:
         print(f"dorarl: nothing to do: {exc}")

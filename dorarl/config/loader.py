@@ -2,7 +2,10 @@
 
 Errors are `ConfigError`s whose message names the dotted key and where its value came from
 (the file, or the command line: `dorarl.config.sources`) so the CLI can print one line and
-exit 2; an unknown key comes with the keys it was likely meant to be. Field help comes from
+exit 2; every problem found is reported, one line each (`ManyProblems`): the unknown keys,
+the values of the wrong type or out of bounds, and the checks between keys of each section
+whose values are all good. An unknown key comes with the keys it was likely meant to be and,
+from a file, its line. Booleans are true/false only (`dorarl.config.yaml_text`). Field help comes from
 `field(metadata={"help": ...})`, and each value read is checked against its field's bounds
 (`metadata` ge, gt, le, lt: `dorarl.config.fields`) before its section is built.
 """
@@ -20,7 +23,9 @@ import yaml
 
 from dorarl.config.errors import ConfigError
 from dorarl.config.fields import bound_problem, choice_problem
+from dorarl.config.problems import ManyProblems, Problems
 from dorarl.config.sources import COMMAND_LINE, Sources, dotted_keys, nearest_keys, record_tree
+from dorarl.config.yaml_text import YAML_BOOL_WORDS, key_lines, load_yaml
 
 T = TypeVar("T")
 
@@ -44,29 +49,38 @@ def load_config(
     raw: dict[str, Any] = {}
     sources = Sources()
     if path is not None:
-        raw = _read_yaml(Path(path))
+        raw, sources.lines = _read_yaml(Path(path))
         sources.file = str(path)
         sources.paths_from = Path(paths_from) if paths_from else Path(path).resolve().parent
         record_tree(sources, raw, str(path))
+    problems = Problems()
     for item in overrides:
-        key, value = _parse_override(item)
-        _set_dotted(raw, key, value)
-        for given in [k for k in sources.given if k == key or k.startswith(f"{key}.")]:
-            del sources.given[given]  # a section set whole replaces what the file gave in it
-        sources.given[key] = COMMAND_LINE
+        problems.check(_apply_override, raw, sources, item)
     given = _pop_derived(cls, raw)
-    config = _build(cls, raw, prefix="", sources=_Context(sources, dotted_keys(cls)))
-    _refuse_differing(config, given, sources)
+    context = _Context(sources, dotted_keys(cls), problems)
+    config = _build(cls, raw, prefix="", sources=context)
+    if config is not None:
+        problems.check(_refuse_differing, config, given, sources)
+    problems.raise_any()
     return config
+
+
+def _apply_override(raw: dict[str, Any], sources: Sources, item: str) -> None:
+    key, value = _parse_override(item)
+    _set_dotted(raw, key, value)
+    for given in [k for k in sources.given if k == key or k.startswith(f"{key}.")]:
+        del sources.given[given]  # a section set whole replaces what the file gave in it
+    sources.given[key] = COMMAND_LINE
 
 
 @dataclass(frozen=True)
 class _Context:
-    """What `_build` consults beside the values: their sources, and every key (a typo's
-    nearest keys are suggested from them)."""
+    """What `_build` consults beside the values: their sources, every key (a typo's
+    nearest keys are suggested from them), and the problems found so far."""
 
     sources: Sources
     keys: list[str]
+    problems: Problems
 
     def of(self, key: str) -> str:
         return self.sources.of(key)
@@ -185,18 +199,20 @@ def _default_of(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """The file's settings, and the line of each of its keys."""
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
+    text = path.read_text()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"{where}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys")
-    return data
+    return data, key_lines(text)
 
 
 class _OverrideMapping(dict):
@@ -213,7 +229,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"override {item!r} is not of the form key=value")
     key, text = item.split("=", 1)
     try:
-        value = yaml.safe_load(text) if text else ""
+        value = load_yaml(text) if text else ""
     except yaml.YAMLError:
         value = text
     if isinstance(value, dict):
@@ -234,17 +250,38 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 
 def _build(
     cls: type[T], raw: dict[str, Any], prefix: str, sources: _Context, base: Any = None
-) -> T:
+) -> T | None:
     """`cls` from `raw`; keys that `raw` leaves out keep their value in `base` (the section's
-    default instance) or, at the root, the field defaults."""
+    default instance) or, at the root, the field defaults. None when a problem was found in
+    it (each in `sources.problems`): its checks between keys then do not run, as the values
+    they would compare are not the ones meant."""
+    problems = sources.problems
     if not isinstance(raw, dict):
         section = prefix.rstrip(".")
-        raise ConfigError(f"{section}: expected a section, got {raw!r} ({sources.of(section)})")
-    hints = typing.get_type_hints(cls)
+        where = sources.of(section)
+        problems.add(ConfigError(f"{section}: expected a section, got {raw!r} ({where})"))
+        return None
+    before = len(problems)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     for key in raw:
         if key not in names:
-            raise _unknown_key(f"{prefix}{key}", sources)
+            problems.add(_unknown_key(f"{prefix}{key}", sources))
+    kwargs = _values(cls, raw, prefix, sources, base)
+    if len(problems) > before:
+        return None
+    config = problems.check(_construct, cls, kwargs, prefix, sources)
+    if config is not None:
+        problems.check(_run_checks, config, prefix, sources)
+    return config if len(problems) == before else None
+
+
+def _values(
+    cls: type, raw: dict[str, Any], prefix: str, sources: _Context, base: Any
+) -> dict[str, Any]:
+    """The constructor's keyword arguments: each value of `raw` typed, its sections built;
+    one with a problem is left out (the problem collected)."""
+    problems = sources.problems
+    hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -255,22 +292,27 @@ def _build(
             continue
         key = f"{prefix}{f.name}"
         ftype = hints[f.name]
+        found = len(problems)
         if dataclasses.is_dataclass(ftype):
             section = getattr(base, f.name) if base is not None else _default_of(f)
             section = None if section is dataclasses.MISSING else section
-            kwargs[f.name] = _build(ftype, raw[f.name], f"{key}.", sources, base=section)
+            value = _build(ftype, raw[f.name], f"{key}.", sources, base=section)
         else:
-            kwargs[f.name] = _leaf(f, ftype, raw[f.name], key, sources.sources)
+            value = problems.check(_leaf, f, ftype, raw[f.name], key, sources.sources)
+        if len(problems) == found:
+            kwargs[f.name] = value
+    return kwargs
+
+
+def _construct(cls: type[T], kwargs: dict[str, Any], prefix: str, sources: _Context) -> T:
     try:
-        config = cls(**kwargs)
+        return cls(**kwargs)
     except ConfigError as exc:
         message = _prefixed(prefix, str(exc))
         raise ConfigError(f"{message} ({_source_of_message(message, prefix, sources)})") from None
     except (TypeError, ValueError) as exc:
         where = prefix.rstrip(".")
         raise ConfigError(f"{where or cls.__name__}: {exc} ({sources.of(where)})") from None
-    _run_checks(config, prefix, sources)
-    return config
 
 
 def _leaf(f: dataclasses.Field, ftype: Any, value: Any, key: str, sources: Sources) -> Any:
@@ -288,7 +330,10 @@ def _leaf(f: dataclasses.Field, ftype: Any, value: Any, key: str, sources: Sourc
 def _unknown_key(key: str, sources: _Context) -> ConfigError:
     nearest = nearest_keys(key, sources.keys)
     hint = f"; did you mean {' or '.join(nearest)}?" if nearest else ""
-    return ConfigError(f"unknown config key {key} ({sources.of(key)}){hint}")
+    where = sources.of(key)
+    line = sources.sources.lines.get(key) if where == sources.sources.file else None
+    at = f" on line {line}" if line else ""
+    return ConfigError(f"unknown config key {key} ({where}){at}{hint}")
 
 
 def _source_of_message(message: str, prefix: str, sources: _Context) -> str:
@@ -312,15 +357,19 @@ def _prefixed(prefix: str, message: str) -> str:
 
 
 def _run_checks(config: Any, prefix: str, sources: _Context) -> None:
-    """Call the dataclass's optional `validate()`; it raises ConfigError(key, reason)."""
+    """Call the dataclass's optional `validate()`; it raises ConfigError(key, reason), one
+    line per problem, each of which gets the source of its key."""
     validate = getattr(config, "validate", None)
     if validate is None:
         return
     try:
         validate()
     except ConfigError as exc:
-        message = _prefixed(prefix, str(exc))
-        raise ConfigError(f"{message} ({_source_of_message(message, prefix, sources)})") from None
+        lines = []
+        for problem in str(exc).splitlines():
+            message = _prefixed(prefix, problem)
+            lines.append(f"{message} ({_source_of_message(message, prefix, sources)})")
+        raise (ManyProblems(lines) if len(lines) > 1 else ConfigError(lines[0])) from None
 
 
 def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
@@ -360,11 +409,11 @@ def _coerce(ftype: Any, value: Any, key: str, source: str) -> Any:
     return _coerce_scalar(ftype, value, key, source)
 
 
-YAML_BOOL_WORDS = {
+BOOL_AS_WORDS = {
     False: ("off", "no", "false", "n"),
     True: ("on", "yes", "true", "y"),
 }
-"""The words YAML 1.1 reads as a bool (`checkpoint_every: off` reads as False)."""
+"""The words a bool stands for where a key takes words (`checkpoint_every: false` is off)."""
 
 
 def _choice_read_as_bool(ftype: Any, value: Any) -> Any:
@@ -372,9 +421,7 @@ def _choice_read_as_bool(ftype: Any, value: Any) -> Any:
     its choices is such a word and the bool itself is none; else the value as read."""
     if not isinstance(value, bool) or any(c is value for c in get_args(ftype)):
         return value
-    words = [
-        c for c in get_args(ftype) if isinstance(c, str) and c.lower() in YAML_BOOL_WORDS[value]
-    ]
+    words = [c for c in get_args(ftype) if isinstance(c, str) and c.lower() in BOOL_AS_WORDS[value]]
     return words[0] if len(words) == 1 else value
 
 
@@ -408,7 +455,16 @@ def _coerce_scalar(ftype: Any, value: Any, key: str, source: str) -> Any:
 
 
 def _type_error(key: str, ftype: Any, value: Any, source: str) -> ConfigError:
+    if isinstance(value, str) and value.lower() in YAML_BOOL_WORDS and _takes_bool(ftype):
+        return ConfigError(f"{key}: write true or false, not {value!r} ({source})")
     return ConfigError(f"{key}: expected {_type_name(ftype)}, got {value!r} ({source})")
+
+
+def _takes_bool(ftype: Any) -> bool:
+    """Whether `ftype` (or one of its union's options) is bool."""
+    if get_origin(ftype) in (typing.Union, types.UnionType):
+        return any(_takes_bool(option) for option in get_args(ftype))
+    return ftype is bool
 
 
 def _type_name(ftype: Any) -> str:

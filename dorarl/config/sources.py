@@ -29,6 +29,7 @@ class Sources:
     file: str | None = None
     paths_from: Path | None = None  # where the file's relative paths resolve
     given: dict[str, str] = field(default_factory=dict)
+    lines: dict[str, int] = field(default_factory=dict)  # the file's keys: their lines
 
     def of(self, key: str) -> str:
         """The source of `key`: the nearest given key at or above it, else of the keys given
@@ -85,14 +86,23 @@ def dotted_keys(cls: type, prefix: str = "") -> list[str]:
 def nearest_keys(key: str, known: list[str]) -> list[str]:
     """The keys `key` was likely meant to be, nearest first: a close spelling in its own
     section (`stpes` -> `steps`), of the whole dotted key, then keys in other sections whose
-    last part is (nearly) the one typed (`lr` -> `trainer.lr`)."""
+    last part is (nearly) the one typed (`lr` -> `trainer.lr`). A sibling named by the
+    initials of the words typed comes first (`trainer.learning_rate` -> `trainer.lr`)."""
     section, _, last = key.rpartition(".")
     prefix = f"{section}." if section else ""
     siblings = [k[len(prefix) :] for k in known if k.startswith(prefix)]
     siblings = [name for name in siblings if "." not in name]
-    found = [prefix + name for name in difflib.get_close_matches(last, siblings, 3, 0.7)]
+    found = [prefix + name for name in siblings if name == _initials(last)]
+    found += [prefix + name for name in difflib.get_close_matches(last, siblings, 3, 0.7)]
     found += difflib.get_close_matches(key, known, 3, 0.75)
     names = {k.rpartition(".")[2] for k in known}
     near = set(difflib.get_close_matches(last, sorted(names), 2, 0.75))
     found += [k for k in known if k.rpartition(".")[2] in near]
+    found += [k for k in known if k.rpartition(".")[2] == _initials(last)]
     return [k for k in dict.fromkeys(found) if k != key][:3]
+
+
+def _initials(name: str) -> str:
+    """`learning_rate` -> `lr`; a name of one word has none ("")."""
+    words = [w for w in name.split("_") if w]
+    return "".join(w[0] for w in words) if len(words) > 1 else ""

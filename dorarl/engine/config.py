@@ -197,7 +197,7 @@ class EngineConfig:
         if self.kv_blocks * self.block_size < self.max_model_len:
             raise ConfigError(
                 f"engine.num_blocks: {self.kv_blocks} blocks of {self.block_size} tokens cannot hold "
-                f"one request of max_model_len={self.max_model_len} tokens"
+                f"one request of engine.max_model_len={self.max_model_len} tokens"
             )
 
     def _check_vllm(self) -> None:

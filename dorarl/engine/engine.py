@@ -369,12 +369,12 @@ class Engine:
         if len(prompt_ids) >= limit:
             raise UserInputError(
                 f"request {request_id!r}: prompt has {len(prompt_ids)} tokens, max_model_len is {limit} "
-                "(the prompt must leave room for at least one new token)"
+                "(the prompt must leave room for at least one new token; engine.max_model_len)"
             )
         if params.target_len is not None and len(prompt_ids) + params.target_len > limit:
             raise UserInputError(
                 f"request {request_id!r}: prompt {len(prompt_ids)} + target_len {params.target_len} tokens "
-                f"exceeds max_model_len {limit}"
+                f"exceeds max_model_len {limit} (engine.max_model_len)"
             )
         self._check_vocabulary(request_id, prompt_ids, "")
 

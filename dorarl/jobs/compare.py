@@ -17,7 +17,7 @@ from rich.table import Table
 
 from dorarl.errors import UserInputError
 from dorarl.jobs.evaluation import headline_scores
-from dorarl.record.evaluations import sampled_scores
+from dorarl.record.evaluations import held_out_count, sampled_scores
 from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
@@ -46,6 +46,7 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
         "eval_version_first": first["version"] if first else None,
         "eval_last": last["accuracy"] if last else None,
         "eval_version_last": last["version"] if last else None,
+        "eval_n": held_out_count(evals),  # held-out prompts each accuracy is a share of
         "sampled_last": headline_scores(last) if last else {},
         "eval": {str(p["version"]): p["accuracy"] for p in evals},
         "eval_sampled": sampled,
@@ -94,8 +95,8 @@ def _table(rows: list[dict[str, Any]]) -> Table:
         table.add_row(r["name"], mode, str(r["steps"]), _fmt(r["wall_time_s"], 0),
                       _fmt(r["mean_step_time_s"], 1), _fmt(r["rollout_only_share"], 2),
                       _fmt(r["throughput_tokens_per_s"], 1),
-                      _at(r["eval_first"], r["eval_version_first"]),
-                      _at(r["eval_last"], r["eval_version_last"]),
+                      _at(r["eval_first"], r["eval_version_first"], r["eval_n"]),
+                      _at(r["eval_last"], r["eval_version_last"], r["eval_n"]),
                       *(_fmt(r["sampled_last"].get(k), 3) for k in scores),
                       str(r["dropped_total"]))  # fmt: skip
     return table
@@ -105,9 +106,12 @@ def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _at(accuracy: float | None, version: int | None) -> str:
-    """An evaluation's accuracy and the version it is of: '0.500 (v8)'."""
-    return "-" if accuracy is None else f"{accuracy:.3f} (v{version})"
+def _at(accuracy: float | None, version: int | None, n: int | None = None) -> str:
+    """An evaluation's accuracy, the version it is of and the held-out prompts it scored
+    where recorded: '0.500 (v8, n=200)', '0.500 (v8)'."""
+    if accuracy is None:
+        return "-"
+    return f"{accuracy:.3f} (v{version}" + ("" if n is None else f", n={n}") + ")"
 
 
 def main(argv: list[str] | None = None) -> int:

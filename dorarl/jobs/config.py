@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from dorarl.config import ConfigError, check_fields
+from dorarl.config import ConfigError, Problems, check_fields
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
 from dorarl.data.lengths import LengthDist
 from dorarl.engine import EngineConfig
@@ -163,6 +163,16 @@ class SamplingSection:
     top_k: int = field(default=0, metadata={"help": "top-k sampling (0: off)", "ge": 0})
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "response cap (None: the task's own)"}
+    )
+    warn_truncated: float = field(
+        default=0.2,
+        metadata={
+            "help": "warn when more than this share of a step's responses were cut by a "
+            "length limit (engine.max_model_len or the response cap), naming the key to "
+            "raise; again only when it gets worse by 0.1 (1: never)",
+            "ge": 0,
+            "le": 1,
+        },
     )
 
 
@@ -319,35 +329,70 @@ class TrainConfig:
         self.trainer.loss.response_cap = self.sampling.max_new_tokens
 
     def validate(self) -> None:
-        check_fields(self)  # the loader checked what it read; a config built in code, here
+        """Every check between keys; ConfigError naming the key, one line per problem found
+        (several: `ManyProblems`)."""
+        problems = Problems()
+        problems.check(check_fields, self)  # the loader checked what it read; code, here
         for key, device in (
             ("engine.device", self.engine.device),
             ("trainer.device", self.trainer.device),
         ):
-            _check_device(key, device)
-        self.weights.resolve(self.engine.device, self.trainer.device)
+            problems.check(_check_device, key, device)
+        if not problems:  # the transport follows the devices
+            problems.check(self.weights.resolve, self.engine.device, self.trainer.device)
+        problems.check(self.controller_config(None).validate)
+        for check in (
+            self._check_resume,
+            self._check_task,
+            self._check_overlong,
+            self._check_adapters,
+            self._check_routes,
+            self._check_lengths,
+            self._check_backend,
+        ):
+            problems.check(check)
+        problems.raise_any()
+
+    def _check_resume(self) -> None:
         if self.resume and self.runtime != "ray":
             raise ConfigError("resume: only runtime=ray resumes (the sim runtime holds no weights)")
-        self.controller_config(None).validate()
+
+    def _check_task(self) -> None:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
-        self._check_overlong()
+
+    def _check_backend(self) -> None:
         if self.engine.backend != "dorarl":
             raise ConfigError(
                 f"engine.backend: {self.engine.backend} engines run on their own "
                 "(dorarl.engine.vllm.engine.VllmEngine); a run's instances run backend dorarl"
             )
-        if self.adapter_versions:
-            self._check_adapters()
+
+    def _check_routes(self) -> None:
         if self.trainer.moe.route_replay and not self.engine.record_routes:
             raise ConfigError(
                 "trainer.moe.route_replay: needs engine.record_routes=true (the engines record "
                 "the routes it replays)"
             )
-        if self.forced_lengths.enabled and self.forced_lengths.max_len >= self.engine.max_model_len:
+
+    def _check_lengths(self) -> None:
+        """Forced lengths that leave no room for a prompt in the engines' context (the
+        response cap is checked before a run, once the context follows the model:
+        `check_response_cap`)."""
+        limit = self.engine.max_model_len
+        if self.forced_lengths.enabled and self.forced_lengths.max_len >= limit:
             raise ConfigError(
                 f"forced_lengths.max_len: {self.forced_lengths.max_len} leaves no room for the "
-                f"prompt under engine.max_model_len={self.engine.max_model_len}"
+                f"prompt under engine.max_model_len={limit}"
+            )
+
+    def check_response_cap(self) -> None:
+        """A response cap that leaves no room for a prompt in the engines' context."""
+        cap, limit = self.sampling.max_new_tokens, self.engine.max_model_len
+        if cap is not None and cap >= limit:
+            raise ConfigError(
+                f"sampling.max_new_tokens: {cap} leaves no room for the prompt under "
+                f"engine.max_model_len={limit}; raise engine.max_model_len or lower the cap"
             )
 
     @property
@@ -358,6 +403,8 @@ class TrainConfig:
 
     def _check_adapters(self) -> None:
         """What an engine's adapter slot takes, refused before anything starts."""
+        if not self.adapter_versions:
+            return
         lora = self.trainer.lora
         if lora.rank > self.engine.max_lora_rank:
             raise ConfigError(

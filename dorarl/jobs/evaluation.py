@@ -106,3 +106,43 @@ def format_scores(result: dict[str, Any]) -> str:
     scores = "".join(f" {key} {value:.3f}" for key, value in headline_scores(result).items())
     tools = f" tool use {result['tool_use']:.3f}" if result.get("tool_use") is not None else ""
     return f"{result['accuracy']:.3f}{scores}{tools}"
+
+
+def version_label(version: int, result: dict[str, Any]) -> str:
+    """An evaluation's version and the held-out prompts its scores are shares of, where the
+    result says: 'v8 (n=3)', else 'v8'."""
+    n = result.get("n")
+    return f"v{version}" + ("" if n is None else f" (n={int(n)})")
+
+
+SMALL_HELD_OUT = 50
+"""Held-out prompts under which an accuracy is too coarse to compare (steps of 2% and up)."""
+
+
+def held_out_line(config: TrainConfig, available: int) -> tuple[str, str | None]:
+    """The start's line on the held-out set (`available`: the task's held-out prompts, of
+    which `eval.max_prompts` are scored) and, under SMALL_HELD_OUT, a warning saying how to
+    have more."""
+    n = min(available, config.eval.max_prompts)
+    task = config.task
+    if task.name == "jsonl":
+        source = f"from {task.eval_path}" if task.eval_path else f"split off {task.path}"
+    else:
+        source = f"drawn by task {task.name}"
+    line = f"held-out: {n} prompts ({source})"
+    if n >= SMALL_HELD_OUT:
+        return line, None
+    if config.eval.max_prompts < available:
+        more = "raise eval.max_prompts"
+    elif task.name == "jsonl":
+        more = "give a held-out file of 50 rows or more with task.eval_path=FILE"
+    elif task.name in ("arith", "calculator"):
+        more = "a wider task.min_value..task.max_value range has more distinct problems"
+    else:
+        more = f"task {task.name} has no more"
+    step = 1 / max(n, 1)
+    warning = (
+        f"held-out: only {n} prompts, so an accuracy moves in steps of {step:.2g} and its "
+        f"standard error is up to {0.5 * step**0.5:.2g}; {more}"
+    )
+    return line, warning

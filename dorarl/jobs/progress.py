@@ -21,7 +21,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from dorarl.jobs.evaluation import format_scores
+from dorarl.jobs.evaluation import format_scores, version_label
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -100,8 +100,11 @@ class TrainProgress:
         """What is under way, in a live bar's description (plain output says it by lines)."""
         self._progress.update(self._task, description=text)
 
-    def update(self, row: dict[str, Any], evaluations: dict[int, dict[str, Any]]) -> None:
-        """One step done (`row`: its metrics); `evaluations`: those finished, by version."""
+    def update(
+        self, row: dict[str, Any], evaluations: dict[int, dict[str, Any]], flag: str = ""
+    ) -> None:
+        """One step done (`row`: its metrics); `evaluations`: those finished, by version;
+        `flag`: a warning's short form, shown while its condition lasts."""
         self.done += 1
         if self._first_step_at is None:
             self._first_step_at = time.monotonic()
@@ -113,9 +116,12 @@ class TrainProgress:
             text += f"  filtered {row['filtered_groups']}"
         if row.get("env_errors"):
             text += f"  env errors {row['env_errors']}"
+        if flag:
+            text += f"  {flag}"
         if evaluations:
             last = max(evaluations)
-            text += f"  eval v{last}: {format_scores(evaluations[last])}"
+            result = evaluations[last]
+            text += f"  eval {version_label(last, result)}: {format_scores(result)}"
         self._progress.update(self._task, advance=1, description=text)
         if self.enabled and not self.live and self._plain_due():
             self.console.print(self.plain_line(row, text), highlight=False, soft_wrap=True)

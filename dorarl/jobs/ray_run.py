@@ -27,18 +27,21 @@ from dorarl.config import ConfigError
 from dorarl.errors import RunFailed, WorkerFailed
 from dorarl.jobs.checkpoints import Checkpoints
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
+from dorarl.jobs.engine_plan import model_folder, model_spec
 from dorarl.jobs.eval_actor import Evaluations
-from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores
+from dorarl.jobs.evaluation import eval_versions, finish_outputs, format_scores, held_out_line
 from dorarl.jobs.learning_signal import EnvFailed, LearningSignal, check_episodes
+from dorarl.jobs.model_context import context_line
 from dorarl.jobs.model_defaults import with_model_defaults
+from dorarl.jobs.preflight import check_run
 from dorarl.jobs.progress import TrainProgress
 from dorarl.jobs.resume import ResumePoint, find_checkpoint
 from dorarl.jobs.run_actors import RayActors
 from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
-from dorarl.jobs.workload import build_task, rollout_settings, trajectory_texts
+from dorarl.jobs.truncation import TruncationWatch
+from dorarl.jobs.workload import rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import (
     end_segment,
@@ -71,13 +74,11 @@ def run_ray(
     ends, a checkpoint of that version is written, the summary says `stopped_by`)."""
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
+    task = check_run(config, point)  # every problem, before any file is written
     folder = model_folder(config, point)
-    spec, where = model_spec(folder)  # a model the engine does not run: refused
-    check_engines(config, spec, where)  # a fast path the model's heads rule out: refused
-    task = build_task(config, folder)  # bad data stops the run before any file is written
+    spec, _ = model_spec(folder)
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
-    for line in chosen + _versions_line(config):
-        print(line)
+    _say_choices(config, task, chosen)
     if stop is not None and stop.requested():
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     start = point.version if point else 0
@@ -105,6 +106,17 @@ def run_ray(
             _leave_ray(own_ray, placed, actors)
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
+
+
+def _say_choices(config: TrainConfig, task: Task, chosen: list[str]) -> None:
+    """The start's lines on what the run chose and the held-out set it scores; a warning
+    when that set is too small to tell versions apart."""
+    held_out, few = held_out_line(config, len(task.eval_prompts()))
+    context = context_line(config)
+    for line in chosen + ([context] if context else []) + _versions_line(config) + [held_out]:
+        print(line)
+    if few is not None:
+        log.warning("%s", few)
 
 
 def _open_segment(
@@ -200,11 +212,10 @@ def _run(
     )  # fmt: skip
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     checkpoints = Checkpoints.of(config, out_dir)
-    episodes_key = "task.agent" if config.task.agent is not None else "task.env"
     # the hooks run once the runtime runs: `runtime` is bound by then
     runtime = RayRuntime(
         plan,
-        on_step=_step_hook(lambda: runtime, evals, scalars, progress, startup, episodes_key),
+        on_step=_step_hook(lambda: runtime, evals, scalars, progress, startup, config, plan),
         on_publish=lambda version: checkpoints.periodic(runtime, version),
         should_stop=stop.requested if stop is not None else None,
     )
@@ -301,12 +312,16 @@ def _step_hook(
     scalars: ScalarLogger,
     progress: TrainProgress,
     startup: StartupLines,
-    episodes_key: str,
+    config: TrainConfig,
+    plan: RayRunPlan,
 ) -> StepHook:
     """After each step: evaluate its version if wanted, log its scalars, show progress,
-    warn when it cannot learn, stop when its environment (`episodes_key`) failed every
-    episode of it (`runtime_of()`: the runtime the hook is given to)."""
+    warn when it cannot learn or its responses were cut by a length limit, stop when its
+    environment (task.env or task.agent) failed every episode of it (`runtime_of()`: the
+    runtime the hook is given to)."""
     signal = LearningSignal()
+    truncation = truncation_watch(config, plan.rollout.max_new_tokens)
+    episodes_key = "task.agent" if config.task.agent is not None else "task.env"
 
     def on_step(row: dict[str, Any], groups: list) -> None:
         version = row["new_version"]
@@ -317,15 +332,22 @@ def _step_hook(
         scalars.log(row)
         signal.texts_at = runtime.recorder.texts_path  # where its recorder writes the texts
         signal.observe(row)
+        _, cut = truncation.observe(row["step"], groups)
         finished = evals.finished()
         startup.step(row)
         if finished:
             first = min(finished)
             startup.evaluation(first, finished[first], format_scores(finished[first]))
-        progress.update(row, finished)
+        progress.update(row, finished, flag=cut)
         check_episodes(row["step"], groups, episodes_key)
 
     return on_step
+
+
+def truncation_watch(config: TrainConfig, max_new_tokens: int) -> TruncationWatch:
+    """The run's watch on cut responses; off under forced lengths, which cut every one."""
+    threshold = 1.0 if config.forced_lengths.enabled else config.sampling.warn_truncated
+    return TruncationWatch(config.engine.max_model_len, max_new_tokens, threshold)
 
 
 def _gather(

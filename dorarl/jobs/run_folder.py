@@ -20,8 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dorarl.config import ConfigError, load_config, to_dict
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.model_context import context_given, with_model_context
 from dorarl.record.evaluations import read_evaluations
 from dorarl.record.segments import roll_back_segments
 from dorarl.run_layout import (
@@ -80,10 +83,17 @@ def load_run_config(config_path: str | None, overrides: list[str]) -> TrainConfi
     """The config of `dorarl train`: `--config` (or the resumed run's config.json) with the
     overrides. Relative paths in `--config` resolve against its folder; a run's config.json
     records the paths its run used, absolute, or relative as that run read them: against
-    the working directory."""
+    the working directory. `engine.max_model_len` given by neither follows the model
+    (dorarl.jobs.model_context)."""
     source = config_source(config_path, overrides)
     recorded = run_of(resume_value(overrides)) is not None
-    return load_config(TrainConfig, source, overrides, paths_from=Path.cwd() if recorded else None)
+    config = load_config(
+        TrainConfig, source, overrides, paths_from=Path.cwd() if recorded else None
+    )
+    tree = yaml.safe_load(Path(source).read_text()) if source is not None else None
+    if context_given(tree if isinstance(tree, dict) else {}, overrides):
+        return config
+    return with_model_context(config)
 
 
 def choose_out(out: str | None, resume: str | None, mode: str) -> Path:

@@ -65,7 +65,8 @@ class StartupLines:
             return
         self.first_eval_told = True
         took = f", {result['eval_s']:.1f}s" if "eval_s" in result else ""
-        self.line(f"first evaluation (v{version}): {scores}{took}")
+        n = f", n={int(result['n'])}" if result.get("n") is not None else ""
+        self.line(f"first evaluation (v{version}{n}): {scores}{took}")
 
 
 def _describe(role: str, times: list[ActorStartup]) -> str:

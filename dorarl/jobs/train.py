@@ -62,17 +62,17 @@ def resume_point(config: TrainConfig) -> ResumePoint | None:
 
 
 def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
-    """The settings as YAML, once what a run reads is checked (the model folder, its
-    tokenizer, the data files, the env class; a problem: one line, exit 2); a setting left
-    to the model says what it comes to for this one."""
+    """The settings as YAML, once every check a run makes before it starts has passed
+    (`dorarl.jobs.preflight`: each problem one line, exit 2); a setting left to the model
+    says what it comes to for this one."""
     if config.runtime != "ray":
         return to_yaml(config)
     from dorarl.jobs.engine_plan import model_folder
     from dorarl.jobs.model_defaults import LORA_RATE_FACTOR, default_lr, rate
-    from dorarl.jobs.workload import check_inputs
+    from dorarl.jobs.preflight import check_run
 
+    check_run(config, point)
     folder = model_folder(config, point)
-    check_inputs(config, folder)
     notes = {}
     if config.trainer.lr is None:
         chosen = default_lr(folder, point)
@@ -190,8 +190,9 @@ def _help() -> str:
         "       dorarl train --print-config [--config FILE] [key=value ...]",
         "       dorarl train --print-placement GPUS [--config FILE] [key=value ...]",
         "",
-        "--print-config checks what a run reads (model folder, tokenizer, data files, env",
-        "class) and prints the resolved settings as YAML (a file --config reads back);",
+        "--print-config makes every check a run makes before it starts (model folder,",
+        "tokenizer, data rows against engine.max_model_len, env, agent, reward), prints each",
+        "problem on a line (exit 2), else the resolved settings as YAML (--config reads them);",
         "--print-placement prints the GPU shares the actors would ask for on a node with",
         "GPUS GPUs, and each engine's KV budget in its share (of ray.gpu_memory_gb, else",
         "of this machine's GPU). Neither starts anything.",
@@ -258,4 +259,4 @@ def _eval_rows(summary: dict[str, Any]) -> list[tuple[str, Any]]:
         rows += [(f"eval_version_{end}", version)]
         rows += [(f"eval_accuracy_{end}", summary[f"eval_accuracy_{end}"])]
         rows += [(f"eval_{key}_{end}", v) for key, v in sampled.get(str(version), {}).items()]
-    return rows
+    return rows + ([("eval_n", summary["eval_n"])] if rows and "eval_n" in summary else [])

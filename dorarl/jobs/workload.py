@@ -1,21 +1,16 @@
-"""What a training run trains on and samples, checked before anything starts: the model
-folder, the task, the sampling settings of rollout and evaluation, trajectory texts.
-
-A run first reads the model folder's config as the engine will (an unsupported
-model_type, RoPE or attention layout stops the run in one line, exit 2, before Ray starts),
-then builds the task from the `task.*` keys with the run's limits (context, response cap).
+"""What a training run trains on and samples: the task built from the `task.*` keys with the
+run's limits (context, response cap), the sampling settings of rollout and evaluation,
+trajectory texts. The checks made before a run starts are `dorarl.jobs.preflight`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from dorarl.data import Sample
 from dorarl.errors import UserInputError
 from dorarl.jobs.config import TrainConfig
-from dorarl.jobs.engine_plan import model_spec
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.agent import AgentTask, load_agent
@@ -23,23 +18,6 @@ from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 from dorarl.tasks.model_files import load_tokenizer
-
-
-def check_inputs(config: TrainConfig, model_folder: str) -> None:
-    """What a run reads, checked without reading the data or starting anything: the model
-    folder (a model the engine runs, its tokenizer), the data files, the env class or agent."""
-    model_spec(model_folder)
-    load_tokenizer(model_folder)
-    section = config.task
-    if section.env is not None:
-        load_env_class(section.env)
-    if section.agent is not None:
-        load_agent(section.agent)
-    if section.name != "jsonl":
-        return
-    for key, path in (("task.path", section.path), ("task.eval_path", section.eval_path)):
-        if path is not None and not Path(path).is_file():
-            raise UserInputError(f"{key}: no such data file {path}")
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:

@@ -19,6 +19,13 @@ def sampled_scores(result: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in result.items() if k.startswith(SAMPLED)}
 
 
+def held_out_count(results: list[dict[str, Any]]) -> int | None:
+    """How many held-out prompts the newest of `results` scored (None: none says, as in
+    run folders whose evaluations did not record it)."""
+    counts = [int(r["n"]) for r in results if r.get("n") is not None]
+    return counts[-1] if counts else None
+
+
 def sampled_eval_summary(ordered: list[dict[str, Any]]) -> dict[str, Any]:
     """summary.json's sampled scores, {"eval_sampled": {version: {"mean@k": .., ..}}}, when
     the evaluations sampled (eval.samples > 0); nothing otherwise."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dorarl.engine.outputs import prefix_hit_rate
-from dorarl.record.evaluations import read_evaluations, sampled_eval_summary
+from dorarl.record.evaluations import held_out_count, read_evaluations, sampled_eval_summary
 from dorarl.record.pacing import PaceStats
 from dorarl.record.trace import marker, read_events, shifted, write_events
 from dorarl.run_layout import SEGMENT_START_FILE as START_FILE
@@ -320,6 +320,9 @@ def _evaluations(
     sampled |= {int(v): x for v, x in sampled_eval_summary(results).get("eval_sampled", {}).items()}
     out: dict[str, Any] = {"eval": {str(v): accuracy[v] for v in sorted(accuracy)}}
     out |= eval_ends(accuracy)
+    n = held_out_count(results)
+    if n is not None:  # the held-out prompts each accuracy is a share of
+        out["eval_n"] = n
     if sampled:
         out["eval_sampled"] = {str(v): sampled[v] for v in sorted(sampled)}
     return out

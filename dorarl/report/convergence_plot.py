@@ -7,6 +7,8 @@ from typing import Any
 
 import matplotlib
 
+from dorarl.record.evaluations import held_out_count
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -22,8 +24,12 @@ def plot_convergence(
         color = plt.get_cmap("tab10")(k)
         versions = [p["version"] for p in c["eval"]]
         accuracy = [p["accuracy"] for p in c["eval"]]
-        axes[0][0].plot(versions, accuracy, "o-", color=color, label=name)
-        axes[0][1].plot([p["time_s"] for p in c["eval"]], accuracy, "o-", color=color, label=name)
+        n = held_out_count(c["eval"])
+        counted = name if n is None else f"{name} (n={n})"  # held-out prompts behind each point
+        axes[0][0].plot(versions, accuracy, "o-", color=color, label=counted)
+        axes[0][1].plot(
+            [p["time_s"] for p in c["eval"]], accuracy, "o-", color=color, label=counted
+        )
         axes[1][0].plot(c["steps"], c["reward_mean"], color=color, label=name)
         axes[1][1].plot(c["time_s"], c["reward_mean"], color=color, label=name)
     axes[0][0].set_ylabel("held-out accuracy (greedy)")

@@ -7,6 +7,8 @@ from typing import Any
 
 import matplotlib
 
+from dorarl.record.evaluations import held_out_count
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -20,7 +22,9 @@ def plot_training_curve(curve: dict[str, Any], path: str | Path, title: str = ""
     if curve["eval"]:
         versions = [p["version"] for p in curve["eval"]]
         accuracy = [p["accuracy"] for p in curve["eval"]]
-        ax.plot(versions, accuracy, "o-", label="held-out accuracy (greedy)")
+        n = held_out_count(curve["eval"])
+        counted = "" if n is None else f", n={n}"
+        ax.plot(versions, accuracy, "o-", label=f"held-out accuracy (greedy{counted})")
     ax.set_xlabel("training step (version)")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)

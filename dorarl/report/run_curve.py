@@ -54,5 +54,7 @@ def curve_of(
 
 
 def _scores(result: dict[str, Any]) -> dict[str, float]:
-    """An evaluation's greedy `accuracy`, and mean@k and pass@j when it sampled."""
-    return {"accuracy": result["accuracy"], **sampled_scores(result)}
+    """An evaluation's greedy `accuracy`, and mean@k and pass@j when it sampled; `n`, the
+    held-out prompts it scored, where recorded."""
+    n = {"n": int(result["n"])} if result.get("n") is not None else {}
+    return {"accuracy": result["accuracy"], **sampled_scores(result), **n}

@@ -70,8 +70,8 @@ class EngineCall(Call):
 
 
 @dataclass(frozen=True)
-class RunCall(EngineCall):
-    """A stepping burst on instance `iid`."""
+class OnInstanceCall(EngineCall):
+    """A call on instance `iid` alone."""
 
     iid: int
 
@@ -82,6 +82,11 @@ class RunCall(EngineCall):
     @property
     def engines(self) -> tuple[int, ...]:
         return (self.iid,)
+
+
+@dataclass(frozen=True)
+class RunCall(OnInstanceCall):
+    """A stepping burst on instance `iid`."""
 
     @property
     def worker(self) -> str:
@@ -136,22 +141,13 @@ class MigrateCall(EngineCall):
 
 
 @dataclass(frozen=True)
-class SendCall(EngineCall):
+class SendCall(OnInstanceCall):
     """A call on instance `iid` that changes what it holds and answers nothing the runtime
     acts on (`what`: requests added, an observation, versions to keep): read only for its
     failure, which stops the run (a lost actor's is recovery's, which starts the
     instance's requests again), so no request stays counted on an engine that lacks it."""
 
-    iid: int
     what: str
-
-    @property
-    def lands_on(self) -> int:
-        return self.iid
-
-    @property
-    def engines(self) -> tuple[int, ...]:
-        return (self.iid,)
 
     @property
     def worker(self) -> str:

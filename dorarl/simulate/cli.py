@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dorarl.config import ConfigError, describe, load_config, to_yaml
+from dorarl.config.yaml_text import load_yaml
 from dorarl.controller import MODES, ControllerConfig
 from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
@@ -150,7 +151,7 @@ def build_config(
     layers = _flatten(dataclasses.asdict(base))
     if path is not None:
         load_config(SimulateConfig, path)  # errors name the file and key
-        layers += _flatten(yaml.safe_load(Path(path).read_text()) or {})
+        layers += _flatten(load_yaml(Path(path).read_text()) or {})  # read as the loader reads
     return load_config(SimulateConfig, None, layers + list(overrides))
 
 

@@ -160,7 +160,8 @@ class ArithTask(Task):
         if longest + self.max_new_tokens > self.max_model_len:
             raise UserInputError(
                 f"task arith: prompts of up to {longest} tokens with max_new_tokens="
-                f"{self.max_new_tokens} exceed the context limit of {self.max_model_len} tokens"
+                f"{self.max_new_tokens} exceed the context limit of {self.max_model_len} tokens; "
+                "raise engine.max_model_len or lower sampling.max_new_tokens"
             )
         return [
             Prompt(first_id + i, text, list(prompt_ids), str(problem.result))

@@ -87,7 +87,8 @@ class JsonlTask(Task):
         if len(ids) + self.max_new_tokens > self.max_model_len:
             raise UserInputError(
                 f"{where}: prompt is {len(ids)} tokens; with max_new_tokens={self.max_new_tokens} "
-                f"it exceeds the context limit of {self.max_model_len} tokens"
+                f"(sampling.max_new_tokens) it exceeds the context limit of {self.max_model_len} "
+                "tokens; raise engine.max_model_len or lower sampling.max_new_tokens"
             )
         return Prompt(prompt_id, text, ids, answer)
 

@@ -75,4 +75,7 @@ def context_limit(model_dir: Path | None, tokenizer: PreTrainedTokenizerBase) ->
     limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(limit, int) and limit < 10**9:
         return limit
-    raise UserInputError("cannot tell the model's context limit; pass max_model_len")
+    raise UserInputError(
+        "cannot tell the model's context limit (its config.json has no max_position_embeddings); "
+        "set engine.max_model_len"
+    )

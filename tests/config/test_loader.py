@@ -99,3 +99,22 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 def test_describe_lists_dotted_keys():
     keys = [row[0] for row in describe(Root)]
     assert keys == ["mode", "K", "name", "inner.lr", "inner.betas", "inner.amounts"]
+
+
+def test_every_problem_is_reported_one_line_each():
+    with pytest.raises(ConfigError) as refused:
+        load_config(Root, overrides=["bogus=1", "K=abc", "inner.lr=x", "inner.nope=2", "mode=fast"])
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 5, lines
+    for needle in ("unknown config key bogus", "K: expected int", "inner.lr: expected float",
+                   "unknown config key inner.nope", "mode: must be one of"):  # fmt: skip
+        assert sum(needle in line for line in lines) == 1, (needle, lines)
+
+
+def test_checks_between_keys_run_only_over_good_values():
+    with pytest.raises(ConfigError) as refused:
+        load_config(Root, overrides=["K=-1"])
+    assert str(refused.value).splitlines() == ["K: must be >= 0 (command line)"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(Root, overrides=["K=-1", "inner.lr=x"])  # its check: not with a bad value
+    assert str(refused.value).splitlines() == ["inner.lr: expected float, got 'x' (command line)"]

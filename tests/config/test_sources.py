@@ -88,3 +88,25 @@ def test_a_file_read_as_a_record_resolves_where_its_caller_says(gsm, tmp_path):
     config = load_config(TrainConfig, gsm, paths_from=elsewhere)
     assert config.task.path == str(elsewhere / "data" / "train.jsonl")
     assert load_config(TrainConfig).model is None  # no path given: nothing to resolve
+
+
+def test_a_near_miss_in_the_file_names_the_file_its_line_and_the_key_meant(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("steps: 5\ntrainer:\n  learning_rate: 1.0e-5\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(TrainConfig, path)
+    assert str(refused.value).startswith(
+        f"unknown config key trainer.learning_rate ({path}) on line 3; did you mean trainer.lr "
+    )
+    with pytest.raises(ConfigError, match=r"\(command line\); did you mean trainer\.lr "):
+        load_config(TrainConfig, None, ["trainer.learning_rate=1e-5"])
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("trainer.learning_rate", "trainer.lr"), ("train_batch_size", "tbs")],
+)
+def test_a_key_meant_by_its_initials_is_suggested(typed, meant):
+    from dorarl.config.sources import dotted_keys
+
+    assert nearest_keys(typed, dotted_keys(TrainConfig))[0] == meant

@@ -32,12 +32,14 @@ def test_prompt_over_the_context_limit():
     model, engine, batch = _engine_with_two_requests(max_model_len=64)
     with pytest.raises(
         UserInputError, match=r"request 'long': prompt has 64 tokens, max_model_len is 64"
-    ):
+    ) as info:
         engine.add_request("long", [1] * 64, greedy(4))
+    assert "engine.max_model_len" in str(info.value)
     with pytest.raises(
         UserInputError, match=r"'forced'.*10 \+ target_len 60 tokens exceeds max_model_len 64"
-    ):
+    ) as info:
         engine.add_request("forced", [1] * 10, SamplingParams(target_len=60))
+    assert "engine.max_model_len" in str(info.value)
     assert sorted(engine.request_ids()) == ["ok0", "ok1"]
     _assert_others_finish_correctly(model, engine, batch)
 

@@ -66,6 +66,16 @@ def test_the_table_shows_mean_and_pass_at_k_of_the_last_evaluation_uncut(tmp_pat
     assert rows[1]["eval_last"] is None and rows[1]["sampled_last"] == {}
 
 
+def test_each_accuracy_shows_the_held_out_prompts_it_is_a_share_of(tmp_path, capsys):
+    a = _run_folder(tmp_path / "a", "dora", [0.2, 0.6], wall=20.0)
+    evaluations = [{"version": 0, "accuracy": 1 / 3, "n": 3.0}, {"version": 1, "accuracy": 2 / 3, "n": 3.0}]  # fmt: skip
+    (a / "evaluations.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evaluations))
+    assert run_row("a", a, read_curve(a))["eval_n"] == 3
+    assert cli_main(["report", "compare", str(a), "--out", str(tmp_path / "c.png")]) == 0
+    (row_a,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│ a ")]
+    assert "0.333 (v0, n=3)" in row_a and "0.667 (v1, n=3)" in row_a
+
+
 def test_cli_writes_png_and_json(tmp_path, capsys):
     a = _run_folder(tmp_path / "a", "dora", [0.2, 0.6], wall=20.0)
     b = _run_folder(tmp_path / "b", "sync", [0.2, 0.4], wall=40.0)

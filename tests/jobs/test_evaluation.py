@@ -46,3 +46,42 @@ def test_a_resumed_start_evaluated_again_wins_over_its_first_result(tmp_path):
             {"version": 2, "accuracy": 0.3}]  # fmt: skip
     (tmp_path / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert [p["accuracy"] for p in read_curve(tmp_path)["eval"]] == [0.1, 0.3]
+
+
+def _jsonl_config(*overrides):
+    from dorarl.config import load_config
+    from dorarl.jobs.config import TrainConfig
+
+    return load_config(TrainConfig, overrides=["task.name=jsonl", "task.path=d.jsonl", *overrides])
+
+
+def test_the_start_says_the_held_out_count_and_warns_under_fifty_naming_task_eval_path():
+    from dorarl.jobs.evaluation import held_out_line
+
+    line, warning = held_out_line(_jsonl_config(), 3)  # 30 rows: a tenth held out
+    assert line.startswith("held-out: 3 prompts (split off ") and line.endswith("d.jsonl)")
+    assert "only 3 prompts" in warning and "task.eval_path=FILE" in warning
+    assert "\n" not in warning
+    _, capped = held_out_line(_jsonl_config("eval.max_prompts=20"), 300)
+    assert "eval.max_prompts" in capped and "task.eval_path" not in capped
+    line, none = held_out_line(_jsonl_config("task.eval_path=e.jsonl"), 80)
+    assert line.startswith("held-out: 80 prompts (from ") and none is None
+
+
+def test_a_plotted_accuracy_says_its_held_out_count(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from dorarl.report.convergence_plot import plot_convergence
+    from dorarl.report.plots import plot_training_curve
+
+    legends = []
+    monkeypatch.setattr(plt, "close", lambda fig: legends.extend(
+        t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()
+    ))  # fmt: skip
+    curve = {"steps": [1, 2], "time_s": [1.0, 2.0], "reward_mean": [0.1, 0.2],
+             "eval": [{"version": 0, "time_s": 0.0, "accuracy": 0.3, "n": 3},
+                      {"version": 2, "time_s": 2.0, "accuracy": 0.6, "n": 3}]}  # fmt: skip
+    plot_training_curve(curve, tmp_path / "curve.png")
+    assert "held-out accuracy (greedy, n=3)" in legends
+    plot_convergence({"dora": curve}, tmp_path / "cmp.png")
+    assert "dora (n=3)" in legends

@@ -44,6 +44,13 @@ def test_a_sampled_evaluation_shows_mean_and_pass_at_k():
     assert line.endswith("eval v2: 0.500 mean@4 0.375 pass@4 0.750")
 
 
+def test_an_evaluation_shows_how_many_held_out_prompts_it_scored():
+    out = io.StringIO()
+    with TrainProgress(1, console=Console(file=out, width=200)) as progress:
+        progress.update(_row(1), {1: {"version": 1, "accuracy": 1 / 3, "n": 3.0}})
+    assert out.getvalue().splitlines()[0].endswith("eval v1 (n=3): 0.333")
+
+
 def test_episodes_an_environment_failed_are_counted_in_the_line():
     out = io.StringIO()
     with TrainProgress(2, console=Console(file=out, width=200)) as progress:

@@ -34,6 +34,9 @@ def test_each_phase_is_one_line_with_the_seconds_since_the_start():
     )
     assert "first step done (v0 -> v1, 2.5s of training" in said[2]
     assert said[3].endswith("first evaluation (v0): acc 0.500, 1.2s")
+    counted = StartupLines(said.append, phases.append)
+    counted.evaluation(0, {"eval_s": 1.0, "n": 3.0}, "acc 0.333")
+    assert said[-1].endswith("first evaluation (v0, n=3): acc 0.333, 1.0s")
     assert phases == ["starting the actors", "waiting for the first step"]
 
 

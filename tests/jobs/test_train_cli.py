@@ -346,3 +346,54 @@ def test_print_config_says_what_the_rate_comes_to_for_the_model(capsys, tiny_mod
     assert load_config(TrainConfig, path) == load_config(
         TrainConfig, None, [f"model={tiny_model_dir}"]
     )
+
+
+def _long_prompt_data(tmp_path: Path) -> Path:
+    data = tmp_path / "data.jsonl"
+    rows = [
+        {"prompt": "1+1=", "answer": "2"},
+        {"prompt": "x" * 100, "answer": "2"},
+    ]  # fits 256, not 128
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
+
+
+def test_print_config_reports_every_problem_one_line_each(tmp_path, capsys, tiny_model_dir):
+    data = _long_prompt_data(tmp_path)
+    rc, err = _err(
+        capsys, "--print-config", f"model={tiny_model_dir}", "task.name=jsonl",
+        f"task.path={data}", "task.reward=myreward:score", "task.env=nomodule_xyz:X",
+        "engine.max_model_len=128",
+    )  # fmt: skip
+    assert rc == 2 and len(err) == 3, err
+    assert all(line.startswith("dorarl: error: ") for line in err)
+    assert any("task.reward: unknown reward 'myreward:score'" in line for line in err), err
+    assert any("task.env: cannot import module 'nomodule_xyz'" in line for line in err), err
+    assert any(f"{data}:2: prompt is " in line for line in err), err  # the data checked too
+
+
+def test_print_config_refuses_what_the_run_refuses(tmp_path, capsys, tiny_model_dir):
+    data = _long_prompt_data(tmp_path)
+    for args, first in (
+        (["task.reward=myreward:score"], "task.reward"),
+        (["engine.max_model_len=128"], str(data)),  # a prompt over the context: its row
+        (["sampling.max_new_tokens=300"], "sampling.max_new_tokens"),  # over the context (256)
+    ):
+        common = [f"model={tiny_model_dir}", "task.name=jsonl", f"task.path={data}", *args]
+        checked, checked_err = _err(capsys, "--print-config", *common)
+        ran, ran_err = _err(capsys, *common, "--out", str(tmp_path / "run"), "progress=false")
+        assert checked == ran == 2 and checked_err == ran_err, ran_err
+        # the cap over the context also puts the long prompt over it: a second line then
+        assert ran_err[0].startswith(f"dorarl: error: {first}") and len(ran_err) <= 2, ran_err
+    assert not (tmp_path / "run").exists()
+
+
+def test_settings_problems_are_reported_together_on_the_command_line(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  learning_rate: 1.0e-5\nrollout:\n  filter_groups: yes\n")
+    rc, err = _err(capsys, "--print-config", "--config", str(path), "rbs=2", "tbs=4")
+    assert rc == 2 and set(err) == {
+        f"dorarl: error: unknown config key trainer.learning_rate ({path}) on line 2; "
+        "did you mean trainer.lr or trainer.lora.lr?",
+        f"dorarl: error: rollout.filter_groups: write true or false, not 'yes' ({path})",
+    }, err  # rbs against tbs: checked once every value is good

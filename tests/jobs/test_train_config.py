@@ -15,6 +15,7 @@ from dorarl.bench.convergence import ConvergenceConfig
 from dorarl.config import ConfigError, load_config
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
+from dorarl.jobs.run_folder import load_run_config
 from dorarl.jobs.train import resume_point
 
 SOURCE = Path(__file__).resolve().parents[2] / "dorarl" / "jobs" / "config.py"
@@ -86,3 +87,32 @@ def test_as_a_section_they_name_the_key_under_it(overrides, key):
     nested = [f"train.{item}" for item in overrides]
     with pytest.raises(ConfigError, match=rf"^train\.{key}: "):
         load_config(ConvergenceConfig, None, nested)
+
+
+def test_every_check_between_keys_is_reported():
+    with pytest.raises(ConfigError) as refused:
+        load_config(TrainConfig, None, ["rbs=2", "tbs=4", "trainer.loss.overlong=soft",
+                                        "engine.device=gpu"])  # fmt: skip
+    lines = str(refused.value).splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("engine.device: use cpu or cuda")
+    assert any(line.startswith("rbs: must be >= tbs") for line in lines)
+    assert any(line.startswith("trainer.loss.overlong: soft needs sampling.max_new_tokens")
+               for line in lines)  # fmt: skip
+
+
+def test_a_response_cap_over_the_context_is_refused():
+    with pytest.raises(ConfigError, match=r"^sampling.max_new_tokens: 256 leaves no room for the prompt under engine.max_model_len=256"):  # fmt: skip
+        load_config(TrainConfig, None, ["sampling.max_new_tokens=256"]).check_response_cap()
+    load_config(TrainConfig, None, ["sampling.max_new_tokens=255"]).check_response_cap()
+
+
+def test_a_response_cap_is_checked_against_the_context_that_follows_the_model(tmp_path):
+    """A user's model folder brings its context (dorarl.jobs.model_context): a cap over the
+    default 256 but inside the model's context is fine."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"max_position_embeddings": 1024}')
+    config = load_run_config(None, [f"model={folder}", "sampling.max_new_tokens=512"])
+    assert config.engine.max_model_len == 1024
+    config.check_response_cap()

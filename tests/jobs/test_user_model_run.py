@@ -18,7 +18,7 @@ SMALL = ["instances=2", "tbs=4", "rbs=8", "group_size=4", "engine.max_num_seqs=1
          "sampling.max_new_tokens=32", "eval.max_prompts=6", "eval.every=0", "progress=false"]  # fmt: skip
 
 
-def test_qwen2_folder_trains_on_gsm8k_rows_through_the_chat_template(tmp_path):
+def test_qwen2_folder_trains_on_gsm8k_rows_through_the_chat_template(tmp_path, caplog, capsys):
     rows = gsm8k_rows(40)
     model = save_family_model(
         tmp_path / "qwen2", "qwen2", [r["question"] + r["answer"] for r in rows]
@@ -39,6 +39,15 @@ def test_qwen2_folder_trains_on_gsm8k_rows_through_the_chat_template(tmp_path):
     for row in (metrics[0], metrics[-1]):
         assert {"eval_accuracy", "eval_mean@2", "eval_pass@2"} <= set(row)
     assert all(m["response_len_max"] <= 32 for m in metrics)
+    # Random weights seldom stop: the cap cuts them, and the first step says which key to raise.
+    cut = [r.getMessage() for r in caplog.records if r.name == "dorarl.jobs.truncation"]
+    assert cut and cut[0].startswith("step 0:") and "raise sampling.max_new_tokens" in cut[0]
+    # 40 rows hold out 4 prompts: said at the start, warned of, and beside every accuracy.
+    assert "held-out: 4 prompts" in capsys.readouterr().out
+    assert any("only 4 prompts" in r.getMessage() for r in caplog.records)
+    assert summary["eval_n"] == 4
+    # No engine.max_model_len given: the folder's max_position_embeddings (512), not 256.
+    assert json.loads((out / "config.json").read_text())["engine"]["max_model_len"] == 512
     checkpoint = out / "checkpoints" / "version_00003"
     assert json.loads((checkpoint / "config.json").read_text())["model_type"] == "qwen2"
     engine = Engine.from_pretrained(checkpoint, EngineConfig(max_num_seqs=2, max_model_len=128))

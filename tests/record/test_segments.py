@@ -191,3 +191,10 @@ def test_a_segment_killed_after_its_stop_checkpoint_counts_the_books_it_left(tmp
     assert summary["carried_in"] == 2 + 4 and summary["dropped_total"] == 1
     ends = summary["queued_at_end"] + summary["in_flight_at_end"] + summary["dropped_total"]
     assert summary["dispatched"] == summary["consumed"] + summary["filtered"] + ends
+
+
+def test_the_runs_summary_says_how_many_held_out_prompts_its_accuracies_are_shares_of(tmp_path):
+    _segment(tmp_path, 0, 2)
+    rows = [{"version": 0, "accuracy": 1 / 3, "n": 3.0}, {"version": 2, "accuracy": 2 / 3, "n": 3}]
+    (tmp_path / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert write_run_records(tmp_path)["eval_n"] == 3

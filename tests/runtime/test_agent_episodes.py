@@ -9,6 +9,7 @@ import time
 
 import openai
 import pytest
+from episodes_testlib import answers
 
 from dorarl.engine import RequestOutput
 from dorarl.runtime.episodes import Episodes
@@ -45,17 +46,6 @@ def _task(tmp_path, tokenizer, agent: str, timeout_s: float) -> AgentTask:
     return AgentTask(base, f"{__name__}:{agent}", 4, timeout_s)
 
 
-def _answers(episodes, n, within_s):
-    """The next `n` answers (ready or overdue) by request, polled as the runtime does."""
-    got = {}
-    deadline = time.monotonic() + within_s
-    while len(got) < n and time.monotonic() < deadline:
-        got.update(episodes.ready() + episodes.overdue())
-        time.sleep(0.01)
-    assert len(got) == n, f"{n - len(got)} env call(s) unanswered in {within_s:g} s"
-    return got
-
-
 def _drain(episodes, for_s):
     """Poll as the runtime does for `for_s`: every answer that came (none may raise)."""
     got, deadline = [], time.monotonic() + for_s
@@ -77,7 +67,7 @@ def _thinking(tmp_path, tokenizer):
     episodes = Episodes(task, grace_s=GRACE_S)
     prompt = task.train_prompts()[0]
     episodes.begin([("r0", prompt)])
-    assert isinstance(_answers(episodes, 1, 10.0)["r0"], list)
+    assert isinstance(answers(episodes, 1, 10.0)["r0"], list)
     _turn_ends(episodes, task, "r0")
     time.sleep(0.2)  # the reply is out; the agent sleeps
     return task, episodes, prompt
@@ -114,10 +104,10 @@ def test_an_agent_that_only_re_asks_times_out_on_its_own_bound_not_the_drivers(
     task = _task(tmp_path, chat_tokenizer, "re_asks", timeout_s=0.5)
     episodes = Episodes(task, grace_s=GRACE_S)
     episodes.begin([("r0", task.train_prompts()[0])])
-    _answers(episodes, 1, 10.0)
+    answers(episodes, 1, 10.0)
     _turn_ends(episodes, task, "r0")
     started = time.monotonic()
-    assert _answers(episodes, 1, 0.5 + GRACE_S + 2) == {"r0": None}
+    assert answers(episodes, 1, 0.5 + GRACE_S + 2) == {"r0": None}
     assert time.monotonic() - started < 0.5 + GRACE_S  # before the driver's overdue bound
     state, _ = episodes.finish("r0")
     assert state.error == "the agent timed out after 0.5 s (no call, no return)"
@@ -163,9 +153,9 @@ def test_a_step_that_raises_past_its_coroutine_ends_its_episode_counted(raised, 
     _Broken.raised = raised
     episodes = Episodes(_BrokenTask(), grace_s=GRACE_S)
     episodes.begin([("r0", None)])
-    assert _answers(episodes, 1, 5.0) == {"r0": [1, 2]}
+    assert answers(episodes, 1, 5.0) == {"r0": [1, 2]}
     episodes.turn_ended("r0", RequestOutput("r0", [1], [2], [0.0], [0], "stop", waits_env=True))
-    assert _answers(episodes, 1, 5.0) == {"r0": None}
+    assert answers(episodes, 1, 5.0) == {"r0": None}
     state, _ = episodes.finish("r0")
     assert (state.error, state.reward, state.end_reason) == (error, 0.0, "env_error")
     assert episodes.env_errors == 1 and episodes.pending == 0
@@ -175,7 +165,7 @@ def test_a_chat_templates_drift_still_stops_the_run():
     _Broken.raised = TemplateDrift("chat template x: it renders again otherwise")
     episodes = Episodes(_BrokenTask(), grace_s=GRACE_S)
     episodes.begin([("r0", None)])
-    _answers(episodes, 1, 5.0)
+    answers(episodes, 1, 5.0)
     episodes.turn_ended("r0", RequestOutput("r0", [1], [2], [0.0], [0], "stop", waits_env=True))
     with pytest.raises(TemplateDrift, match="renders again"):
         _drain(episodes, 1.0)

@@ -9,6 +9,7 @@ import logging
 import time
 
 import pytest
+from episodes_testlib import answers
 
 from dorarl.engine import RequestOutput
 from dorarl.runtime.episodes import Episodes
@@ -78,26 +79,15 @@ def _begin(base, env_class, n=4):
     start = time.monotonic()
     episodes.begin([(f"r{i}", p) for i, p in enumerate(prompts)])
     held = time.monotonic() - start
-    first = _answers(episodes, n, TIMEOUT_S + GRACE_S + 2)
+    first = answers(episodes, n, TIMEOUT_S + GRACE_S + 2)
     return episodes, prompts, [first[f"r{i}"] for i in range(n)], held, time.monotonic() - start
-
-
-def _answers(episodes, n, within_s):
-    """The next `n` answers (ready or overdue) by request, polled as the runtime does."""
-    got = {}
-    deadline = time.monotonic() + within_s
-    while len(got) < n and time.monotonic() < deadline:
-        got.update(episodes.ready() + episodes.overdue())
-        time.sleep(0.01)
-    assert len(got) == n, f"{n - len(got)} env call(s) unanswered in {within_s:g} s"
-    return got
 
 
 def _first_turn_ends(episodes, rid):
     """The first turn's end: a failed reset's episode ends there, reward 0."""
     out = RequestOutput(rid, [1], [2, 3], [0.0, 0.0], [0, 0], "stop", waits_env=True)
     episodes.turn_ended(rid, out)
-    assert _answers(episodes, 1, TIMEOUT_S + GRACE_S + 2) == {rid: None}
+    assert answers(episodes, 1, TIMEOUT_S + GRACE_S + 2) == {rid: None}
     return episodes.finish(rid)[0]
 
 

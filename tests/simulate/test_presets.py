@@ -143,3 +143,12 @@ def test_an_moe_preset_takes_the_imbalance_a_run_measured(tmp_path):
         main([*args, "--expert-imbalance-from", str(run)])
     with pytest.raises(ConfigError, match="cost.expert_imbalance: must be >= 1, got 0.5"):
         build_config("qwen3-30b-a3b-64", None, ["cost.expert_imbalance=0.5"])
+
+
+def test_a_file_over_a_preset_takes_booleans_as_true_or_false(tmp_path):
+    path = tmp_path / "sim.yaml"
+    path.write_text("controller:\n  rollout:\n    filter_groups: yes\n")
+    with pytest.raises(ConfigError, match="controller.rollout.filter_groups: write true or false"):
+        build_config("paper-64", str(path), [])
+    path.write_text("controller:\n  rollout:\n    filter_groups: true\n")
+    assert build_config("paper-64", str(path), []).controller.rollout.filter_groups is True

@@ -180,8 +180,9 @@ def test_a_tokenizer_without_a_chat_template_is_refused_in_one_line():
 
 
 def test_prompts_that_leave_no_room_for_the_response_are_refused(chat_tokenizer):
-    with pytest.raises(UserInputError, match="exceed the context limit of 100 tokens"):
+    with pytest.raises(UserInputError, match="exceed the context limit of 100 tokens") as info:
         _task(chat_tokenizer, max_model_len=100, max_new_tokens=64, n_train=50, n_eval=10)
+    assert "raise engine.max_model_len" in str(info.value)
 
 
 def test_evaluation_through_the_engine_on_a_chat_model(tiny_chat_model_dir):

@@ -76,6 +76,9 @@ def test_prompt_over_the_context_limit_names_file_and_line(tmp_path):
     with pytest.raises(UserInputError, match="exceeds the context limit of 64") as info:
         _task(path)
     assert f"{path}:2:" in str(info.value)
+    # the keys that set the limit, so the fix is one override away
+    assert "raise engine.max_model_len" in str(info.value)
+    assert "sampling.max_new_tokens" in str(info.value)
 
 
 def test_missing_or_empty_file_and_unknown_reward(tmp_path):

@@ -29,3 +29,13 @@ def test_a_vocabulary_of_any_kind_counts_as_tokenizer_files(tmp_path, tiny_model
         assert missing_tokenizer_files(folder) is not None
         (folder / name).write_text("")
         assert missing_tokenizer_files(folder) is None, name
+
+
+def test_a_model_without_a_context_limit_names_the_key_that_sets_one(tmp_path):
+    from types import SimpleNamespace
+
+    from dorarl.tasks.model_files import context_limit
+
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserInputError, match="set engine.max_model_len$"):
+        context_limit(tmp_path, SimpleNamespace(model_max_length=10**30))

@@ -191,7 +191,8 @@ def test_an_engine_reports_its_setup_and_raises_a_refused_setting_at_its_first_c
     assert (setup.kv_blocks, setup.block_size, setup.fast_path_fallbacks) == (
         config.kv_blocks, config.block_size, [],
     )  # fmt: skip
-    assert setup.kv_budget is None and setup.sampler == "host"  # the CPU: no memory plan
+    # the CPU: the pool planned in a share of the host memory, all the blocks it wants fit
+    assert setup.sampler == "host" and "KV 8 blocks" in setup.kv_budget
     refused = EngineWorker(0, str(_odd_heads(tmp_path, tiny_model_dir)), config)  # no raise
     for call in (refused.started, refused.stats):
         with pytest.raises(UserInputError, match="has shape"):

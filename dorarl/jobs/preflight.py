@@ -1,0 +1,77 @@
+"""Every check a run makes before anything starts, in one function that `dorarl train` and
+`dorarl train --print-config` both call: every problem found, one line each, exit 2.
+
+Checked: the model folder (a model the engine runs, the fast paths its heads allow, its
+tokenizer), the task's keys (`task.env` and `task.agent` import, `task.reward` is a reward,
+the data files exist), then the task itself built as the run builds it (its data rows, each
+prompt against `engine.max_model_len`). A task key found wrong is left out of that build,
+so the data are checked all the same. Starting actors and placing them on the cluster are
+the run's alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from dorarl.config.problems import Problems
+from dorarl.errors import UserInputError
+from dorarl.jobs.config import TaskSection, TrainConfig
+from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
+from dorarl.jobs.resume import ResumePoint
+from dorarl.jobs.workload import build_task
+from dorarl.tasks import Task
+from dorarl.tasks.agent import load_agent
+from dorarl.tasks.env import load_env_class
+from dorarl.tasks.model_files import load_tokenizer
+from dorarl.tasks.rewards import get_reward
+
+
+def check_run(config: TrainConfig, point: ResumePoint | None) -> Task:
+    """Run every check; raise every problem found together (one: itself; several:
+    `ManyProblems`, one line each). Returns the task, built as the run uses it."""
+    problems = Problems()
+    problems.check(config.check_response_cap)  # the context as it follows the model
+    folder = model_folder(config, point)
+    read = problems.check(model_spec, folder)
+    tokenizer = None
+    if read is not None:
+        problems.check(check_engines, config, *read)
+        tokenizer = problems.check(load_tokenizer, folder)
+    section = _checked_task_keys(config.task, problems)
+    task = None
+    if tokenizer is not None and section is not None:
+        checked = config if section == config.task else dataclasses.replace(config, task=section)
+        with problems.collecting():
+            task = build_task(checked, folder)
+    problems.raise_any()
+    assert task is not None  # no problem: it was built
+    return task
+
+
+def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection | None:
+    """The task's keys checked; the section with each key found wrong unset (the format's
+    reward, no env, no agent), or None when its data cannot be read (a missing file)."""
+    wrong: dict[str, None] = {}
+    if section.env is not None and problems.check(load_env_class, section.env) is None:
+        wrong["env"] = None
+    if section.agent is not None and problems.check(load_agent, section.agent) is None:
+        wrong["agent"] = None
+    if section.reward is not None and problems.check(_check_reward, section.reward) is None:
+        wrong["reward"] = None
+    if section.name == "jsonl":
+        files = (("task.path", section.path), ("task.eval_path", section.eval_path))
+        missing = [(k, path) for k, path in files if path is not None and not Path(path).is_file()]
+        for key, path in missing:
+            problems.add(UserInputError(f"{key}: no such data file {path}"))
+        if missing:
+            return None
+    return dataclasses.replace(section, **wrong)
+
+
+def _check_reward(name: str) -> str:
+    try:
+        get_reward(name)
+    except ValueError as exc:
+        raise UserInputError(f"task.reward: {exc}") from None
+    return name
