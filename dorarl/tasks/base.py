@@ -11,14 +11,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from dorarl.tasks.reasoning import Reasoning, reasoning_of
-
-if TYPE_CHECKING:
-    from dorarl.tasks.user_rewards import Rewards
 
 PROMPT_TAIL_TOKENS = 32  # the prompt's last tokens read for a reasoning block it opens
 
@@ -47,7 +44,7 @@ class Task(ABC):
     tokenizer: PreTrainedTokenizerBase
     stop_token_ids: list[int]
     max_new_tokens: int
-    user_rewards: Rewards | None = None
+    user_rewards: Any = None  # a dorarl.tasks.user_rewards.Rewards (that module imports this)
 
     @abstractmethod
     def train_prompts(self) -> list[Prompt]: ...

@@ -7,11 +7,7 @@ import time
 
 import pytest
 
-from dorarl.data import Sample
-from dorarl.driver import RequestSpec
-from dorarl.engine import RequestOutput
 from dorarl.errors import UserInputError
-from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
 from dorarl.tasks import make_task, score
 from dorarl.tasks.chartok import build_char_tokenizer
 from dorarl.tasks.scoring import score_all
@@ -142,31 +138,6 @@ def test_raising_hanging_nan_and_non_number_rewards_are_errors_the_run_survives(
     assert [r.getMessage() for r in caplog.records if "reward" in r.getMessage()][:1]
     (ok,) = _scored(task, [RewardSpec("rw_bad:good")], [(0, "2")], timeout_s=0.3)
     assert (ok.reward, ok.error) == (1.0, None)
-
-
-def test_one_bad_sample_in_a_batch_leaves_the_others_and_is_counted(workdir):
-    _module(workdir, "rw_some", """
-        import time
-
-        def reward(row, response):
-            if response.strip() == "h":
-                time.sleep(3600)
-            return {"match": float(response.strip() == row["answer"])}
-    """)  # fmt: skip
-    task = _task(workdir)
-    task.user_rewards = Rewards([RewardSpec("rw_some:reward")], 0.3)
-    plan = RolloutPlan(task, RolloutSettings())
-    finished = [
-        (RequestSpec(f"r{i}", 0, i, 0, 0, i), RequestOutput(f"r{i}", [1], _ids(task, text), [0.0], [0], "stop"))
-        for i, text in enumerate(["2", "h", "3"])
-    ]  # fmt: skip
-    samples: list[Sample] = plan.samples(finished)
-    assert [(s.reward, s.reward_parts) for s in samples] == [
-        (1.0, {"match": 1.0}),
-        (0.0, {}),
-        (0.0, {"match": 0.0}),
-    ]
-    assert samples[1].reward_error.startswith("TimeoutError") and plan.reward_errors == 1
 
 
 def test_a_missing_module_or_function_or_argument_is_one_line_naming_it(workdir):
