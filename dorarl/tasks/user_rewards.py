@@ -17,6 +17,7 @@ import inspect
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
@@ -167,7 +168,7 @@ def _parts(name: str, out: Any) -> dict[str, float]:
 
 class Rewards:
     """The run's rewards, scored together on a bounded pool of threads; pickled as its specs
-    (a Ray worker loads the functions again, from its working directory)."""
+    (a Ray worker loads the functions again, from the working directory they came from)."""
 
     def __init__(self, specs: list[RewardSpec], timeout_s: float, key: str = "task.reward"):
         self.specs, self.timeout_s, self.key = list(specs), timeout_s, key
@@ -176,7 +177,7 @@ class Rewards:
         self._warned = False
 
     def __reduce__(self) -> tuple:
-        return (Rewards, (self.specs, self.timeout_s, self.key))
+        return (_restored, (self.specs, self.timeout_s, self.key, os.getcwd()))
 
     def score(self, inputs: list[RewardInput]) -> list[Scored]:
         """Every input's reward; each function call bounded by `timeout_s`."""
@@ -205,6 +206,14 @@ class Rewards:
                 "reward %s failed (reward 0, counted in reward_errors): %s", term.name, error
             )
         return Scored(0.0, error)
+
+
+def _restored(specs: list[RewardSpec], timeout_s: float, key: str, where: str) -> Rewards:
+    """Rewards loaded again in another process (a Ray worker), the modules looked for in
+    the directory they were loaded from as well, after the worker's own path."""
+    if where not in sys.path:
+        sys.path.append(where)
+    return Rewards(specs, timeout_s, key)
 
 
 def _bind(term: RewardTerm, given: RewardInput) -> Callable[[], dict[str, float]]:
