@@ -11,7 +11,7 @@ by `dorarl.jobs.train`, the placement and the weight transport are the runtime's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from dorarl.config import ConfigError, Problems, check_fields
 from dorarl.controller import ControllerConfig, Mode, OrchestratorConfig, RolloutConfig
@@ -55,8 +55,25 @@ class TaskSection:
     reward: str | None = field(
         default=None,
         metadata={
-            "help": "jsonl: exact | math (None: math for gsm8k and math rows, exact for "
-            "prompt_answer; arith: always the final answer)"
+            "help": "exact | math (jsonl), or 'module:function', a reward of your own from the "
+            "Python path or the working directory (docs/models-and-data.md) (None: math for "
+            "gsm8k and math rows, exact for prompt_answer; arith: always the final answer)"
+        },
+    )
+    rewards: list[dict[str, Any]] | str | None = field(
+        default=None,
+        metadata={
+            "help": "several rewards, weighted: a list of {fn: NAME or module:function, "
+            "weight: W}, or 'mod:f*0.5,math*1'; the reward is their weighted sum (in place "
+            "of task.reward)"
+        },
+    )
+    reward_timeout_s: float = field(
+        default=30.0,
+        metadata={
+            "help": "task.reward=module:function: seconds one call may take (past it: reward 0, "
+            "counted in reward_errors)",
+            "gt": 0,
         },
     )
     chat_template: bool = field(
@@ -146,8 +163,9 @@ class TaskSection:
     )
 
     def resolved_reward(self) -> str:
-        """The reward the jsonl task scores with: the key, else what the rows' format calls for."""
-        if self.reward is not None:
+        """The built-in reward the jsonl task scores with: the key's, else what the rows'
+        format calls for (users' rewards, when given, score in its place)."""
+        if self.reward in ("exact", "math"):
             return self.reward
         return "exact" if self.format == "prompt_answer" else "math"
 

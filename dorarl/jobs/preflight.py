@@ -2,7 +2,8 @@
 `dorarl train --print-config` both call: every problem found, one line each, exit 2.
 
 Checked: the model folder (a model the engine runs, the fast paths its heads allow, its
-tokenizer), the task's keys (`task.env` and `task.agent` import, `task.reward` is a reward,
+tokenizer), the task's keys (`task.env` and `task.agent` import, `task.reward` and
+`task.rewards` are built-in rewards or import as functions that take a reward's arguments,
 the data files exist), then the task itself built as the run builds it (its data rows, each
 prompt against `engine.max_model_len`). A task key found wrong is left out of that build,
 so the data are checked all the same. Starting actors and placing them on the cluster are
@@ -19,12 +20,12 @@ from dorarl.errors import UserInputError
 from dorarl.jobs.config import TaskSection, TrainConfig
 from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
 from dorarl.jobs.resume import ResumePoint
-from dorarl.jobs.workload import build_task
+from dorarl.jobs.workload import build_task, user_rewards
 from dorarl.tasks import Task
 from dorarl.tasks.agent import load_agent
 from dorarl.tasks.env import load_env_class
 from dorarl.tasks.model_files import load_tokenizer
-from dorarl.tasks.rewards import get_reward
+from dorarl.tasks.rewards import REWARDS
 
 
 def check_run(config: TrainConfig, point: ResumePoint | None) -> Task:
@@ -57,8 +58,8 @@ def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection 
         wrong["env"] = None
     if section.agent is not None and problems.check(load_agent, section.agent) is None:
         wrong["agent"] = None
-    if section.reward is not None and problems.check(_check_reward, section.reward) is None:
-        wrong["reward"] = None
+    if _user_named(section) and problems.check(user_rewards, section) is None:
+        wrong |= {"reward": None, "rewards": None}
     if section.name == "jsonl":
         files = (("task.path", section.path), ("task.eval_path", section.eval_path))
         missing = [(k, path) for k, path in files if path is not None and not Path(path).is_file()]
@@ -69,9 +70,6 @@ def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection 
     return dataclasses.replace(section, **wrong)
 
 
-def _check_reward(name: str) -> str:
-    try:
-        get_reward(name)
-    except ValueError as exc:
-        raise UserInputError(f"task.reward: {exc}") from None
-    return name
+def _user_named(section: TaskSection) -> bool:
+    """Whether the reward keys name a reward of the user's (what `user_rewards` loads)."""
+    return section.rewards is not None or section.reward not in (None, *REWARDS)

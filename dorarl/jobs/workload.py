@@ -10,7 +10,7 @@ from typing import Any
 
 from dorarl.data import Sample
 from dorarl.errors import UserInputError
-from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.config import TaskSection, TrainConfig
 from dorarl.runtime.rollout import RolloutSettings
 from dorarl.tasks import Task, make_task
 from dorarl.tasks.agent import AgentTask, load_agent
@@ -18,6 +18,7 @@ from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 from dorarl.tasks.model_files import load_tokenizer
+from dorarl.tasks.user_rewards import Rewards, RewardSpec, is_user_reward, parse_reward_specs
 
 
 def build_task(config: TrainConfig, model_folder: str) -> Task:
@@ -29,6 +30,14 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
         raise UserInputError("task.agent: an episode is an env's or an agent's; set one")
     tokenizer = model_folder if name in CHAT_TASKS else load_tokenizer(model_folder)[0]
     task = make_task(name, tokenizer=tokenizer, **options)
+    rewards = user_rewards(section)
+    if rewards is not None:
+        if getattr(task, "multi_turn", False) or section.agent or section.env:
+            raise UserInputError(
+                f"{rewards.key}: a reward of your own scores single-turn tasks; "
+                "a multi-turn task's reward is its env's"
+            )
+        task.user_rewards = rewards
     max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
     if section.agent is not None:
         load_agent(section.agent)  # checked before anything starts
@@ -40,6 +49,24 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
         return task
     env_class = load_env_class(section.env)
     return EnvTask(task, env_class, max_turns, section.env_timeout_s)
+
+
+def reward_specs(section: TaskSection) -> tuple[list[RewardSpec], str] | None:
+    """The users' rewards the keys name and the key that names them (None: the task's own
+    reward, or the built-in `task.reward` names)."""
+    if section.rewards is not None:
+        if section.reward is not None:
+            raise UserInputError("task.rewards: set task.reward or task.rewards, not both")
+        return parse_reward_specs(section.rewards), "task.rewards"
+    if section.reward is not None and is_user_reward(section.reward):
+        return [RewardSpec(section.reward)], "task.reward"
+    return None
+
+
+def user_rewards(section: TaskSection) -> Rewards | None:
+    """The run's rewards of `reward_specs`, loaded and checked (None: the task's own)."""
+    named = reward_specs(section)
+    return None if named is None else Rewards(named[0], section.reward_timeout_s, named[1])
 
 
 CHAT_TASKS = ("jsonl", "arith", "calculator")

@@ -60,6 +60,7 @@ class _Step:
     groups: int = 0
     tokens: int = 0
     rewards: list[float] = field(default_factory=list)
+    reward_parts: dict[str, list[float]] = field(default_factory=dict)  # a user's, by name
     staleness: Counter = field(default_factory=Counter)
     overhead: dict[str, float] = field(default_factory=dict)
     filtered: int = 0
@@ -334,6 +335,8 @@ class Recorder:
         for sample in group.samples:
             step.tokens += len(sample.response_ids)
             step.rewards.append(sample.reward)
+            for name, value in sample.reward_parts.items():
+                step.reward_parts.setdefault(name, []).append(value)
             if self.files.writes_trajectories:
                 self.files.trajectory_row(self._trajectory(sample, group, version))
 
@@ -364,6 +367,7 @@ class Recorder:
                 "migrations": sample.migrations,
                 "offloads": sample.offloads,
             }
+            | ({"reward_parts": sample.reward_parts} if sample.reward_parts else {})
             | ({"error": sample.reward_error} if sample.reward_error is not None else {})
             | (_turns(sample) if sample.turns else {})
             | (self.texts(sample) if self.texts is not None else {})
@@ -415,6 +419,8 @@ class Recorder:
             prefill=step.prefill, prefill_saved=step.prefill_saved,
             mixed_steps=step.mixed_steps,
         )  # fmt: skip
+        if step.reward_parts:  # each part's mean over the responses it was scored on
+            line["reward_parts"] = {k: sum(v) / len(v) for k, v in step.reward_parts.items()}
         return line | step.extra
 
     # ---- end of run ----------------------------------------------------------------------

@@ -293,6 +293,7 @@ class EngineFleet:
             del self._running[iid]
         if report.pace is not None:
             self.pace.add("engine", report.pace)
+        finished = []
         for output in report.finished:
             if not self.driver.requests.live(output.request_id):
                 log.warning("instance %d finished %s twice: ignored", iid, output.request_id)
@@ -300,7 +301,8 @@ class EngineFleet:
             if output.waits_env:
                 self._turn_ended(output)
                 continue
-            sample = self.plan.sample(self.driver.requests.spec(output.request_id), output)
+            finished.append((self.driver.requests.spec(output.request_id), output))
+        for (_, output), sample in zip(finished, self.plan.samples(finished), strict=True):
             self.recorder.reprefill(output.reprefill_tokens)
             self.driver.sample_done(iid, sample)
         self.recorder.mixed_steps(report.mixed_steps)

@@ -17,8 +17,10 @@ from dorarl.driver import RequestSpec
 from dorarl.engine import RequestOutput, SamplingParams
 from dorarl.runtime.episodes import Episodes
 from dorarl.runtime.workers.engine_worker import NewRequest
-from dorarl.tasks import Prompt, Task, score
+from dorarl.tasks import Prompt, Task
 from dorarl.tasks.episodes import EpisodeState
+from dorarl.tasks.scoring import score_all
+from dorarl.tasks.user_rewards import Scored
 
 
 @dataclass
@@ -90,15 +92,29 @@ class RolloutPlan:
             multi_turn=self.episodes is not None,
         )
 
+    def samples(self, finished: Sequence[tuple[RequestSpec, RequestOutput]]) -> list[Sample]:
+        """Single-turn outputs as samples, scored together (users' rewards each bounded by
+        `task.reward_timeout_s`)."""
+        responses = [(self.prompt(spec.prompt_index), out.output_ids) for spec, out in finished]
+        scored = score_all(self.task, responses)
+        self.reward_errors += sum(s.error is not None for s in scored)
+        return [self._sample(spec, out, s) for (spec, out), s in zip(finished, scored, strict=True)]
+
     def sample(
         self, spec: RequestSpec, out: RequestOutput, episode: EpisodeState | None = None
     ) -> Sample:
-        prompt = self.prompt(spec.prompt_index)
         if episode is None:
-            reward, error = score(self.task, prompt, out.output_ids)
-            self.reward_errors += error is not None
-        else:
-            reward, error = episode.reward, episode.error
+            return self.samples([(spec, out)])[0]
+        return self._sample(spec, out, Scored(episode.reward, episode.error), episode)
+
+    def _sample(
+        self,
+        spec: RequestSpec,
+        out: RequestOutput,
+        scored: Scored,
+        episode: EpisodeState | None = None,
+    ) -> Sample:
+        prompt = self.prompt(spec.prompt_index)
         return Sample(
             group_id=spec.group_id,
             sample_index=spec.sample_index,
@@ -108,8 +124,9 @@ class RolloutPlan:
             logprobs=list(out.logprobs),
             versions=list(out.versions),
             finish_reason=out.finish_reason,
-            reward=reward,
-            reward_error=error,
+            reward=scored.reward,
+            reward_error=scored.error,
+            reward_parts=scored.parts,
             migrations=out.migrations,
             offloads=out.offloads,
             observed=list(out.observed) if episode is not None else [],

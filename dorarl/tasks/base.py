@@ -9,8 +9,9 @@ depends on what an engine does after it stops, and only after its reasoning
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -21,21 +22,29 @@ PROMPT_TAIL_TOKENS = 32  # the prompt's last tokens read for a reasoning block i
 
 @dataclass(frozen=True)
 class Prompt:
-    """One question: its id (unique within a task), text, token ids and reference answer."""
+    """One question: its id (unique within a task), text, token ids, reference answer and,
+    for a data file's, its row (every field, as read)."""
 
     prompt_id: int
     text: str
     prompt_ids: list[int]
     answer: str
+    row: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def fields(self) -> dict[str, Any]:
+        """What a user's reward reads as `row`: the data row, else {"prompt", "answer"}."""
+        return self.row if self.row is not None else {"prompt": self.text, "answer": self.answer}
 
 
 class Task(ABC):
-    """A verifiable RL task. Subclasses fill the attributes and the three methods."""
+    """A verifiable RL task. Subclasses fill the attributes and the three methods; a run's
+    `task.reward=module:function` (`user_rewards`) scores in place of `reward`."""
 
     name: str
     tokenizer: PreTrainedTokenizerBase
     stop_token_ids: list[int]
     max_new_tokens: int
+    user_rewards: Any = None  # a dorarl.tasks.user_rewards.Rewards (that module imports this)
 
     @abstractmethod
     def train_prompts(self) -> list[Prompt]: ...

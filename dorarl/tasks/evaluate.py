@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dorarl.tasks.base import Prompt, Task, cut_at_stop
-from dorarl.tasks.scoring import score
+from dorarl.tasks.scoring import score_all
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def sample_seed(seed: int, prompt_id: int, index: int) -> int:
 
 def _summarise(task: Task, results: list[tuple[Prompt, list[int]]]) -> dict[str, float]:
     n = len(results)
-    scored = [score(task, p, ids) for p, ids in results]
+    scored = [(s.reward, s.error) for s in score_all(task, results)]
     lengths = [len(cut_at_stop(ids, task.stop_token_ids)) for _, ids in results]
     return {
         "accuracy": sum(r for r, _ in scored) / n if n else 0.0,
@@ -158,7 +158,7 @@ def _sampled_scores(
     k = len(sampled[0]) if sampled else 0
     rewards, errors = [], 0
     for prompt, responses in zip(prompts, sampled, strict=True):
-        scored = [score(task, prompt, ids) for ids in responses]
+        scored = [(s.reward, s.error) for s in score_all(task, [(prompt, r) for r in responses])]
         rewards.append([r for r, _ in scored])
         errors += sum(e is not None for _, e in scored)
     n = len(prompts)

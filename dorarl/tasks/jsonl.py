@@ -6,14 +6,15 @@ Formats (`dorarl.tasks.formats`): `prompt_answer` {"prompt", "answer"}, `gsm8k`
 `chat_template` renders it as a user message (after `system_prompt`, if given).
 Invariants: loading either returns well-formed prompts that fit the context or raises a
 `UserInputError` naming the file and its line (or Parquet row); blank lines are skipped
-and extra fields ignored. The held-out set is `eval_path` if given, else a seeded
-`eval_fraction` of the rows.
+and every field is kept (`Prompt.row`, what a user's reward reads). The held-out set is
+`eval_path` if given, else a seeded `eval_fraction` of the rows.
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -77,12 +78,14 @@ class JsonlTask(Task):
         prompts: list[Prompt] = []
         for where, row in read_rows(path):
             text, answer = prompt_text(self.format, self.prompt_template, row, where)
-            prompts.append(self._prompt(first_id + len(prompts), text, answer, where))
+            prompts.append(self._prompt(first_id + len(prompts), text, answer, where, row))
         if not prompts:
             raise UserInputError(f"{path}: no rows")
         return prompts
 
-    def _prompt(self, prompt_id: int, text: str, answer: str, where: str) -> Prompt:
+    def _prompt(
+        self, prompt_id: int, text: str, answer: str, where: str, row: dict[str, Any]
+    ) -> Prompt:
         ids = self._encode(text)
         if len(ids) + self.max_new_tokens > self.max_model_len:
             raise UserInputError(
@@ -90,7 +93,7 @@ class JsonlTask(Task):
                 f"(sampling.max_new_tokens) it exceeds the context limit of {self.max_model_len} "
                 "tokens; raise engine.max_model_len or lower sampling.max_new_tokens"
             )
-        return Prompt(prompt_id, text, ids, answer)
+        return Prompt(prompt_id, text, ids, answer, row)
 
     def _encode(self, text: str) -> list[int]:
         if not self.chat_template:

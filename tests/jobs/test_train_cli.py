@@ -367,9 +367,36 @@ def test_print_config_reports_every_problem_one_line_each(tmp_path, capsys, tiny
     )  # fmt: skip
     assert rc == 2 and len(err) == 3, err
     assert all(line.startswith("dorarl: error: ") for line in err)
-    assert any("task.reward: unknown reward 'myreward:score'" in line for line in err), err
+    assert any("task.reward: cannot import module 'myreward'" in line for line in err), err
     assert any("task.env: cannot import module 'nomodule_xyz'" in line for line in err), err
     assert any(f"{data}:2: prompt is " in line for line in err), err  # the data checked too
+
+
+def test_print_config_imports_a_users_reward_and_refuses_a_missing_module_or_function(
+    tmp_path, capsys, tiny_model_dir, monkeypatch
+):
+    data = _long_prompt_data(tmp_path)
+    monkeypatch.chdir(tmp_path)  # where the reward's module is found, as task.env's
+    (tmp_path / "cli_reward_mod.py").write_text("def score(row, response):\n    return 1.0\n")
+    common = ["--print-config", f"model={tiny_model_dir}", "task.name=jsonl", f"task.path={data}"]
+    assert _err(capsys, *common, "task.reward=cli_reward_mod:score") == (0, [])
+    assert _err(capsys, *common, "task.rewards=cli_reward_mod:score*0.5,math") == (0, [])
+    for args, line in (
+        (
+            ["task.reward=cli_reward_mod:nope"],
+            "task.reward: module 'cli_reward_mod' has no function 'nope'",
+        ),
+        (["task.rewards=nomodule_xyz:f*0.5,math"], "task.rewards: cannot import module"),
+        (
+            ["task.rewards=cli_reward_mod:score*high"],
+            "task.rewards[0]: weight 'high' is not a number",
+        ),
+        (["task.reward=math", "task.rewards=exact"], "task.rewards: set task.reward or"),
+    ):
+        rc, err = _err(capsys, *common, *args)
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"dorarl: error: {line}"), err
+    rc, err = _err(capsys, *common, "task.reward=cli_reward_mod:score", "task.env=nomodule_xyz:X")
+    assert rc == 2 and len(err) == 1 and "task.env" in err[0], err
 
 
 def test_print_config_refuses_what_the_run_refuses(tmp_path, capsys, tiny_model_dir):

@@ -256,3 +256,24 @@ def test_an_moe_steps_expert_load_reaches_the_metrics_and_the_trainers_counters(
     ]  # fmt: skip
     (imbalance,) = [e for e in trace if e["name"] == "expert imbalance"]
     assert imbalance["args"] == {"expert imbalance": 1.6}
+
+
+def test_a_users_reward_parts_reach_the_metrics_row_as_means_and_each_trajectory_row(tmp_path):
+    rec = Recorder(tmp_path, mode="sync", k=0, num_instances=1, slots_per_instance=2)
+    rec.observe(Start(0.0), [Dispatch(0, 0, 0, 0, (0, 1))])
+    rec.observe(SampleDone(0, 0, 0, 3, 1.0), [])
+    rec.observe(SampleDone(0, 1, 0, 3, 2.0), [Train((0,), 0)])
+    g = group(0, 0, [3, 3])
+    g.samples[0].reward_parts = {"format": 1.0, "correct": 1.0}
+    g.samples[1].reward_parts = {"format": 0.5, "correct": 0.0}
+    rec.consumed([g], 0)
+    rec.step_metrics({})
+    rec.observe(TrainDone(1, 3.0), [])
+    rec.close(4.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert line["reward_parts"] == {"format": 0.75, "correct": 0.5}
+    rows = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["reward_parts"] for r in rows] == [
+        {"format": 1.0, "correct": 1.0},
+        {"format": 0.5, "correct": 0.0},
+    ]
