@@ -111,6 +111,7 @@ class Recorder:
             num_instances, first_version, self.trace, keeps_old=versions_per_instance > 1
         )
         self.faults: Counter = Counter()  # restarts, replayed steps, replay mismatches
+        self.deaths: list[dict[str, Any]] = []  # each worker death: who, why, when
         self.engines: dict[int, dict[str, Any]] = {}  # each engine's set-up, where reported
         self._migrating: dict[tuple[int, int], deque[tuple[float, int]]] = defaultdict(deque)
         self._totals: Counter = Counter()
@@ -188,6 +189,14 @@ class Recorder:
     def mixed_steps(self, steps: int) -> None:
         """Engine steps whose batch ran requests of two or more versions (adapters)."""
         self._step.mixed_steps += steps
+
+    def died(self, worker: str, cause: str, now: float, instance_id: int | None = None) -> None:
+        """A worker's process died: `cause` says why in one line (what Ray reported). On the
+        trace, an instant on the instance's track (the trainer's for any other worker)."""
+        self.deaths.append({"worker": worker, "cause": cause, "at_s": round(now, 3)})
+        if self.trace is not None:
+            pid = TRAINER_PID if instance_id is None else instance_pid(instance_id)
+            self.trace.instant(pid, f"{worker} died: {cause}", now, cause=cause)
 
     def restarted(self, instance_id: int, requests: int, now: float) -> None:
         """A dead instance was replaced; its `requests` start again from their prompts."""
@@ -475,6 +484,7 @@ class Recorder:
             "trainer_restarts": faults["trainer_restarts"],
             "replayed_steps": faults["replayed_steps"],
             "replay_mismatches": faults["replay_mismatches"],
+            "deaths": list(self.deaths),
         } | self._engine_summary()
 
     def _engine_summary(self) -> dict[str, Any]:

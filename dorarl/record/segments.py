@@ -263,6 +263,7 @@ def run_summary(
     summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
     summary |= _prefill(rows)
     summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}
+    summary["deaths"] = [death for s in own for death in s.get("deaths", [])]
     summary["peak_requests_held"] = max((s.get("peak_requests_held", 0) for s in own), default=0)
     summary |= _evaluations(segments, evaluations or {})
     pace = _pace([s["pace"] for s in own if "pace" in s])

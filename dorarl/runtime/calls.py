@@ -20,8 +20,13 @@ import ray
 from dorarl.controller import TRAINER
 from dorarl.runtime.recovery.trainer_log import SaveCall, TrainCall
 
-DEATHS = (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError)
-"""What a call raises when its actor (or one its arguments came from) is gone."""
+DEATHS = (
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.OutOfMemoryError,
+)
+"""What a call raises when its actor (or one its arguments came from) is gone: Ray's memory
+monitor killing it raises OutOfMemoryError, not ActorDiedError."""
 
 ANSWER_WAIT_S = 30.0
 """How long `lives` waits for an answer; an actor that takes longer is busy, not dead."""

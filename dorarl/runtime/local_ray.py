@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import ray
 
@@ -41,6 +42,7 @@ def start_local_ray(
     if is_loopback(host):
         _single_node_mode()
     _quiet_auth_notice()
+    _quiet_worker_deaths()
     # address="local": always a new cluster of our own, never one named by RAY_ADDRESS, a
     # `ray start` on this host or a stale /tmp/ray/ray_current_cluster
     ray.init(
@@ -78,9 +80,42 @@ def _quiet_auth_notice() -> None:
         auth_log.addFilter(_DropAuthNotice())
 
 
+WORKER_DIED = "A worker died or was killed"
+"""How the raylet's report of a dead worker, published to every driver, begins."""
+
+
+def _quiet_worker_deaths() -> None:
+    """Ray's driver prints the raylet's report of each dead worker (a paragraph on
+    possible causes) to stdout whatever `log_to_driver` says; the runtime records each death
+    in one line of its own (dorarl.runtime.death_cause), so these reports go to this
+    module's logger at debug level instead. Ray's other reports print as before."""
+    from ray._private import worker  # its error listener looks the printer up on each report
+
+    printer = worker.print_to_stdstream
+    if isinstance(printer, _DeathsToLog):
+        return
+    worker.print_to_stdstream = _DeathsToLog(printer)
+
+
+class _DeathsToLog:
+    """Ray's printer of reports, with the raylet's worker-death reports logged instead."""
+
+    def __init__(self, printer: Any) -> None:
+        self.printer = printer
+
+    def __call__(self, data: dict[str, Any], ignore_prefix: bool) -> None:
+        lines = data.get("lines", [])
+        if data.get("pid") == "raylet" and any(WORKER_DIED in str(line) for line in lines):
+            for line in lines:
+                log.debug("ray: %s", line)
+            return
+        self.printer(data, ignore_prefix)
+
+
 def join_ray(address: str) -> None:
     """`ray.init` on an existing cluster (after `check_cluster_auth`); a failure to join is
     one line saying what to check, not Ray's traceback."""
+    _quiet_worker_deaths()
     try:
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, AuthenticationError...

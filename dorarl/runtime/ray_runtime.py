@@ -51,10 +51,11 @@ from dorarl.runtime.calls import (
     StepCall,
     TrainerCall,
 )
+from dorarl.runtime.death_cause import death_cause
 from dorarl.runtime.engines import STEPS_PER_CALL, EngineFleet
 from dorarl.runtime.recovery.engine_recovery import InstanceRecovery
 from dorarl.runtime.recovery.trainer_log import TrainerLog
-from dorarl.runtime.recovery.trainer_recovery import TrainerRecovery
+from dorarl.runtime.recovery.trainer_recovery import TrainerRecovery, trainer_died
 from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
 from dorarl.runtime.trainer_client import PublishHook, StepHook, TrainerClient
 from dorarl.runtime.transfer.transports import make_transport
@@ -267,10 +268,15 @@ class RayRuntime:
             self._recover_trainer_then_load(call, exc)
             return
         recovery = self.trainer_recovery if isinstance(call, TrainerCall) else self.recovery
+        cause = death_cause(exc) if _a_death(exc) else ""
         recovered = (
-            recovery is not None and recovery.recoverable(call, exc) and recovery.on_failure(call)
+            recovery is not None
+            and recovery.recoverable(call, exc)
+            and recovery.on_failure(call, cause)
         )
         if not recovered:
+            if cause:
+                self.recorder.died(call.worker, cause, self.now())
             raise WorkerFailed(call.worker, _describe(exc)) from exc
 
     def _trainer_died_serving(self, call: LoadCall, exc: Exception) -> bool:
@@ -284,7 +290,7 @@ class RayRuntime:
         """Replace the trainer as if a training call had failed, then load again: from the
         new trainer, which serves each version once its replay has made it again."""
         trainer = self.trainer_recovery
-        if trainer is None or not trainer.on_failure(call):
+        if trainer is None or not trainer.on_failure(call, death_cause(exc)):
             raise WorkerFailed("the trainer (serving a weight load)", _describe(exc)) from exc
         if self.recovery is not None:
             self.recovery.redo(call)
@@ -344,9 +350,16 @@ def _death_inside(exc: Exception) -> bool:
     )
 
 
+def _a_death(exc: Exception) -> bool:
+    """Whether `exc` reports a worker process's death (its own, or one it saw)."""
+    return isinstance(exc, DEATHS) or _death_inside(exc) or trainer_died(exc)
+
+
 def _describe(exc: Exception) -> str:
-    """The worker's own exception first (a RayTaskError's first line is Ray's call header),
-    then Ray's full report with the remote traceback."""
+    """The worker's own exception first (a RayTaskError's first line is Ray's call header;
+    a death: why it died, in one line), then Ray's full report with the remote traceback."""
     cause = getattr(exc, "cause", None)
     head = f"{type(cause).__name__}: {cause}" if cause is not None else type(exc).__name__
+    if isinstance(exc, DEATHS):
+        head = f"{type(exc).__name__}: {death_cause(exc)}"
     return f"{head}\n\n{exc}"

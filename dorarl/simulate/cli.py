@@ -41,6 +41,7 @@ from dorarl.report.console import table_console
 from dorarl.report.lanes import plot_lanes
 from dorarl.run_layout import RunFolder
 from dorarl.simulate.config import SimulateConfig
+from dorarl.simulate.paper import comparison_table
 from dorarl.simulate.presets import PRESETS, check_bars, reference_consistency
 from dorarl.simulate.runs import mode_controller, run_named
 from dorarl.simulate.validate import (
@@ -111,13 +112,24 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="a dorarl train run folder of an MoE model: its measured expert imbalance "
         "(mean moe_imbalance over the steps) becomes cost.expert_imbalance",
     )
+    _add_output_flags(parser)
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    return parser.parse_args(argv)
+
+
+def _add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """What to print besides the runs' table and comparisons."""
+    parser.add_argument(
+        "--bars",
+        action="store_true",
+        help="also check a paper preset's run against the paper's figures as pass/fail bars, "
+        "within the project's tolerances (MET / MISSED)",
+    )
     parser.add_argument(
         "--print-config",
         action="store_true",
         help="print the resolved settings as YAML (a file --config reads back) and exit",
     )
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    return parser.parse_args(argv)
 
 
 def _modes(text: str) -> list[str]:
@@ -251,25 +263,21 @@ def main(argv: list[str]) -> int:
     doc["timelines"] = _timelines(cfg, results, out)
     _write(out, doc)
     console.print(_table(results, f"dorarl simulate {preset or ''} (virtual time)"))
-    _print_comparisons(doc, console)
+    _print_comparisons(doc, console, bars=args.bars)
     return 0
 
 
-def _print_comparisons(doc: dict[str, Any], console: Console) -> None:
-    """Speedups, the paper's bars, and the validation against the bench where there is one."""
+def _print_comparisons(doc: dict[str, Any], console: Console, bars: bool = False) -> None:
+    """Speedups, a paper preset's run beside the paper's figures (with `bars`, also as the
+    project's pass/fail bars), and the validation against the bench where there is one."""
     for key, value in doc["speedups"].items():
         console.print(f"{key}: {value:.2f}x")
-    for bar in doc["bars"]:
-        console.print(f"bar {bar['name']}: {bar['value']:.3g} vs {bar['target']:.3g} "
-                      f"(+-{bar['tolerance']:g}) {'MET' if bar['met'] else 'MISSED'}")  # fmt: skip
-    if consistency := doc["reference_consistency"]:
-        console.print(
-            "trainer-side time per step, dora over sync: paper "
-            f"{consistency['paper_non_rollout_ratio']:.2f}x, simulated "
-            f"{consistency['simulated_non_rollout_ratio']:.2f}x (with equal training the "
-            f"paper's shares would give a {consistency['paper_speedup_at_equal_training']:.2f}x "
-            "speedup)"
-        )
+    if doc["bars"]:
+        console.print(comparison_table(doc["bars"], doc["reference_consistency"], doc["preset"]))
+    if bars:
+        for bar in doc["bars"]:
+            console.print(f"bar {bar['name']}: {bar['value']:.3g} vs {bar['target']:.3g} "
+                          f"(+-{bar['tolerance']:g}) {'MET' if bar['met'] else 'MISSED'}")  # fmt: skip
     if "validation" in doc:
         _print_validation(doc["validation"], console)
 

@@ -75,7 +75,7 @@ class Killer(threading.Thread):
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, world_size):
+def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, world_size, capfd):
     """On the default transport, collective, whose recovery has the more paths (replacements
     outside the group, a trainer replaying while engines ask it for versions); the object
     store's trainer and engine recovery are tested on both transports in their own files.
@@ -102,6 +102,14 @@ def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, worl
     assert first["engine_restarts"] == engine_restarts
     assert first["replay_mismatches"] == 0 and first["dropped_total"] == 0
     assert first["resume_command"] == f"dorarl train resume={out}"
+    # each death in one line with the cause Ray reports (SIGKILL leaves no exit status), on
+    # the trace too; Ray's own paragraph on a dead worker stays off the terminal
+    assert len(first["deaths"]) == trainer_restarts + engine_restarts
+    assert all("no exit status (SIGKILL" in d["cause"] for d in first["deaths"])
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert sum(" died: " in e["name"] for e in trace) == len(first["deaths"])
+    terminal = capfd.readouterr()
+    assert "A worker died" not in terminal.out + terminal.err
 
     assert train_main([f"resume={out}"]) == 0  # the printed command, run in-process
     summary, trajectories, metrics, _ = _read(out)

@@ -2,13 +2,20 @@
 otherwise): Ray's services and the process groups' stores and sockets."""
 
 import ipaddress
+import logging
 
 import psutil
 import pytest
 import ray
 
 from dorarl.errors import UserInputError
-from dorarl.runtime.local_ray import check_cluster_auth, is_loopback, join_hint, start_local_ray
+from dorarl.runtime.local_ray import (
+    _quiet_worker_deaths,
+    check_cluster_auth,
+    is_loopback,
+    join_hint,
+    start_local_ray,
+)
 
 
 def _listening(processes: list[psutil.Process]) -> set[tuple[str, int]]:
@@ -134,3 +141,26 @@ def test_a_failed_join_says_how_to_use_token_auth(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     assert "RAY_AUTH_MODE" not in join_hint(ConnectionError("no route to host"))
     assert "RAY_AUTH_MODE=token" in join_hint(RuntimeError("Invalid authentication token"))
+
+
+def test_the_raylets_report_of_a_dead_worker_is_logged_not_printed(capsys, caplog):
+    """Ray's driver prints the raylet's reports whatever log_to_driver says (the text is
+    the one Ray 2.60 printed for an actor killed with SIGKILL, cut)."""
+    from ray._private import worker
+
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(worker, "print_to_stdstream", worker.print_to_stdstream)  # undone below
+    try:
+        _quiet_worker_deaths()
+        _quiet_worker_deaths()  # once is enough: a second start wraps nothing again
+        died = ("A worker died or was killed while executing a task by an unexpected system "
+                "error. To troubleshoot the problem, check the logs for the dead worker.")  # fmt: skip
+        with caplog.at_level(logging.DEBUG, logger="dorarl.runtime.local_ray"):
+            worker.print_to_stdstream({"lines": [died], "pid": "raylet", "is_err": False}, False)
+        other = {"lines": ["some other report"], "pid": "raylet", "is_err": False}
+        worker.print_to_stdstream(other, False)
+    finally:
+        monkey.undo()
+    out = capsys.readouterr().out
+    assert "A worker died" not in out and "some other report" in out
+    assert any("A worker died" in r.getMessage() for r in caplog.records)

@@ -274,3 +274,9 @@ def test_a_dead_engine_is_replaced_and_the_run_completes(
     summary, trajectories, metrics, trace = _read(out)
     _check_invariants(summary, trajectories, k=1)
     assert [m["step"] for m in metrics] == list(range(8))
+    # the death is recorded with its cause, in summary.json and on the instance's trace track
+    (death,) = summary["deaths"]
+    assert death["worker"] == f"engine instance {victim}"
+    assert death["cause"] == "killed by ray.kill"
+    names = [e["name"] for e in trace["traceEvents"] if e.get("pid") == victim + 1]
+    assert f"engine instance {victim} died: killed by ray.kill" in names

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -152,3 +153,18 @@ def test_a_file_over_a_preset_takes_booleans_as_true_or_false(tmp_path):
         build_config("paper-64", str(path), [])
     path.write_text("controller:\n  rollout:\n    filter_groups: true\n")
     assert build_config("paper-64", str(path), []).controller.rollout.filter_groups is True
+
+
+def test_simulate_shows_the_paper_as_a_comparison_and_bars_only_when_asked(tmp_path, capsys):
+    args = ["--preset", "paper-64", "--out", str(tmp_path), "--modes", "sync,dora",
+            "controller.instances=2", "controller.tbs=4", "controller.rbs=8",
+            "controller.steps=3"]  # fmt: skip
+    assert main(args) == 0
+    shown = " ".join(capsys.readouterr().out.split())  # the table's wrapped cells, one line
+    assert "bar " not in shown and "MISSED" not in shown and " MET" not in shown
+    assert "this simulation beside the paper" in shown
+    assert re.search(r"dora is \d\.\d\dx faster per step here; the paper measured 1\.56x", shown)
+    assert "the paper measured 65%" in shown and "the paper's figures imply 1.61x" in shown
+    assert main([*args, "--bars"]) == 0
+    bars = capsys.readouterr().out
+    assert re.search(r"^bar dora/sync step speedup: .* (MET|MISSED)$", bars, re.M)

@@ -69,14 +69,15 @@ class InstanceRecovery:
             and self.driver.config.mode != "partial_rollout"
         )
 
-    def on_failure(self, call: EngineCall) -> bool:
+    def on_failure(self, call: EngineCall, cause: str = "") -> bool:
         """Replace the dead engines the failed call involved and redo its effect; False when
-        the restart budget is spent (the caller stops the run)."""
+        the restart budget is spent (the caller stops the run). `cause`: why it died, one
+        line (dorarl.runtime.death_cause)."""
         for iid in call.engines:
             if call.generations[iid] == self.fleet.generations[iid] and not self.fleet.alive(iid):
                 if self.restarts >= self.max_restarts:
                     return False
-                self._restart(iid)
+                self._restart(iid, cause or "cause unknown")
         self.redo(call)
         return True
 
@@ -95,9 +96,13 @@ class InstanceRecovery:
                 self.fleet.on_migrated([], call, source_lost=True)
 
     # ---- steps ---------------------------------------------------------------------------
-    def _restart(self, iid: int) -> None:
+    def _restart(self, iid: int, cause: str) -> None:
         self.restarts += 1
-        log.warning("engine instance %d died; starting a replacement (%d)", iid, self.restarts)
+        log.warning(
+            "engine instance %d died: %s; starting a replacement (restart %d of %d)",
+            iid, cause, self.restarts, self.max_restarts,
+        )  # fmt: skip
+        self.driver.recorder.died(f"engine instance {iid}", cause, self.driver.now(), iid)
         self.fleet.replace(iid, self.respawn(iid))
         instance = self.driver.controller.instance(iid)
         hosted = instance.version if instance.ready else None

@@ -116,11 +116,13 @@ class TrainerRecovery:
     def recoverable(self, call: Call, exc: Exception) -> bool:
         return isinstance(call, TrainerCall) and trainer_died(exc)
 
-    def on_failure(self, call: Call) -> bool:
-        """Replace the dead trainer and replay its calls; False when the budget is spent."""
+    def on_failure(self, call: Call, cause: str = "") -> bool:
+        """Replace the dead trainer and replay its calls; False when the budget is spent.
+        `cause`: why it died, one line (dorarl.runtime.death_cause)."""
         if self.restarts >= self.max_restarts:
             return False
         self.restarts += 1
+        self.recorder.died("the trainer", cause or "cause unknown", self.trainer.now())
         _kill(self.trainer.actor)  # a process half-alive must not write on
         self.calls.drop(TrainerCall)  # answers of the dead actor: all replayed below
         lowest = max(self.start, self.log.base)
@@ -130,7 +132,8 @@ class TrainerRecovery:
             log.error("the trainer died and its checkpoint of v%d is gone", version)
             return False
         log.warning(
-            "the trainer died; restarting it from %s (v%d) and replaying %d step(s) (%d)",
+            "the trainer died: %s; restarting it from %s (v%d), replaying %d step(s) (restart %d)",
+            cause or "cause unknown",
             folder or "the run's start point",
             version,
             sum(isinstance(c, TrainCall) for c in self.log.since(version)),

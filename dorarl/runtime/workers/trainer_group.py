@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from dorarl.data import Group
 from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.death_cause import death_cause
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.transfer.weight_group import LOOPBACK, alive_nodes, own_host
 from dorarl.runtime.workers.trainer_worker import TrainerWorker
@@ -175,7 +176,7 @@ class TrainerGroupWorker(TrainerWorker):
             try:
                 ray.get(ref)
             except RayActorError as exc:
-                raise RankDied(self._name(rank) + f" died ({type(exc).__name__})") from exc
+                raise RankDied(self._name(rank) + f" died: {death_cause(exc)}") from exc
             except RayTaskError as exc:
                 cause = exc.cause if exc.cause is not None else exc
                 raise RankFailed(
