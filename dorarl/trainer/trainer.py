@@ -27,7 +27,7 @@ from dorarl.trainer.allocator import map_large_blocks, release_free_heap
 from dorarl.trainer.batch import MicroBatch, TrainSequence, build_sequences
 from dorarl.trainer.config import LossConfig, TrainerConfig
 from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_head
-from dorarl.trainer.loss import k3_kl, objective
+from dorarl.trainer.loss import Spans, k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
 from dorarl.trainer.moe import MoeRouting, RouteStats, is_moe
@@ -312,6 +312,7 @@ class Trainer:
             cfg,
             ref_logp=ref_logp,
             entropy=entropy,
+            spans=Spans.of(batch),
         )
         if aux is not None:  # the load-balancing loss: its gradient, not in the loss metric
             (loss + self.config.moe.aux_loss_coef * aux).backward()
