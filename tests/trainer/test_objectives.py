@@ -281,3 +281,22 @@ def test_metrics_name_masked_share_and_sequence_ratios():
     assert 0 < out["is_masked_frac"] < 1
     assert out["seq_ratio_min"] <= out["seq_ratio_mean"] <= out["seq_ratio_max"]
     assert "is_masked_frac" not in trainer_loss(batch, LossConfig(), "padded")[1].summary()
+
+
+def test_gspo_token_equals_gspo_under_per_sequence_advantages():
+    batch = Batch(7)
+    gspo = LossConfig(ratio="sequence", eps_low=0.05, eps_high=0.05)
+    token = LossConfig(ratio="sequence_token", eps_low=0.05, eps_high=0.05)
+    (g1,) = torch.autograd.grad(trainer_loss(batch, gspo, "padded")[0], batch.theta)
+    (g2,) = torch.autograd.grad(trainer_loss(batch, token, "padded")[0], batch.theta)
+    assert float((g1 - g2).abs().max()) < TOL
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "rloo"])
+def test_all_equal_groups_and_groups_of_one_add_no_gradient(advantage):
+    batch = Batch(8)
+    cfg = LossConfig(advantage=advantage, ratio="sequence", kind="cispo")
+    (grad,) = torch.autograd.grad(trainer_loss(batch, cfg, "shared_prompt")[0], batch.theta)
+    flat = [e.sample for g in (1, 3) for e in batch.episodes[g]]  # rewards all 1, and one 0.5
+    assert not grad[[t for s in flat for t in s.response_ids]].any()
+    assert grad.abs().max() > 1e-3
