@@ -110,6 +110,22 @@ class LossConfig:
         },
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
+    distill_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "on-policy distillation (needs trainer.teacher): weight of the per-token "
+            "reward log teacher(y_t) - log pi_behavior(y_t), minus the reverse KL of each "
+            "sampled token, added to the advantage",
+            "ge": 0,
+        },
+    )
+    rl_coef: float = field(
+        default=1.0,
+        metadata={
+            "help": "weight of the reward's advantage beside distill_coef (0: distillation alone)",
+            "ge": 0,
+        },
+    )
     is_mask: Literal["none", "token", "sequence"] = field(
         default="none",
         metadata={
@@ -166,6 +182,8 @@ class LossConfig:
             raise ConfigError("dual_clip: only used with kind=ppo_clip")
         if self.norm_length is not None and self.aggregation != "seq_sum_norm":
             raise ConfigError("norm_length: only used with aggregation=seq_sum_norm")
+        if self.rl_coef == 0 and self.distill_coef == 0:
+            raise ConfigError("rl_coef: 0 leaves no objective without distill_coef > 0")
         if self.is_mask != "none" and self.is_mask_low >= self.is_mask_high:
             raise ConfigError(
                 f"is_mask_low: {self.is_mask_low} must be below is_mask_high={self.is_mask_high}"
@@ -351,6 +369,14 @@ class TrainerConfig:
         default=None,
         metadata={"help": "frozen reference for the KL (default: the initial model)", "path": True},
     )
+    teacher: str | None = field(
+        default=None,
+        metadata={
+            "help": "on-policy distillation: a frozen teacher (HF folder, the policy's "
+            "tokenizer) on the trainer's device; loss.distill_coef weighs its reward",
+            "path": True,
+        },
+    )
     loss: LossConfig = field(default_factory=LossConfig)
     moe: MoeConfig = field(default_factory=MoeConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -362,6 +388,11 @@ class TrainerConfig:
                 section.validate()
             except ConfigError as exc:
                 raise ConfigError(f"{name}.{exc}") from None
+        if (self.teacher is None) != (self.loss.distill_coef == 0):
+            raise ConfigError(
+                "teacher: on-policy distillation needs both trainer.teacher and "
+                "loss.distill_coef > 0"
+            )
 
     def peak_lr(self) -> float:
         """The learning rate after warmup: lora.lr for adapters when it is set, else lr."""

@@ -217,6 +217,18 @@ def token_weights(
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
+def distill_advantages(
+    advantages: torch.Tensor,
+    behavior_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    cfg: LossConfig,
+) -> torch.Tensor:
+    """On-policy distillation (Agarwal et al. 2024, GKD; Thinking Machines 2025): each
+    sampled token's reward is minus its reverse KL to the teacher, log q(y_t) - log pi(y_t),
+    the sampler's logprob standing for pi, so the policy gradient lowers KL(pi || q)."""
+    return cfg.rl_coef * advantages + cfg.distill_coef * (teacher_logp - behavior_logp)
+
+
 def weighted_sum(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """sum(values * weights); weights are 0 off the response tokens."""
     return (values * weights).sum()
@@ -231,8 +243,12 @@ def objective(
     ref_logp: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     spans: Spans | None = None,
+    teacher_logp: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PolicyTerms]:
-    """The scalar loss of a (micro-)batch: policy loss + kl_coef * k3 - entropy_coef * H."""
+    """The scalar loss of a (micro-)batch: policy loss + kl_coef * k3 - entropy_coef * H;
+    with a teacher, the policy loss's advantages carry its distillation reward."""
+    if teacher_logp is not None:
+        advantages = distill_advantages(advantages, behavior_logp, teacher_logp, cfg)
     terms = policy_terms(logp, behavior_logp, advantages, cfg, spans)
     loss = weighted_sum(terms.loss, weights)
     if cfg.kl_coef > 0.0:

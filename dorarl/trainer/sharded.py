@@ -50,8 +50,9 @@ SUMMED = (
     "is_masked",
     "seq_ratio",
     "sequences",
+    "distill_kl",
 )
-OPTIONAL = ("kl_ref", "importance", "is_masked", "seq_ratio")
+OPTIONAL = ("kl_ref", "importance", "is_masked", "seq_ratio", "distill_kl")
 
 
 class PolicyForward(torch.nn.Module):

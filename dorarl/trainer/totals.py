@@ -34,6 +34,7 @@ class StepTotals:
     sequences: int = 0
     seq_ratio_min: float = math.inf
     seq_ratio_max: float = 0.0
+    distill_kl: float | None = None  # sum of log pi_behavior - log teacher over trained tokens
 
     def add(
         self,
@@ -66,6 +67,11 @@ class StepTotals:
         if terms.seq_ratio is not None:
             self._add_sequence_ratios(terms.seq_ratio)
 
+    def add_distill(self, batch: MicroBatch | PackedBatch, teacher_logp: torch.Tensor) -> None:
+        """The k1 estimate of the reverse KL to the teacher on the sampled tokens."""
+        gap = (batch.behavior_logp - teacher_logp)[batch.mask]
+        self.distill_kl = (self.distill_kl or 0.0) + float(gap.sum())
+
     def _add_sequence_ratios(self, ratios: torch.Tensor) -> None:
         self.seq_ratio = (self.seq_ratio or 0.0) + float(ratios.sum())
         self.sequences += ratios.numel()
@@ -93,6 +99,8 @@ class StepTotals:
             out["importance_truncated_frac"] = self.truncated / n
         if self.is_masked is not None:
             out["is_masked_frac"] = self.is_masked / n
+        if self.distill_kl is not None:
+            out["distill_kl"] = self.distill_kl / n
         if self.seq_ratio is not None:
             out["seq_ratio_mean"] = self.seq_ratio / max(self.sequences, 1)
             out["seq_ratio_min"] = self.seq_ratio_min if self.sequences else 0.0

@@ -61,6 +61,8 @@ CROSS_KEY_CASES = [
     (["trainer.loss.overlong=soft"], "trainer.loss.overlong"),
     (["trainer.loss.overlong=soft", "sampling.max_new_tokens=32"], "trainer.loss.overlong_buffer"),
     (["trainer.loss.aggregation=seq_sum_norm"], "trainer.loss.norm_length"),
+    (["trainer.loss.distill_coef=1"], "trainer.teacher"),
+    (["trainer.loss.rl_coef=0"], "trainer.loss.rl_coef"),
     (["trainer.loss.norm_length=64"], "trainer.loss.norm_length"),
     (["trainer.loss.kind=cispo", "trainer.loss.dual_clip=3"], "trainer.loss.dual_clip"),
     (["trainer.loss.is_mask=token", "trainer.loss.is_mask_low=2"], "trainer.loss.is_mask_low"),

@@ -119,7 +119,7 @@ def ref_advantages(rewards: list[list[float]], cfg: LossConfig) -> list[list[flo
     return [[next(it) for _ in r] for r in rewards]
 
 
-def ref_loss(batch: Batch, cfg: LossConfig, norm_length: int = 0) -> torch.Tensor:
+def ref_loss(batch: Batch, cfg: LossConfig, norm_length: int = 0, teacher=None) -> torch.Tensor:
     theta = batch.theta
     advs = ref_advantages([[e.sample.reward for e in eps] for eps in batch.episodes], cfg)
     episodes = [
@@ -141,14 +141,19 @@ def ref_loss(batch: Batch, cfg: LossConfig, norm_length: int = 0) -> torch.Tenso
         for positions in ep.segments:
             if positions:
                 ids = [ep.sample.response_ids[p] for p in positions]
-                loss = loss + weight * ref_segment(theta, batch.behavior, ids, adv, cfg).sum()
+                loss = (
+                    loss + weight * ref_segment(theta, batch.behavior, ids, adv, cfg, teacher).sum()
+                )
     return loss
 
 
-def ref_segment(theta, behavior, ids, adv, cfg: LossConfig) -> torch.Tensor:
+def ref_segment(theta, behavior, ids, adv, cfg: LossConfig, teacher=None) -> torch.Tensor:
     """Per-token losses of one segment's trained tokens."""
     logp = theta[ids]
     b = torch.tensor([behavior[i] for i in ids], dtype=torch.float64)
+    adv = torch.as_tensor(adv, dtype=torch.float64).expand(len(ids))
+    if teacher is not None:  # on-policy distillation: reward -(log pi_b - log q) per token
+        adv = cfg.rl_coef * adv + cfg.distill_coef * (teacher[ids] - b)
     base = b if cfg.ratio_base == "behavior" else logp.detach()
     if cfg.ratio == "token":
         r = torch.exp(logp - base)
@@ -164,8 +169,8 @@ def ref_segment(theta, behavior, ids, adv, cfg: LossConfig) -> torch.Tensor:
         per = -w * adv * logp
     else:  # PPO (Schulman et al. 2017), dual clip (Ye et al. 2020)
         per = -torch.minimum(r * adv, torch.clamp(r, 1 - cfg.eps_low, 1 + cfg.eps_high) * adv)
-        if cfg.dual_clip is not None and adv < 0:
-            per = torch.minimum(per, torch.full_like(per, -cfg.dual_clip * adv))
+        if cfg.dual_clip is not None:
+            per = torch.where(adv < 0, torch.minimum(per, -cfg.dual_clip * adv), per)
     if cfg.ratio_base == "proximal":  # decoupled PPO (Hilton et al. 2022), truncated IS
         iw = torch.exp(logp.detach() - b)
         per = per * (iw.clamp(max=cfg.tis_cap) if cfg.tis_cap else iw)
@@ -179,14 +184,21 @@ def ref_segment(theta, behavior, ids, adv, cfg: LossConfig) -> torch.Tensor:
 # ---- the trainer's path in float64 --------------------------------------------------------
 
 
-def trainer_loss(batch: Batch, cfg: LossConfig, packing: str, budget: int = 24):
+def trainer_loss(batch: Batch, cfg: LossConfig, packing: str, budget: int = 24, teacher=None):
     seqs = [s for s in build_sequences(batch.groups, cfg) if s.response_ids]
     loss = batch.theta.new_zeros(())
     totals = StepTotals()
     for mb in micro_batches(seqs, budget, packing, 0, "cpu", dtype=torch.float64):
         logp = batch.theta[mb.targets]  # each token's logp, by its unique id
+        q = teacher[mb.targets] if teacher is not None else None
         part, terms = objective(
-            logp, mb.behavior_logp, mb.advantages, mb.weights, cfg, spans=Spans.of(mb)
+            logp,
+            mb.behavior_logp,
+            mb.advantages,
+            mb.weights,
+            cfg,
+            spans=Spans.of(mb),
+            teacher_logp=q,
         )
         loss = loss + part
         totals.add(mb, part.detach(), terms, logp.detach(), torch.zeros_like(logp), None)
@@ -300,3 +312,29 @@ def test_all_equal_groups_and_groups_of_one_add_no_gradient(advantage):
     flat = [e.sample for g in (1, 3) for e in batch.episodes[g]]  # rewards all 1, and one 0.5
     assert not grad[[t for s in flat for t in s.response_ids]].any()
     assert grad.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("packing", ["padded", "shared_prompt"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LossConfig(distill_coef=1.0, rl_coef=0.0),  # distillation alone
+        LossConfig(distill_coef=0.3, ratio="sequence", aggregation="seq_mean"),  # beside GSPO
+        LossConfig(distill_coef=0.5, kind="cispo", is_mask="token", dual_clip=None),
+    ],
+)
+def test_distillation_equals_its_reference(cfg, packing):
+    """On-policy distillation (GKD, Agarwal et al. 2024): the per-token reward is minus the
+    sampled token's reverse KL to the teacher, log q(y_t) - log pi_b(y_t)."""
+    batch = Batch(9)
+    gen = torch.Generator().manual_seed(9)
+    teacher = batch.theta.detach() + 0.5 * torch.randn(
+        batch.theta.shape, generator=gen, dtype=torch.float64
+    )
+    got, _ = trainer_loss(batch, cfg, packing, teacher=teacher)
+    want = ref_loss(batch, cfg, teacher=teacher)
+    (grad,) = torch.autograd.grad(got, batch.theta)
+    (want_grad,) = torch.autograd.grad(want, batch.theta)
+    assert abs(float(got.detach()) - float(want.detach())) < TOL
+    assert float((grad - want_grad).abs().max()) < TOL
+    assert float(want_grad.abs().max()) > 1e-3
