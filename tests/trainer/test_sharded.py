@@ -274,12 +274,14 @@ def test_an_moe_model_with_its_aux_loss_at_world_size_two_equals_one_process(moe
 
 
 OBJECTIVE_KEYS = ("loss", "grad_norm", "is_masked_frac", "seq_ratio_mean", "seq_ratio_min",
-                  "seq_ratio_max", "clip_frac_low", "clip_frac_high")  # fmt: skip
+                  "seq_ratio_max", "clip_frac_low", "clip_frac_high", "distill_kl")  # fmt: skip
 
 
-def _objective_config() -> TrainerConfig:
+def _objective_config(teacher: Path) -> TrainerConfig:
     config = _config(22)
+    config.teacher = str(teacher)  # a teacher identical to the start: its reward is b's gap
     config.loss = LossConfig(
+        distill_coef=0.2,
         ratio="sequence", kind="cispo", cispo_eps_low=0.1, cispo_eps_high=0.1,
         is_mask="sequence", is_mask_low=0.8, is_mask_high=1.5,
         advantage="reinforce_pp", aggregation="seq_sum_norm", norm_length=16,
@@ -292,16 +294,17 @@ def _objective_steps(trainer: Trainer, batches: list) -> list[dict[str, float]]:
 
 
 def _objective_run(group, folder, batches):
-    trainer = ShardedTrainer.from_pretrained_group(folder, _objective_config(), group)
+    trainer = ShardedTrainer.from_pretrained_group(folder, _objective_config(folder), group)
     return _objective_steps(trainer, batches)
 
 
 def test_world_size_two_equals_one_process_with_the_objectives(tied_model_dir):
-    """GSPO's per-segment ratio, CISPO, the sequence mask, batch-normalised advantages and the
-    constant normaliser: losses, grad norms and the metrics each names, reduced over ranks."""
+    """GSPO's per-segment ratio, CISPO, the sequence mask, batch-normalised advantages, the
+    constant normaliser and a teacher: losses, grad norms and the metrics each names,
+    reduced over ranks."""
     batches = [_with_segments(groups) for groups in _batches()[:2]]
     got = run_ranks(_objective_run, 2, tied_model_dir, batches)
-    single = Trainer.from_pretrained(tied_model_dir, _objective_config())
+    single = Trainer.from_pretrained(tied_model_dir, _objective_config(tied_model_dir))
     want = _objective_steps(single, batches)
     for step, want_step in zip(got, want, strict=True):
         assert step == pytest.approx(want_step, rel=1e-5)
