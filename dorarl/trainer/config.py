@@ -1,4 +1,4 @@
-"""Typed settings of the trainer and of its GRPO loss; simple bounds are declared on the
+"""Typed settings of the trainer and of its objectives; simple bounds are declared on the
 fields (dorarl.config.fields), and `validate()` checks them and the keys' relations, naming
 the bad key."""
 
