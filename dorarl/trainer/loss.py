@@ -52,16 +52,17 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Spans:
-    """Which sequence each token belongs to (`index`, -1 off the loss) and which tokens the
-    loss sees (`mask`), for per-sequence means over trained tokens."""
+    """Which of `size` sequences each token belongs to (`index`, -1 off the loss) and which
+    tokens the loss sees (`mask`), for per-sequence means over trained tokens."""
 
     index: torch.Tensor
     mask: torch.Tensor
+    size: int
 
     @classmethod
     def of(cls, batch) -> Spans:
         """A MicroBatch's or PackedBatch's spans."""
-        return cls(batch.seq_index, batch.mask)
+        return cls(batch.seq_index, batch.mask, len(batch.sequences))
 
     def _picked(self) -> tuple[torch.Tensor, torch.Tensor]:
         keep = (self.mask & (self.index >= 0)).reshape(-1)
@@ -70,10 +71,10 @@ class Spans:
     def means(self, values: torch.Tensor) -> torch.Tensor:
         """Per sequence: the mean of `values` over its trained tokens (0 with none)."""
         keep, index = self._picked()
-        size = int(index.max()) + 1 if index.numel() else 0
         flat = values.reshape(-1)
-        sums = flat.new_zeros(size).index_add(0, index[keep], flat[keep])
-        counts = flat.new_zeros(size).index_add(0, index[keep], torch.ones_like(flat[keep]))
+        sums = flat.new_zeros(self.size).index_add(0, index[keep], flat[keep])
+        ones = torch.ones_like(flat[keep])
+        counts = flat.new_zeros(self.size).index_add(0, index[keep], ones)
         return sums / counts.clamp(min=1)
 
     def per_token(self, per_sequence: torch.Tensor) -> torch.Tensor:
@@ -84,8 +85,7 @@ class Spans:
     def present(self) -> torch.Tensor:
         """Which sequences have trained tokens."""
         keep, index = self._picked()
-        size = int(index.max()) + 1 if index.numel() else 0
-        return torch.zeros(size, dtype=torch.bool, device=index.device).index_fill(
+        return torch.zeros(self.size, dtype=torch.bool, device=index.device).index_fill(
             0, index[keep], True
         )
 

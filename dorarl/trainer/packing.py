@@ -280,7 +280,9 @@ def _packed_batch(
         weights=per_token([w for s in seqs for w in s.token_weights()]),
         mask=torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.bool).to(device),
         sequences=list(seqs),
-        seq_index=torch.tensor([k for k, s in enumerate(seqs) for _ in s.response_ids]).to(device),
+        seq_index=torch.tensor(
+            [k for k, s in enumerate(seqs) for _ in s.response_ids], dtype=torch.long
+        ).to(device),
     )
 
 
