@@ -363,6 +363,7 @@ class TrainConfig:
             self._check_resume,
             self._check_task,
             self._check_overlong,
+            self._check_norm_length,
             self._check_adapters,
             self._check_routes,
             self._check_lengths,
@@ -452,6 +453,15 @@ class TrainConfig:
             loss.validate()
         except ConfigError as exc:
             raise ConfigError(f"trainer.loss.{exc}") from None
+
+    def _check_norm_length(self) -> None:
+        loss = self.trainer.loss
+        unset = loss.norm_length is None and self.sampling.max_new_tokens is None
+        if loss.aggregation == "seq_sum_norm" and unset:
+            raise ConfigError(
+                "trainer.loss.norm_length: aggregation=seq_sum_norm needs it, or "
+                "sampling.max_new_tokens (the cap it defaults to)"
+            )
 
     def controller_config(self, point: ResumePoint | None) -> ControllerConfig:
         """The controller's view, starting where `point` (the checkpoint a run resumes, None:

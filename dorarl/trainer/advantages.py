@@ -1,8 +1,9 @@
-"""Group-relative advantages (GRPO): each response's reward against its group's rewards,
-after DAPO's soft overlong punishment when it is on.
+"""Advantages from rewards: GRPO's group-relative ones, RLOO's leave-one-out baseline or
+REINFORCE++'s batch normalisation, after DAPO's soft overlong punishment when it is on.
 
-Invariants: advantages of a group sum to zero; a group whose rewards are all equal (or a
-group of one) has advantage 0 everywhere, so it adds no policy gradient. The overlong
+Invariants: advantages of a group (of the batch, for reinforce_pp) sum to zero; a group
+whose rewards are all equal (or a group of one) has advantage 0 everywhere, so it adds no
+policy gradient. The overlong
 penalty is 0 up to `cap - buffer` response tokens and falls linearly to -1 at the cap.
 """
 
@@ -33,6 +34,40 @@ def group_advantages(
         return centered
     std = math.sqrt(sum(c * c for c in centered) / (n - 1))
     return [c / (std + eps) for c in centered]
+
+
+def rloo_advantages(rewards: list[float]) -> list[float]:
+    """A_i = r_i - mean of the other rewards of the group = n / (n - 1) * (r_i - mean r)."""
+    n = len(rewards)
+    if n <= 1 or all(r == rewards[0] for r in rewards):
+        return [0.0] * n
+    total = sum(rewards)
+    return [r - (total - r) / (n - 1) for r in rewards]
+
+
+def batch_normalized(rewards: list[float], eps: float = 1e-6) -> list[float]:
+    """REINFORCE++: (r_i - mean r) / (std r + eps) over the whole batch (unbiased std)."""
+    n = len(rewards)
+    if n <= 1 or all(r == rewards[0] for r in rewards):
+        return [0.0] * n
+    mean = sum(rewards) / n
+    centered = [r - mean for r in rewards]
+    std = math.sqrt(sum(c * c for c in centered) / (n - 1))
+    return [c / (std + eps) for c in centered]
+
+
+def step_advantages(
+    rewards: list[list[float]], method: str, normalize_std: bool = True, eps: float = 1e-6
+) -> list[list[float]]:
+    """Advantages of a step's groups (`rewards` per group) by `method` (LossConfig.advantage)."""
+    if method == "grpo":
+        return [group_advantages(r, normalize_std, eps) for r in rewards]
+    if method == "rloo":
+        return [rloo_advantages(r) for r in rewards]
+    if method == "reinforce_pp":
+        flat = iter(batch_normalized([r for group in rewards for r in group], eps))
+        return [[next(flat) for _ in group] for group in rewards]
+    raise ValueError(f"unknown advantage {method!r}")
 
 
 def overlong_penalty(length: int, cap: int, buffer: int) -> float:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dorarl.data import Group, Sample, SegmentStart
-from dorarl.trainer.advantages import group_advantages, overlong_penalty
+from dorarl.trainer.advantages import overlong_penalty, step_advantages
 from dorarl.trainer.config import LossConfig
 from dorarl.trainer.loss import token_weights
 
@@ -64,15 +64,16 @@ class MicroBatch:
     weights: torch.Tensor
     mask: torch.Tensor
     sequences: list[TrainSequence] = field(default_factory=list)  # one per row
+    seq_index: torch.Tensor | None = None  # the row's sequence on response tokens, -1 off them
 
 
 def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]:
     """One TrainSequence per sample (per segment of an episode of several), with its group
     advantage and its global token weight."""
     per_sample: list[list[TrainSequence]] = []
-    for group in groups:
-        rewards = [_shaped_reward(s, cfg) for s in group.samples]
-        advs = group_advantages(rewards, cfg.normalize_std, cfg.adv_eps)
+    rewards = [[_shaped_reward(s, cfg) for s in group.samples] for group in groups]
+    advantages = step_advantages(rewards, cfg.advantage, cfg.normalize_std, cfg.adv_eps)
+    for group, advs in zip(groups, advantages, strict=True):
         for sample, adv in zip(group.samples, advs, strict=True):
             _check(group, sample)
             # An episode with any turn cut by the cap is a truncated trajectory, whichever turn.
@@ -95,7 +96,7 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                     )
                 ]
             )
-    _assign_weights(per_sample, cfg.aggregation)
+    _assign_weights(per_sample, cfg)
     return [seq for seqs in per_sample for seq in seqs]
 
 
@@ -166,7 +167,7 @@ def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
     )
 
 
-def _assign_weights(per_sample: list[list[TrainSequence]], aggregation: str) -> None:
+def _assign_weights(per_sample: list[list[TrainSequence]], cfg: LossConfig) -> None:
     """Weights per sample (seq_mean averages over samples, an episode's segments together),
     given to each of its sequences."""
     lengths = [sum(s.trained_tokens for s in seqs) for seqs in per_sample]
@@ -174,9 +175,9 @@ def _assign_weights(per_sample: list[list[TrainSequence]], aggregation: str) -> 
     total_sequences = sum(1 for n in lengths if n)
     if total_tokens == 0:
         return
-    for seqs, w in zip(
-        per_sample, token_weights(lengths, aggregation, total_tokens, total_sequences), strict=True
-    ):
+    norm = cfg.sum_norm_length() if cfg.aggregation == "seq_sum_norm" else None
+    weights = token_weights(lengths, cfg.aggregation, total_tokens, total_sequences, norm)
+    for seqs, w in zip(per_sample, weights, strict=True):
         for seq in seqs:
             seq.weight = w
 
@@ -200,23 +201,29 @@ def plan_micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]
     return batches
 
 
-def collate(seqs: list[TrainSequence], pad_id: int, device: torch.device | str) -> MicroBatch:
-    """Right-padded rows. Pads only follow real tokens, so causal attention needs no mask."""
+def collate(
+    seqs: list[TrainSequence],
+    pad_id: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> MicroBatch:
+    """Right-padded rows. Pads only follow real tokens, so causal attention needs no mask.
+    `dtype`: of the per-token values (float64 for an exact check of the loss)."""
     width = max(s.length for s in seqs)
     rows = len(seqs)
     ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    behavior = torch.zeros((rows, width - 1))
-    advantages = torch.zeros((rows, width - 1))
-    weights = torch.zeros((rows, width - 1))
+    behavior, advantages, weights = (torch.zeros((rows, width - 1), dtype=dtype) for _ in "baw")
     mask = torch.zeros((rows, width - 1), dtype=torch.bool)
+    seq_index = torch.full((rows, width - 1), -1, dtype=torch.long)
     for r, s in enumerate(seqs):
         ids[r, : s.length] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         # Response token j sits at position P + j and is predicted by logits at P + j - 1.
         span = slice(len(s.prompt_ids) - 1, s.length - 1)
-        behavior[r, span] = torch.tensor(s.behavior_logprobs, dtype=torch.float32)
+        behavior[r, span] = torch.tensor(s.behavior_logprobs, dtype=dtype)
         advantages[r, span] = s.advantage
-        weights[r, span] = torch.tensor(s.token_weights(), dtype=torch.float32)
+        weights[r, span] = torch.tensor(s.token_weights(), dtype=dtype)
         mask[r, span] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        seq_index[r, span] = r
     return MicroBatch(
         ids.to(device),
         ids[:, 1:].to(device),
@@ -225,4 +232,5 @@ def collate(seqs: list[TrainSequence], pad_id: int, device: torch.device | str) 
         weights.to(device),
         mask.to(device),
         list(seqs),
+        seq_index.to(device),
     )

@@ -1,4 +1,4 @@
-"""Typed settings of the trainer and of its GRPO loss; simple bounds are declared on the
+"""Typed settings of the trainer and of its objectives; simple bounds are declared on the
 fields (dorarl.config.fields), and `validate()` checks them and the keys' relations, naming
 the bad key."""
 
@@ -18,15 +18,64 @@ class LossConfig:
     eps_high: float = field(
         default=0.28, metadata={"help": "upper clip: ratio <= 1 + eps_high", "ge": 0}
     )
-    aggregation: Literal["token_mean", "seq_mean"] = field(
+    kind: Literal["ppo_clip", "cispo"] = field(
+        default="ppo_clip",
+        metadata={
+            "help": "ppo_clip: -min(r A, clip(r) A) (PPO/GRPO); cispo: -sg(clip(r, "
+            "1 - cispo_eps_low, 1 + cispo_eps_high)) A log pi, every token keeps its "
+            "gradient (CISPO, MiniMax-M1)"
+        },
+    )
+    ratio: Literal["token", "sequence", "sequence_token"] = field(
+        default="token",
+        metadata={
+            "help": "token: r = pi/pi_base per token; sequence: GSPO's exp of the mean "
+            "log-ratio over a sequence's trained tokens (per segment of an episode), "
+            "clipped per sequence; sequence_token: GSPO-token, the sequence ratio's value "
+            "with each token's own gradient"
+        },
+    )
+    cispo_eps_low: float = field(
+        default=1.0,
+        metadata={
+            "help": "kind=cispo: IS weight >= 1 - cispo_eps_low (1: no floor)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    cispo_eps_high: float = field(
+        default=2.0,
+        metadata={"help": "kind=cispo: IS weight <= 1 + cispo_eps_high", "ge": 0},
+    )
+    aggregation: Literal["token_mean", "seq_mean", "seq_sum_norm"] = field(
         default="token_mean",
         metadata={
             "help": "token_mean: over all response tokens of the batch (DAPO); "
-            "seq_mean: mean over sequences of each sequence's token mean"
+            "seq_mean: mean over sequences of each sequence's token mean; seq_sum_norm: "
+            "each sequence's token sum divided by the constant norm_length, mean over "
+            "sequences (Dr. GRPO)"
+        },
+    )
+    norm_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "aggregation=seq_sum_norm: the constant token count each sequence's sum "
+            "is divided by (unset: the response cap, sampling.max_new_tokens)",
+            "ge": 1,
+        },
+    )
+    advantage: Literal["grpo", "rloo", "reinforce_pp"] = field(
+        default="grpo",
+        metadata={
+            "help": "grpo: reward minus its group's mean (over the group std with "
+            "normalize_std); rloo: reward minus the mean of the group's other rewards; "
+            "reinforce_pp: (reward - batch mean) / batch std over the step's samples "
+            "(REINFORCE++)"
         },
     )
     normalize_std: bool = field(
-        default=True, metadata={"help": "divide group advantages by the group reward std"}
+        default=True,
+        metadata={"help": "advantage=grpo: divide group advantages by the group reward std"},
     )
     adv_eps: float = field(
         default=1e-6, metadata={"help": "added to the std before dividing", "ge": 0}
@@ -61,6 +110,36 @@ class LossConfig:
         },
     )
     entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight"})
+    distill_coef: float = field(
+        default=0.0,
+        metadata={
+            "help": "on-policy distillation (needs trainer.teacher): weight of the per-token "
+            "reward log teacher(y_t) - log pi_behavior(y_t), minus the reverse KL of each "
+            "sampled token, added to the advantage",
+            "ge": 0,
+        },
+    )
+    rl_coef: float = field(
+        default=1.0,
+        metadata={
+            "help": "weight of the reward's advantage beside distill_coef (0: distillation alone)",
+            "ge": 0,
+        },
+    )
+    is_mask: Literal["none", "token", "sequence"] = field(
+        default="none",
+        metadata={
+            "help": "train/rollout mismatch masking (IcePop): token: tokens whose weight "
+            "pi_trainer / pi_behavior leaves [is_mask_low, is_mask_high] get no policy loss; "
+            "sequence: whole sequences whose geometric-mean weight leaves it"
+        },
+    )
+    is_mask_low: float = field(
+        default=0.5, metadata={"help": "is_mask: the lowest weight kept", "ge": 0}
+    )
+    is_mask_high: float = field(
+        default=2.0, metadata={"help": "is_mask: the highest weight kept", "gt": 0}
+    )
     overlong: Literal["none", "mask", "soft"] = field(
         default="none",
         metadata={
@@ -95,7 +174,27 @@ class LossConfig:
                 "tis_cap: only used with ratio_base=proximal (with ratio_base="
                 "behavior the clip already bounds the importance ratio)"
             )
+        self._check_objective()
         self._check_overlong()
+
+    def _check_objective(self) -> None:
+        if self.dual_clip is not None and self.kind != "ppo_clip":
+            raise ConfigError("dual_clip: only used with kind=ppo_clip")
+        if self.norm_length is not None and self.aggregation != "seq_sum_norm":
+            raise ConfigError("norm_length: only used with aggregation=seq_sum_norm")
+        if self.rl_coef == 0 and self.distill_coef == 0:
+            raise ConfigError("rl_coef: 0 leaves no objective without distill_coef > 0")
+        if self.is_mask != "none" and self.is_mask_low >= self.is_mask_high:
+            raise ConfigError(
+                f"is_mask_low: {self.is_mask_low} must be below is_mask_high={self.is_mask_high}"
+            )
+
+    def sum_norm_length(self) -> int:
+        """The constant divisor of aggregation=seq_sum_norm: norm_length, else the cap."""
+        length = self.norm_length or self.response_cap
+        if length is None:
+            raise ValueError("aggregation=seq_sum_norm needs norm_length or the response cap")
+        return length
 
     def _check_overlong(self) -> None:
         if self.overlong != "soft" or self.response_cap is None:
@@ -270,6 +369,14 @@ class TrainerConfig:
         default=None,
         metadata={"help": "frozen reference for the KL (default: the initial model)", "path": True},
     )
+    teacher: str | None = field(
+        default=None,
+        metadata={
+            "help": "on-policy distillation: a frozen teacher (HF folder, the policy's "
+            "tokenizer) on the trainer's device; loss.distill_coef weighs its reward",
+            "path": True,
+        },
+    )
     loss: LossConfig = field(default_factory=LossConfig)
     moe: MoeConfig = field(default_factory=MoeConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -281,6 +388,11 @@ class TrainerConfig:
                 section.validate()
             except ConfigError as exc:
                 raise ConfigError(f"{name}.{exc}") from None
+        if (self.teacher is None) != (self.loss.distill_coef == 0):
+            raise ConfigError(
+                "teacher: on-policy distillation needs both trainer.teacher and "
+                "loss.distill_coef > 0"
+            )
 
     def peak_lr(self) -> float:
         """The learning rate after warmup: lora.lr for adapters when it is set, else lr."""

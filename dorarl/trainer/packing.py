@@ -67,6 +67,7 @@ class PackedBatch:
     weights: torch.Tensor
     mask: torch.Tensor
     sequences: list[TrainSequence] = field(default_factory=list)  # in token order
+    seq_index: torch.Tensor | None = None  # each token's sequence in `sequences`
 
     @property
     def rows(self) -> int:
@@ -193,7 +194,10 @@ class _Columns:
 
 
 def collate_packed(
-    rows: list[list[Segment]], pad_id: int, device: torch.device | str
+    rows: list[list[Segment]],
+    pad_id: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
 ) -> PackedBatch:
     """One PackedBatch: rows right-padded to the longest, block-causal mask, token tensors."""
     width = max(row_length(row) for row in rows)
@@ -210,7 +214,7 @@ def collate_packed(
         at = r * width
         for k, segment in enumerate(row):
             at = _place_segment(cols, at, k, segment, sources, tokens)
-    return _packed_batch(cols, sources, tokens, device)
+    return _packed_batch(cols, sources, tokens, device, dtype)
 
 
 def _place_segment(
@@ -255,10 +259,14 @@ def block_causal_mask(segment: torch.Tensor, response: torch.Tensor) -> torch.Te
 
 
 def _packed_batch(
-    cols: _Columns, sources: list[int], seqs: list[TrainSequence], device: torch.device | str
+    cols: _Columns,
+    sources: list[int],
+    seqs: list[TrainSequence],
+    device: torch.device | str,
+    dtype: torch.dtype,
 ) -> PackedBatch:
     def per_token(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32).to(device)
+        return torch.tensor(values, dtype=dtype).to(device)
 
     targets = torch.tensor([t for s in seqs for t in s.response_ids], dtype=torch.long)
     return PackedBatch(
@@ -272,6 +280,9 @@ def _packed_batch(
         weights=per_token([w for s in seqs for w in s.token_weights()]),
         mask=torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.bool).to(device),
         sequences=list(seqs),
+        seq_index=torch.tensor(
+            [k for k, s in enumerate(seqs) for _ in s.response_ids], dtype=torch.long
+        ).to(device),
     )
 
 
@@ -296,11 +307,15 @@ def plan_step(
 
 
 def collate_planned(
-    planned: Planned, packing: Packing, pad_id: int, device: torch.device | str
+    planned: Planned,
+    packing: Packing,
+    pad_id: int,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
 ) -> MicroBatch | PackedBatch:
     if packing == "padded":
-        return collate(planned, pad_id, device)  # type: ignore[arg-type]
-    return collate_packed(planned, pad_id, device)  # type: ignore[arg-type]
+        return collate(planned, pad_id, device, dtype)  # type: ignore[arg-type]
+    return collate_packed(planned, pad_id, device, dtype)  # type: ignore[arg-type]
 
 
 def micro_batches(
@@ -310,7 +325,8 @@ def micro_batches(
     pad_id: int,
     device: torch.device | str,
     model_config: PretrainedConfig | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> list[MicroBatch | PackedBatch]:
-    """`plan_step`'s micro-batches as tensors."""
+    """`plan_step`'s micro-batches as tensors (per-token values in `dtype`)."""
     plan = plan_step(seqs, token_budget, packing, model_config)
-    return [collate_planned(planned, packing, pad_id, device) for planned in plan]
+    return [collate_planned(planned, packing, pad_id, device, dtype) for planned in plan]

@@ -47,8 +47,12 @@ SUMMED = (
     "kl_ref",
     "importance",
     "truncated",
+    "is_masked",
+    "seq_ratio",
+    "sequences",
+    "distill_kl",
 )
-OPTIONAL = ("kl_ref", "importance")
+OPTIONAL = ("kl_ref", "importance", "is_masked", "seq_ratio", "distill_kl")
 
 
 class PolicyForward(torch.nn.Module):
@@ -176,11 +180,15 @@ class ShardedTrainer(Trainer):
             int(out.clipped_low),
             int(out.clipped_high),
         )
-        out.truncated = int(out.truncated)
+        out.truncated, out.sequences = int(out.truncated), int(out.sequences)
         for key, count in zip(OPTIONAL, summed[len(SUMMED) :], strict=True):
             if count == 0:
                 setattr(out, key, None)
-        out.ratio_max = reduce_over_ranks([totals.ratio_max], self.group, "max")[0]
+        if out.is_masked is not None:
+            out.is_masked = int(out.is_masked)
+        maxima = [totals.ratio_max, totals.seq_ratio_max, -totals.seq_ratio_min]
+        out.ratio_max, out.seq_ratio_max, low = reduce_over_ranks(maxima, self.group, "max")
+        out.seq_ratio_min = -low
         return out
 
     # ---- weights and checkpoints -----------------------------------------------------------

@@ -5,6 +5,7 @@ Means are over response tokens of the whole batch (not means of micro-batch mean
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,12 @@ class StepTotals:
     kl_ref: float | None = None
     importance: float | None = None
     truncated: int = 0
+    is_masked: int | None = None
+    seq_ratio: float | None = None  # sum over sequences of the GSPO sequence ratio
+    sequences: int = 0
+    seq_ratio_min: float = math.inf
+    seq_ratio_max: float = 0.0
+    distill_kl: float | None = None  # sum of log pi_behavior - log teacher over trained tokens
 
     def add(
         self,
@@ -55,6 +62,22 @@ class StepTotals:
         if terms.importance is not None:
             self.importance = (self.importance or 0.0) + float(terms.importance[m].sum())
             self.truncated += int(terms.truncated[m].sum())
+        if terms.is_masked is not None:
+            self.is_masked = (self.is_masked or 0) + int(terms.is_masked[m].sum())
+        if terms.seq_ratio is not None:
+            self._add_sequence_ratios(terms.seq_ratio)
+
+    def add_distill(self, batch: MicroBatch | PackedBatch, teacher_logp: torch.Tensor) -> None:
+        """The k1 estimate of the reverse KL to the teacher on the sampled tokens."""
+        gap = (batch.behavior_logp - teacher_logp)[batch.mask]
+        self.distill_kl = (self.distill_kl or 0.0) + float(gap.sum())
+
+    def _add_sequence_ratios(self, ratios: torch.Tensor) -> None:
+        self.seq_ratio = (self.seq_ratio or 0.0) + float(ratios.sum())
+        self.sequences += ratios.numel()
+        if ratios.numel():
+            self.seq_ratio_min = min(self.seq_ratio_min, float(ratios.min()))
+            self.seq_ratio_max = max(self.seq_ratio_max, float(ratios.max()))
 
     def summary(self) -> dict[str, float]:
         n = max(self.tokens, 1)
@@ -74,4 +97,12 @@ class StepTotals:
         if self.importance is not None:
             out["importance_mean"] = self.importance / n
             out["importance_truncated_frac"] = self.truncated / n
+        if self.is_masked is not None:
+            out["is_masked_frac"] = self.is_masked / n
+        if self.distill_kl is not None:
+            out["distill_kl"] = self.distill_kl / n
+        if self.seq_ratio is not None:
+            out["seq_ratio_mean"] = self.seq_ratio / max(self.sequences, 1)
+            out["seq_ratio_min"] = self.seq_ratio_min if self.sequences else 0.0
+            out["seq_ratio_max"] = self.seq_ratio_max
         return out

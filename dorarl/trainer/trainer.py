@@ -27,7 +27,7 @@ from dorarl.trainer.allocator import map_large_blocks, release_free_heap
 from dorarl.trainer.batch import MicroBatch, TrainSequence, build_sequences
 from dorarl.trainer.config import LossConfig, TrainerConfig
 from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_head
-from dorarl.trainer.loss import k3_kl, objective
+from dorarl.trainer.loss import Spans, k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
 from dorarl.trainer.moe import MoeRouting, RouteStats, is_moe
@@ -100,10 +100,9 @@ class Trainer:
         # held in memory: `checkpoint_keep` may prune the folder this trainer resumed from
         self.tokenizer_files = ckpt.read_tokenizer_files(self.source_dir) if source_dir else {}
         self.reference_path = str(reference_path) if reference_path is not None else None
-        self.reference = self._load_reference() if config.loss.kl_coef > 0 else None
+        self._load_frozen()
         self.split = split_head(self.model)
-        self.reference_split = split_head(self.reference) if self.reference is not None else None
-        models = [self.model] + ([self.reference] if self.reference is not None else [])
+        models = [self.model, *(m for m in (self.reference, self.teacher) if m is not None)]
         self.packing = resolve_packing(models, config.packing)
         self.peak_memory = PeakMemory(self.device)
         self.micro_batch_tokens = config.micro_batch_tokens or auto_micro_batch_tokens(
@@ -219,12 +218,23 @@ class Trainer:
             log.warning("trainer.moe: %s has no experts; ignored", type(self.model).__name__)
         return None
 
+    def _load_frozen(self) -> None:
+        """The frozen models the loss reads: the KL reference, the distillation teacher."""
+        self.reference = self._load_reference() if self.config.loss.kl_coef > 0 else None
+        self.reference_split = split_head(self.reference) if self.reference is not None else None
+        teacher = self.config.teacher
+        self.teacher = self._frozen(teacher) if teacher is not None else None
+        self.teacher_split = split_head(self.teacher) if self.teacher is not None else None
+
     def _load_reference(self) -> PreTrainedModel:
         if self.reference_path is None:
             raise UserInputError("loss.kl_coef > 0 needs a reference model (reference_path)")
-        reference = load_model(self.reference_path, self.config.dtype, self.device)
-        reference.eval().requires_grad_(False)
-        return reference
+        return self._frozen(self.reference_path)
+
+    def _frozen(self, path: str) -> PreTrainedModel:
+        model = load_model(path, self.config.dtype, self.device)
+        model.eval().requires_grad_(False)
+        return model
 
     # ---- training -------------------------------------------------------------------------
 
@@ -304,6 +314,7 @@ class Trainer:
         logp, entropy = self._policy_logprobs(batch)
         aux = self.routing.forward_done() if self.routing is not None else None
         ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
+        teacher_logp = self._teacher_logprobs(batch) if self.teacher is not None else None
         loss, terms = objective(
             logp,
             batch.behavior_logp,
@@ -312,6 +323,8 @@ class Trainer:
             cfg,
             ref_logp=ref_logp,
             entropy=entropy,
+            spans=Spans.of(batch),
+            teacher_logp=teacher_logp,
         )
         if aux is not None:  # the load-balancing loss: its gradient, not in the loss metric
             (loss + self.config.moe.aux_loss_coef * aux).backward()
@@ -319,15 +332,19 @@ class Trainer:
             loss.backward()
         kl_ref = k3_kl(logp.detach(), ref_logp) if ref_logp is not None else None
         totals.add(batch, loss.detach(), terms, logp.detach(), entropy.detach(), kl_ref)
+        if teacher_logp is not None:
+            totals.add_distill(batch, teacher_logp)
+
+    def _reference_logprobs(self, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+        return self._frozen_logprobs(self.reference, self.reference_split, batch)
+
+    def _teacher_logprobs(self, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+        return self._frozen_logprobs(self.teacher, self.teacher_split, batch)
 
     @torch.no_grad()
-    def _reference_logprobs(self, batch: MicroBatch | PackedBatch) -> torch.Tensor:
+    def _frozen_logprobs(self, model, split, batch: MicroBatch | PackedBatch) -> torch.Tensor:
         logp, _ = micro_batch_logprobs(
-            self.reference,
-            self.reference_split,
-            batch,
-            self.config.temperature,
-            self.config.logits_chunk_tokens,
+            model, split, batch, self.config.temperature, self.config.logits_chunk_tokens
         )
         return logp
 

@@ -29,6 +29,9 @@ UNCHANGEABLE = {
     "engine.max_versions": "needs engine.prefix_cache=off as well",
     "engine.backend": "vllm engines run on their own; a run's instances run backend dorarl",
     "trainer.loss.tis_cap": "needs trainer.loss.ratio_base=proximal as well",
+    "trainer.loss.norm_length": "needs trainer.loss.aggregation=seq_sum_norm as well",
+    "trainer.loss.distill_coef": "needs trainer.teacher as well",
+    "trainer.teacher": "needs trainer.loss.distill_coef > 0 as well (and a model folder)",
     "trainer.moe.route_replay": "needs engine.record_routes=true as well",
 }
 

@@ -1,10 +1,12 @@
-"""Group-relative advantages: hand values, zero-sum, equal rewards give zero."""
+"""Advantages (GRPO, RLOO, REINFORCE++): hand values, zero-sum, equal rewards give zero."""
+
+import math
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dorarl.trainer.advantages import group_advantages
+from dorarl.trainer.advantages import group_advantages, rloo_advantages, step_advantages
 
 
 def test_hand_computed_advantages():
@@ -52,3 +54,19 @@ def test_advantages_sum_to_zero_and_keep_the_order(rewards, normalize):
         for j in range(len(rewards)):
             if rewards[i] > rewards[j]:
                 assert adv[i] >= adv[j]
+
+
+def test_rloo_subtracts_the_mean_of_the_other_rewards():
+    assert rloo_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert rloo_advantages([0.5]) == [0.0]  # no other sample: no baseline, no signal
+    assert rloo_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+
+
+def test_reinforce_pp_normalises_over_the_whole_batch_not_the_group():
+    rewards = [[1.0, 1.0], [0.0, 0.0]]  # each group all equal: GRPO and RLOO give 0
+    assert step_advantages(rewards, "grpo") == [[0.0, 0.0], [0.0, 0.0]]
+    assert step_advantages(rewards, "rloo") == [[0.0, 0.0], [0.0, 0.0]]
+    std = math.sqrt(4 * 0.25 / 3)
+    got = step_advantages(rewards, "reinforce_pp", True, 0.0)
+    assert got[0] + got[1] == pytest.approx([0.5 / std] * 2 + [-0.5 / std] * 2)
+    assert step_advantages([[1.0], [1.0]], "reinforce_pp") == [[0.0], [0.0]]

@@ -15,7 +15,7 @@ from ranks import run_ranks  # noqa: E402
 
 from dorarl.data import SegmentStart  # noqa: E402
 from dorarl.runtime.transfer.weight_layout import wire_tensors  # noqa: E402
-from dorarl.trainer import Trainer, TrainerConfig  # noqa: E402
+from dorarl.trainer import LossConfig, Trainer, TrainerConfig  # noqa: E402
 from dorarl.trainer.sharded import ShardedTrainer  # noqa: E402
 
 STEPS = 3
@@ -271,3 +271,43 @@ def test_an_moe_model_with_its_aux_loss_at_world_size_two_equals_one_process(moe
             assert imbalance == pytest.approx(want["moe_imbalance"], rel=1e-9)
             assert aux == pytest.approx(want["moe_aux_loss"], rel=1e-5)
         _assert_close(weights, single.named_tensors())
+
+
+OBJECTIVE_KEYS = ("loss", "grad_norm", "is_masked_frac", "seq_ratio_mean", "seq_ratio_min",
+                  "seq_ratio_max", "clip_frac_low", "clip_frac_high", "distill_kl")  # fmt: skip
+
+
+def _objective_config(teacher: Path) -> TrainerConfig:
+    config = _config(22)
+    config.teacher = str(teacher)  # a teacher identical to the start: its reward is b's gap
+    config.loss = LossConfig(
+        distill_coef=0.2,
+        ratio="sequence", kind="cispo", cispo_eps_low=0.1, cispo_eps_high=0.1,
+        is_mask="sequence", is_mask_low=0.8, is_mask_high=1.5,
+        advantage="reinforce_pp", aggregation="seq_sum_norm", norm_length=16,
+    )  # fmt: skip
+    return config
+
+
+def _objective_steps(trainer: Trainer, batches: list) -> list[dict[str, float]]:
+    return [{k: m[k] for k in OBJECTIVE_KEYS} for m in map(trainer.train_step, batches)]
+
+
+def _objective_run(group, folder, batches):
+    trainer = ShardedTrainer.from_pretrained_group(folder, _objective_config(folder), group)
+    return _objective_steps(trainer, batches)
+
+
+def test_world_size_two_equals_one_process_with_the_objectives(tied_model_dir):
+    """GSPO's per-segment ratio, CISPO, the sequence mask, batch-normalised advantages, the
+    constant normaliser and a teacher: losses, grad norms and the metrics each names,
+    reduced over ranks."""
+    batches = [_with_segments(groups) for groups in _batches()[:2]]
+    got = run_ranks(_objective_run, 2, tied_model_dir, batches)
+    single = Trainer.from_pretrained(tied_model_dir, _objective_config(tied_model_dir))
+    want = _objective_steps(single, batches)
+    for step, want_step in zip(got, want, strict=True):
+        assert step == pytest.approx(want_step, rel=1e-5)
+        assert 0 < step["is_masked_frac"] < 1
+        assert step["clip_frac_low"] > 0 and step["clip_frac_high"] > 0
+        assert step["seq_ratio_min"] < step["seq_ratio_max"]

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from dorarl.config import ConfigError
 from dorarl.trainer import LossConfig, Trainer, TrainerConfig
 
 
@@ -267,3 +268,30 @@ def test_activation_checkpointing_gives_the_same_gradients(tiny_model_dir, make_
     assert g_plain.keys() == g_recomputed.keys() and g_plain
     for name in g_plain:
         assert torch.allclose(g_plain[name], g_recomputed[name], rtol=1e-5, atol=1e-8), name
+
+
+def test_distillation_reads_a_frozen_teacher_in_every_micro_batch(tmp_path, make_groups):
+    """trainer.teacher: the step's distill_kl is the mean over sampled tokens of
+    log pi_behavior - log teacher, the teacher computed here row by row; micro-batches change
+    nothing; the teacher does not train."""
+    _wide_vocab_model(seed=1).save_pretrained(tmp_path / "teacher")
+    loss = LossConfig(distill_coef=0.5, rl_coef=0.0)
+    config = TrainerConfig(micro_batch_tokens=10**6, loss=loss, teacher=str(tmp_path / "teacher"))
+    groups = make_groups(seed=12, vocab=3000)
+    full = Trainer(_wide_vocab_model(), config)
+    small = Trainer(_wide_vocab_model(), dataclasses.replace(config, micro_batch_tokens=24))
+    m_full, m_small = full.accumulate_gradients(groups), small.accumulate_gradients(groups)
+    teacher = _wide_vocab_model(seed=1).eval()
+    gaps = []
+    for s in (s for g in groups for s in g.samples):
+        with torch.no_grad():
+            logits = teacher(torch.tensor([s.prompt_ids + s.response_ids])).logits[0]
+        p = len(s.prompt_ids)
+        q = torch.log_softmax(logits[p - 1 : -1], -1)[range(len(s.response_ids)), s.response_ids]
+        gaps += [b - float(t) for b, t in zip(s.logprobs, q, strict=True)]
+    assert m_full["distill_kl"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-5)
+    assert m_small["loss"] == pytest.approx(m_full["loss"], rel=1e-5, abs=1e-7)
+    assert m_small["micro_batches"] > 1 and _grads(full)
+    assert not any(p.requires_grad for p in full.teacher.parameters())
+    with pytest.raises(ConfigError, match="^teacher: "):
+        TrainerConfig(loss=loss).validate()
