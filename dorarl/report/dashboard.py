@@ -4,6 +4,7 @@ throughput), each at the version its step made."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
+from matplotlib.ticker import Formatter, MaxNLocator  # noqa: E402
 
 COLUMNS = 4
 MARKED_UP_TO = 30  # steps up to which each point gets a marker (a short run's few points)
@@ -95,7 +96,7 @@ def _draw_panel(ax: Axes, panel: Panel, history: History) -> None:
     ax.set_title(panel.title, loc="left", fontsize=10, pad=18)
     ax.grid(alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_formatter(FuncFormatter(_tick_label))  # no offset text by the title
+    ax.yaxis.set_major_formatter(TickLabels())
     ax.tick_params(labelsize=8)
     drawn = sum(_draw_series(ax, key, label, history.rows) for key, label in panel.series)
     if panel.title == REWARD_PANEL:
@@ -139,13 +140,32 @@ def _version_span(rows: list[dict[str, Any]]) -> tuple[int, int]:
     return int(rows[0].get("version", _version(rows[0]) - 1)), _version(rows[-1])
 
 
-def _tick_label(value: float, _position: int) -> str:
-    """Short labels: plain for ordinary magnitudes, else in e-notation (a learning rate)."""
-    if value == 0:
-        return "0"
-    if 1e-3 <= abs(value) < 1e5:
-        return f"{value:.4g}"
-    return f"{value:.2g}"
+class TickLabels(Formatter):
+    """Labels with the digits the ticks need and no offset text (which would sit by the
+    panel's title): plain for ordinary magnitudes, else e-notation (a learning rate)."""
+
+    def __init__(self) -> None:
+        self.style = "g"
+        self.digits = 4
+        self.largest = 0.0
+
+    def set_locs(self, locs: Any) -> None:
+        super().set_locs(locs)
+        values = [float(v) for v in locs]
+        self.largest = max((abs(v) for v in values), default=0.0)
+        self.style = "f" if 1e-3 <= self.largest < 1e5 else "e"
+        self.digits = next(
+            (d for d in range(12) if all(_exact(v, f"{v:.{d}{self.style}}") for v in values)), 12
+        )
+
+    def __call__(self, value: float, pos: int | None = None) -> str:
+        if abs(value) <= 1e-9 * self.largest:  # zero, up to the locator's rounding
+            return "0"
+        return f"{value:.{self.digits}{self.style}}"
+
+
+def _exact(value: float, label: str) -> bool:
+    return math.isclose(float(label), value, rel_tol=1e-6, abs_tol=1e-12)
 
 
 def _version(row: dict[str, Any]) -> int:

@@ -90,3 +90,22 @@ def test_write_dashboard_writes_the_run_folders_png(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     assert write_dashboard(tmp_path / "empty") is None
+
+
+@pytest.mark.parametrize(
+    "locs",
+    [
+        [-0.05, -0.025, 0.0, 0.025, 0.05],
+        [9.6e-5, 9.8e-5, 1e-4, 1.02e-4],  # a constant learning rate's axis
+        [4.6005, 4.601, 4.6015],
+        [0.0, 2e-6, 4e-6],
+    ],
+)
+def test_tick_labels_tell_close_ticks_apart(locs):
+    from dorarl.report.dashboard import TickLabels
+
+    labels = TickLabels()
+    labels.set_locs(locs)
+    shown = [labels(v) for v in locs]
+    assert len(set(shown)) == len(locs) and labels.get_offset() == ""
+    assert [float(s) for s in shown] == pytest.approx(locs, rel=1e-6, abs=1e-12)
