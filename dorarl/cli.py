@@ -56,7 +56,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run folders side by side: held-out accuracy and reward by step and wall time",
     ),
     "report dashboard": (
-        "dorarl.jobs.dashboard",
+        "dorarl.jobs.dashboard_command",
         "a run folder's dashboard.png (reward, accuracy, loss, KL, lengths, ...) drawn again",
     ),
     "report results": (

@@ -119,7 +119,8 @@ def _draw_series(ax: Axes, key: str, label: str, rows: list[dict[str, Any]]) -> 
         return 0
     xs, ys = zip(*points, strict=True)
     marker = "o" if len(points) <= MARKED_UP_TO else None
-    ax.plot(xs, ys, marker=marker, markersize=3, linewidth=1.4, label=label)
+    style = "--" if key.endswith("_max") else "-"  # a mean under its max stays visible
+    ax.plot(xs, ys, style, marker=marker, markersize=3, linewidth=1.4, label=label)
     return 1
 
 
