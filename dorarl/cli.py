@@ -55,6 +55,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.jobs.compare",
         "run folders side by side: held-out accuracy and reward by step and wall time",
     ),
+    "report dashboard": (
+        "dorarl.jobs.dashboard_command",
+        "a run folder's dashboard.png (reward, accuracy, loss, KL, lengths, ...) drawn again",
+    ),
     "report results": (
         "dorarl.report.results",
         "docs/results.md from the run records in docs/results/ (--check: is it up to date)",

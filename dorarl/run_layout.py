@@ -2,7 +2,7 @@
 checkpoint folder's name to its version and back; every writer and reader goes through it.
 
     RUN/config.json, metrics.jsonl, trajectories.jsonl, evaluations.jsonl, summary.json,
-        trace.json, reward_curve.png, failure.txt, tensorboard/
+        trace.json, reward_curve.png, dashboard.png, failure.txt, tensorboard/
     RUN/checkpoints/version_NNNNN/ (trainer_state.json marks a complete one; a rewrite
         leaves version_N.tmp while it writes and version_N.old between its two renames)
     RUN/segments/NNN/segment.json, summary.json, trace.json (one per process that ran it)
@@ -116,6 +116,10 @@ class RunFolder:
     @property
     def reward_curve(self) -> Path:
         return self.root / "reward_curve.png"
+
+    @property
+    def dashboard(self) -> Path:
+        return self.root / "dashboard.png"
 
     @property
     def failure(self) -> Path:

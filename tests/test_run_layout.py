@@ -14,7 +14,7 @@ NAMES = {
     run_layout.METRICS_FILE, run_layout.TRAJECTORIES_FILE, run_layout.EVALUATIONS_FILE,
     run_layout.SUMMARY_FILE, run_layout.TRACE_FILE, run_layout.SEGMENT_START_FILE,
     run_layout.STATE_FILE, run_layout.CHECKPOINTS, run_layout.SEGMENTS,
-    run_layout.ROLLED_BACK, run_layout.TENSORBOARD, "reward_curve.png", "failure.txt",
+    run_layout.ROLLED_BACK, run_layout.TENSORBOARD, "reward_curve.png", "dashboard.png", "failure.txt",
 }  # fmt: skip
 """config.json is left out: a model folder (Hugging Face's layout) has one too."""
 CHECKPOINT_PREFIX = "version_"

@@ -28,7 +28,7 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
     """What a reader compares first: mode, steps, wall time, held-out accuracy (the first
     evaluation and the last when later, with their versions; mean@k and pass@k of the last
     where it sampled), throughput (`curve`: the folder's `read_curve`)."""
-    summary = _read_summary(run_dir)
+    summary = read_summary(run_dir)
     evals = curve["eval"]
     first = evals[0] if evals else None
     last = evals[-1] if evals and evals[-1]["version"] > evals[0]["version"] else None
@@ -54,13 +54,13 @@ def run_row(name: str, run_dir: Path, curve: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_run_folder(run_dir: Path) -> None:
+def check_run_folder(run_dir: Path) -> None:
     metrics = RunFolder(run_dir).metrics
     if not metrics.is_file():
         raise UserInputError(f"{run_dir}: not a run folder (no {metrics.name})")
 
 
-def _read_summary(run_dir: Path) -> dict[str, Any]:
+def read_summary(run_dir: Path) -> dict[str, Any]:
     path = RunFolder(run_dir).summary
     if not path.is_file():
         return {}  # a run still going, or stopped hard: its curve so far still compares
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = run_names(args.runs, args.names)
     for run_dir in args.runs:
-        _check_run_folder(run_dir)
+        check_run_folder(run_dir)
     curves = {name: read_curve(d) for name, d in zip(names, args.runs, strict=True)}
     rows = [run_row(name, d, curves[name]) for name, d in zip(names, args.runs, strict=True)]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -339,12 +339,14 @@ class TrainConfig:
     DERIVED_KEYS: ClassVar[dict[str, str]] = {
         "trainer.temperature": "sampling.temperature",
         "trainer.loss.response_cap": "sampling.max_new_tokens",
+        "trainer.run_steps": "steps",
         "trainer.loss.mask_truncated": "trainer.loss.overlong",  # its old name, for old runs
     }
 
     def __post_init__(self) -> None:
         self.trainer.temperature = self.sampling.temperature
         self.trainer.loss.response_cap = self.sampling.max_new_tokens
+        self.trainer.run_steps = self.steps
 
     def validate(self) -> None:
         """Every check between keys; ConfigError naming the key, one line per problem found
@@ -368,6 +370,7 @@ class TrainConfig:
             self._check_routes,
             self._check_lengths,
             self._check_backend,
+            self._check_schedule,
         ):
             problems.check(check)
         problems.raise_any()
@@ -439,6 +442,13 @@ class TrainConfig:
                 f"{'|'.join(sorted(ADAPTED_PROJECTIONS))} only, not {', '.join(unknown)} "
                 "(or engine.max_versions=1: merged full weights)"
             )
+
+    def _check_schedule(self) -> None:
+        """The decay's horizon against warmup, once it follows `steps`."""
+        try:
+            self.trainer.check_schedule()
+        except ConfigError as exc:
+            raise ConfigError(f"trainer.{exc}") from None
 
     def _check_overlong(self) -> None:
         loss = self.trainer.loss

@@ -226,6 +226,7 @@ def _run(
     title = f"{config.mode} (K={plan.controller.effective_K})"
     for row in finish_outputs(out_dir, results, title):
         scalars.log(row)
+    _draw_dashboard(out_dir, title)
     scalars.close()
     if runtime.driver.stopped and stop is not None:
         version = runtime.trainer_client.published
@@ -361,6 +362,12 @@ def _gather(
         return evals.finished()
     progress.note("final evaluation" + ("" if no_checkpoint else " and checkpoint"))
     return evals.all()
+
+
+def _draw_dashboard(out_dir: Path, title: str) -> None:
+    from dorarl.report.dashboard import write_dashboard  # matplotlib: only once a run ends
+
+    write_dashboard(out_dir, title)
 
 
 def _final_summary(

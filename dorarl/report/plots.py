@@ -11,6 +11,7 @@ from dorarl.record.evaluations import held_out_count
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def plot_training_curve(curve: dict[str, Any], path: str | Path, title: str = "") -> Path:
@@ -26,10 +27,12 @@ def plot_training_curve(curve: dict[str, Any], path: str | Path, title: str = ""
         counted = "" if n is None else f", n={n}"
         ax.plot(versions, accuracy, "o-", label=f"held-out accuracy (greedy{counted})")
     ax.set_xlabel("training step (version)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title(title or "training curve")
+    ax.set_title(title or "training curve", pad=22)
+    # above the plotting area, under the title: never over a line
+    ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=2, frameon=False, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

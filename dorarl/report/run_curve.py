@@ -10,6 +10,7 @@ segment's start.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,19 @@ from dorarl.record.segments import read_segments, run_times
 from dorarl.run_layout import RunFolder
 
 
-def read_curve(run_dir: Path) -> dict[str, Any]:
-    """The curve of the history the run folder keeps (a resumed run's kept steps), with its
-    evaluations.jsonl (or, in a run folder written before that file, the evaluations its
-    metrics rows carry)."""
+@dataclass
+class History:
+    """The steps a run folder keeps (a resumed run's kept steps, in order), each one's time
+    on the run's clock, and its evaluations by version."""
+
+    rows: list[dict[str, Any]]
+    times: list[float]
+    evals: dict[int, dict[str, Any]]
+
+
+def read_history(run_dir: Path) -> History:
+    """The run folder's metrics rows with its evaluations.jsonl (or, in a run folder written
+    before that file, the evaluations its metrics rows carry)."""
     run = RunFolder(run_dir)
     rows = [json.loads(line) for line in run.metrics.read_text().splitlines() if line.strip()]
     evals = row_evaluations(rows) | read_evaluations(run.evaluations)
@@ -31,7 +41,13 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
         times = run_times(segments)
     else:
         times = [r["time_s"] for r in rows]
-    return curve_of(rows, times, evals)
+    return History(rows, times, evals)
+
+
+def read_curve(run_dir: Path) -> dict[str, Any]:
+    """The curve of the history the run folder keeps."""
+    history = read_history(run_dir)
+    return curve_of(history.rows, history.times, history.evals)
 
 
 def curve_of(

@@ -1,4 +1,5 @@
-"""Mirror per-step metrics into TensorBoard (and Weights & Biases when enabled and installed)."""
+"""Mirror per-step metrics into TensorBoard (and Weights & Biases when enabled and installed),
+each under its group: train/, rollout/, eval/ or system/ (dorarl.report.metric_groups)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+from dorarl.report.metric_groups import grouped_tag
 from dorarl.run_layout import RunFolder
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,8 @@ def flatten_scalars(row: dict[str, Any], prefix: str = "") -> dict[str, float]:
 
 
 class ScalarLogger:
-    """Writes each metrics row as scalars at its step; `close()` flushes."""
+    """Writes each metrics row as scalars at its step, tagged `group/name`; `close()`
+    flushes."""
 
     def __init__(self, out_dir: str | Path, use_wandb: bool = False, run_name: str = "") -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -35,7 +38,8 @@ class ScalarLogger:
 
     def log(self, row: dict[str, Any]) -> None:
         step = int(row.get("step", 0))
-        scalars = flatten_scalars({k: v for k, v in row.items() if k != "step"})
+        flat = flatten_scalars({k: v for k, v in row.items() if k != "step"})
+        scalars = {grouped_tag(name): value for name, value in flat.items()}
         for tag, value in scalars.items():
             self._tb.add_scalar(tag, value, step)
         if self._wandb is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dorarl.config import ConfigError, check_fields
+from dorarl.trainer.schedule import LrSchedule
 
 
 @dataclass(kw_only=True)
@@ -302,6 +303,34 @@ class TrainerConfig:
     warmup_steps: int = field(
         default=0, metadata={"help": "linear learning-rate warmup steps", "ge": 0}
     )
+    lr_schedule: Literal["constant", "linear", "cosine"] = field(
+        default="constant",
+        metadata={
+            "help": "the learning rate after warmup: constant; linear or cosine decay from "
+            "the peak to lr_floor x the peak at lr_decay_steps, held there after"
+        },
+    )
+    lr_floor: float = field(
+        default=0.0,
+        metadata={
+            "help": "where linear and cosine decay end, as a fraction of the peak rate "
+            "(trainer.lr, or lora.lr for adapters): 0.1 ends at a tenth",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    lr_decay_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "the optimizer step at which decay reaches lr_floor, warmup included "
+            "(unset: the run's steps)",
+            "ge": 1,
+        },
+    )
+    # Derived in `dorarl train` from `steps`, not a setting there: the default decay horizon.
+    run_steps: int | None = field(
+        default=None, metadata={"help": "the run's steps (lr_decay_steps follows it when unset)"}
+    )
     max_grad_norm: float = field(
         default=1.0, metadata={"help": "clip the global gradient norm (<= 0: no clipping)"}
     )
@@ -393,6 +422,39 @@ class TrainerConfig:
                 "teacher: on-policy distillation needs both trainer.teacher and "
                 "loss.distill_coef > 0"
             )
+        self.check_schedule(needs_horizon=False)  # `dorarl train` fills it from steps later
+
+    def check_schedule(self, needs_horizon: bool = True) -> None:
+        """A decay that has a horizon past its warmup."""
+        if self.lr_schedule == "constant":
+            return
+        decay = self.decay_steps()
+        if decay is None:
+            if not needs_horizon:
+                return
+            raise ConfigError(
+                f"lr_decay_steps: lr_schedule={self.lr_schedule} needs the step its decay ends at"
+            )
+        if decay <= self.warmup_steps:
+            given = "" if self.lr_decay_steps is not None else " (unset: the run's steps)"
+            raise ConfigError(
+                f"lr_decay_steps: {decay}{given} must be more than warmup_steps="
+                f"{self.warmup_steps} "
+                f"for lr_schedule={self.lr_schedule} to decay"
+            )
+
+    def decay_steps(self) -> int | None:
+        """The step where decay ends: lr_decay_steps, else the run's steps."""
+        return self.lr_decay_steps if self.lr_decay_steps is not None else self.run_steps
+
+    def schedule(self) -> LrSchedule:
+        return LrSchedule(
+            peak=self.peak_lr(),
+            kind=self.lr_schedule,
+            warmup=self.warmup_steps,
+            decay_steps=self.decay_steps(),
+            floor=self.lr_floor,
+        )
 
     def peak_lr(self) -> float:
         """The learning rate after warmup: lora.lr for adapters when it is set, else lr."""

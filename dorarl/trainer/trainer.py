@@ -80,6 +80,7 @@ class Trainer:
         adapter_dir: str | Path | None = None,
     ):
         config.validate()
+        config.check_schedule()
         if config.lr is None:  # `dorarl train` chooses it by the model (jobs/model_defaults.py)
             raise ValueError("TrainerConfig.lr: None is for dorarl train to choose; give a rate")
         self.config = config
@@ -243,6 +244,7 @@ class Trainer:
         start = time.perf_counter()
         self.peak_memory.start()
         metrics: dict[str, float | dict] = batch_metrics(groups, self.version)
+        lr = self._lr()  # this step's, before the update moves the schedule on
         loss_metrics = self.accumulate_gradients(groups)
         if loss_metrics["tokens"] > 0:
             grad_norm, applied = self._optimizer_step()
@@ -258,7 +260,7 @@ class Trainer:
         metrics.update(
             grad_norm=grad_norm,
             update_applied=float(applied),
-            lr=self._lr(),
+            lr=lr,
             version=float(self.version),
             step_seconds=time.perf_counter() - start,
             peak_memory_gb=self.peak_memory.peak_gb(),
@@ -366,9 +368,9 @@ class Trainer:
         return grad_norm, applied
 
     def _lr(self) -> float:
-        warmup = self.config.warmup_steps
-        scale = min(1.0, (self.optimizer_steps + 1) / warmup) if warmup else 1.0
-        return self.config.peak_lr() * scale
+        """The rate of the next update: the schedule at the optimizer steps made so far,
+        which a checkpoint carries, so a resumed trainer goes on where it stopped."""
+        return self.config.schedule().at(self.optimizer_steps)
 
     def _apply_hyperparameters(self) -> None:
         """The given config wins over the hyper-parameters stored with a checkpoint.

@@ -104,9 +104,8 @@ def test_end_to_end_tiny(tmp_path, tiny_model_dir, capsys):
         assert curve["steps"] == [1, 2] and curve["time_s"][0] > 0
         assert result["summary"][name]["pace"]["train"]["steps"] == 2
         assert (tmp_path / name / "metrics.jsonl").exists()
-        assert {"reward_mean", "eval_accuracy", "pace_train/paced_s"} <= _tensorboard_tags(
-            tmp_path / name
-        )
+        grouped = {"rollout/reward_mean", "eval/eval_accuracy", "system/pace_train/paced_s"}
+        assert grouped <= _tensorboard_tags(tmp_path / name)
     assert (tmp_path / "convergence.png").exists()
     assert len(result["bars"]["dora_k1"]) == 2
     assert "bars" in capsys.readouterr().out

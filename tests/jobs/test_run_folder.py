@@ -49,7 +49,7 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _tensorboard_steps(path, tag="reward_mean"):
+def _tensorboard_steps(path, tag="rollout/reward_mean"):
     acc = EventAccumulator(str(path / "tensorboard"))
     acc.Reload()
     return [e.step for e in acc.Scalars(tag)]
@@ -156,4 +156,4 @@ def test_roll_back_moves_later_evaluations_aside_and_tensorboard_keeps_the_rest(
     assert [r["version"] for r in _lines(run / "evaluations.jsonl")] == [0, 2, 4]
     assert [r["version"] for r in _lines(run / "rolled_back" / "evaluations.jsonl")] == [6]
     # each kept evaluation at the step that made its version (v0: the first step's start)
-    assert _tensorboard_steps(run, "eval_accuracy") == [0, 1, 3]
+    assert _tensorboard_steps(run, "eval/eval_accuracy") == [0, 1, 3]

@@ -89,7 +89,7 @@ def test_a_qwen3_moe_folder_trains_at_world_sizes_one_and_two(tmp_path):
             assert sum(row["moe_tokens_per_expert"].values()) > 0
         events = json.loads((out / "trace.json").read_text())["traceEvents"]
         assert sum(e["name"] == "tokens per expert" for e in events) == 3
-        assert {"moe_imbalance", "moe_tokens_per_expert/0"} <= _tensorboard_tags(out)
+        assert {"train/moe_imbalance", "train/moe_tokens_per_expert/0"} <= _tensorboard_tags(out)
     replay = [json.loads(line) for line in (tmp_path / "replay" / "metrics.jsonl").open()]
     assert all(m["moe_routes_compared"] > 0 and m["moe_route_mismatch"] == 0 for m in replay)
     sharded = [json.loads(line) for line in (tmp_path / "sharded" / "metrics.jsonl").open()]

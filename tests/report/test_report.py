@@ -20,3 +20,20 @@ def test_training_curve_png(tmp_path):
              "eval": [{"version": 0, "accuracy": 0.1}, {"version": 4, "accuracy": 0.5}]}  # fmt: skip
     path = plot_training_curve(curve, tmp_path / "curve.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_training_curve_legend_sits_above_the_axes_with_integer_versions(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    curve = {"steps": [1, 2, 3], "reward_mean": [0.9, 0.95, 1.0],
+             "eval": [{"version": 0, "accuracy": 0.9}, {"version": 3, "accuracy": 1.0}]}  # fmt: skip
+    plot_training_curve(curve, tmp_path / "curve.png")
+    (ax,) = figures[0].axes
+    renderer = figures[0].canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    assert legend.y0 >= ax.get_window_extent(renderer).y1 - 1  # points near 1.0 stay visible
+    locator = ax.xaxis.get_major_locator()
+    assert isinstance(locator, MaxNLocator) and locator._integer

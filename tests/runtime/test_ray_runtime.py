@@ -113,6 +113,7 @@ def test_dora_migrates_with_kv_and_loads_weights_peer_to_peer(tmp_path, tiny_mod
     metrics = with_evaluations(out)  # evaluations.jsonl joined to the steps, by version
     assert metrics[0]["eval_accuracy"] is not None and metrics[-1]["eval_accuracy"] is not None
     assert (out / "reward_curve.png").exists()
+    assert (out / "dashboard.png").read_bytes()[:4] == b"\x89PNG"
     assert list((out / "checkpoints").iterdir())
 
 
