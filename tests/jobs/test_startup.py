@@ -96,7 +96,12 @@ def test_an_evaluation_not_done_in_time_is_left_out_and_the_run_goes_on(
                 time.sleep(60)
             return {"version": version, "accuracy": 0.5, "n": 4}
 
+        def up(self) -> bool:
+            return True
+
     evaluator = local_ray.remote(num_cpus=0)(Evaluator).remote()
+    # the bound times evaluations, not the actor's start (seconds on a loaded machine)
+    assert local_ray.get(evaluator.up.remote(), timeout=120)
     record = tmp_path / "evaluations.jsonl"
     evals = Evaluations(evaluator, {0, 2}, 0, False, record, timeout_s=3)
     evals.offer(2, None, None)
