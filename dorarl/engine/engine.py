@@ -61,7 +61,7 @@ from dorarl.engine.preflight import check_triton_attention
 from dorarl.engine.scheduler import Batch, Restore, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence, next_segment_seed
 from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
-from dorarl.engine.token_ids import checked_token_ids
+from dorarl.engine.token_ids import check_snapshot, checked_token_ids
 from dorarl.engine.weights import (
     check_named,
     from_checkpoint,
@@ -638,15 +638,7 @@ class Engine:
         prompt_ids = checked_token_ids(snap.request_id, snap.prompt_ids)
         output_ids = checked_token_ids(snap.request_id, snap.output_ids, "output_ids")
         self._check_new(snap.request_id, prompt_ids, snap.params)
-        if not len(snap.output_ids) == len(snap.logprobs) == len(snap.versions):
-            raise UserInputError(
-                f"request {snap.request_id!r}: output_ids, logprobs and versions differ in length"
-            )
-        if snap.num_tokens >= self.config.max_model_len:
-            raise UserInputError(
-                f"request {snap.request_id!r}: {snap.num_tokens} tokens leave no room under "
-                f"max_model_len {self.config.max_model_len}"
-            )
+        check_snapshot(snap, self.config.max_model_len)
         seq = Sequence(
             snap.request_id, prompt_ids, snap.params, snap.seed, frozenset(snap.stop_token_ids),
             token_ids=prompt_ids + output_ids, logprobs=list(snap.logprobs),

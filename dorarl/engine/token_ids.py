@@ -22,6 +22,20 @@ def checked_token_ids(request_id: str, ids: Any, what: str = "prompt") -> list[i
     return [_token_id(request_id, what, i, t) for i, t in enumerate(ids)]
 
 
+def check_snapshot(snap: Any, max_model_len: int) -> None:
+    """A request snapshot to continue: its per-token lists agree and it leaves room for a
+    token under `max_model_len`; one line naming the request otherwise."""
+    if not len(snap.output_ids) == len(snap.logprobs) == len(snap.versions):
+        raise UserInputError(
+            f"request {snap.request_id!r}: output_ids, logprobs and versions differ in length"
+        )
+    if snap.num_tokens >= max_model_len:
+        raise UserInputError(
+            f"request {snap.request_id!r}: {snap.num_tokens} tokens leave no room under "
+            f"max_model_len {max_model_len}"
+        )
+
+
 def _token_id(request_id: str, what: str, position: int, value: Any) -> int:
     # int() would truncate 6.7 to 6 and accept True as 1; operator.index takes only integers.
     if not _is_bool(value):

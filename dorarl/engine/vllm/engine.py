@@ -31,7 +31,7 @@ from vllm.v1.engine.llm_engine import LLMEngine
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.outputs import EngineSetup, EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.sequence import next_segment_seed
-from dorarl.engine.token_ids import checked_token_ids
+from dorarl.engine.token_ids import check_snapshot, checked_token_ids
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
 from dorarl.engine.vllm.stats import SchedulerView, logger_factory
@@ -244,15 +244,7 @@ class VllmEngine:
         new tokens carry the hosted version (`version`, if given, must be it)."""
         self._check_new(snap.request_id, checked_token_ids(snap.request_id, snap.prompt_ids),
                         snap.params, version)  # fmt: skip
-        if not len(snap.output_ids) == len(snap.logprobs) == len(snap.versions):
-            raise UserInputError(
-                f"request {snap.request_id!r}: output_ids, logprobs and versions differ in length"
-            )
-        if snap.num_tokens >= self.config.max_model_len:
-            raise UserInputError(
-                f"request {snap.request_id!r}: {snap.num_tokens} tokens leave no room under "
-                f"max_model_len {self.config.max_model_len}"
-            )
+        check_snapshot(snap, self.config.max_model_len)
         t = tracked_from(snap, self.version)
         t.reprefill_tokens += max(0, snap.num_tokens - 1)
         self._tracked[t.request_id] = t
