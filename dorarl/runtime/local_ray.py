@@ -91,9 +91,9 @@ def _quiet_worker_deaths() -> None:
     module's logger at debug level instead. Ray's other reports print as before."""
     from ray._private import worker  # its error listener looks the printer up on each report
 
-    printer = worker.print_to_stdstream
-    if isinstance(printer, _DeathsToLog):
-        return
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or isinstance(printer, _DeathsToLog):
+        return  # a Ray without this private printer: its reports print as they are
     worker.print_to_stdstream = _DeathsToLog(printer)
 
 
