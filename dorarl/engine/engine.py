@@ -61,7 +61,12 @@ from dorarl.engine.preflight import check_triton_attention
 from dorarl.engine.scheduler import Batch, Restore, Scheduler
 from dorarl.engine.sequence import KVPlace, Sequence, next_segment_seed
 from dorarl.engine.stop_strings import Decode, FolderDecoder, StopText
-from dorarl.engine.token_ids import check_snapshot, checked_token_ids
+from dorarl.engine.token_ids import (
+    check_prompt,
+    check_snapshot,
+    check_vocabulary,
+    checked_token_ids,
+)
 from dorarl.engine.weights import (
     check_named,
     from_checkpoint,
@@ -364,28 +369,16 @@ class Engine:
                 "(an engine from a model folder, or Engine(..., decode=...))"
             )
         limit = self.config.max_model_len
-        if not prompt_ids:
-            raise UserInputError(f"request {request_id!r}: empty prompt")
-        if len(prompt_ids) >= limit:
-            raise UserInputError(
-                f"request {request_id!r}: prompt has {len(prompt_ids)} tokens, max_model_len is {limit} "
-                "(the prompt must leave room for at least one new token; engine.max_model_len)"
-            )
+        check_prompt(request_id, prompt_ids, limit, self.spec.vocab_size)
         if params.target_len is not None and len(prompt_ids) + params.target_len > limit:
             raise UserInputError(
                 f"request {request_id!r}: prompt {len(prompt_ids)} + target_len {params.target_len} tokens "
                 f"exceeds max_model_len {limit} (engine.max_model_len)"
             )
-        self._check_vocabulary(request_id, prompt_ids, "")
 
     def _check_vocabulary(self, request_id: str, token_ids: list[int], what: str) -> None:
         """Refuse token ids outside the model's vocabulary (`what` names the tokens)."""
-        bad = [t for t in token_ids if not 0 <= t < self.spec.vocab_size]
-        if bad:
-            raise UserInputError(
-                f"request {request_id!r}: {what}token id {bad[0]} is outside the vocabulary "
-                f"(size {self.spec.vocab_size})"
-            )
+        check_vocabulary(request_id, token_ids, self.spec.vocab_size, what)
 
     def has_unfinished(self) -> bool:
         """Any request in the engine, multi-turn ones waiting for their environment included."""

@@ -1,5 +1,7 @@
 """Token ids from users, checked: integers (numpy/torch integer scalars too) become ints,
 anything else (float, bool, None, str) is a one-line UserInputError naming request and position.
+A request's prompt and a snapshot to continue are checked against the context and the
+vocabulary here too, the same for every engine backend.
 
 Torch-free, like `SamplingParams`: the controller imports the engine's plain types without torch.
 """
@@ -20,6 +22,29 @@ def checked_token_ids(request_id: str, ids: Any, what: str = "prompt") -> list[i
             f"request {request_id!r}: {what} must be a list of token ids, got {type(ids).__name__}"
         )
     return [_token_id(request_id, what, i, t) for i, t in enumerate(ids)]
+
+
+def check_prompt(request_id: str, prompt: list[int], max_model_len: int, vocab_size: int) -> None:
+    """A new request's prompt: not empty, room for one new token, ids in the vocabulary."""
+    if not prompt:
+        raise UserInputError(f"request {request_id!r}: empty prompt")
+    if len(prompt) >= max_model_len:
+        raise UserInputError(
+            f"request {request_id!r}: prompt has {len(prompt)} tokens, max_model_len is "
+            f"{max_model_len} (the prompt must leave room for at least one new token; "
+            "engine.max_model_len)"
+        )
+    check_vocabulary(request_id, prompt, vocab_size, "")
+
+
+def check_vocabulary(request_id: str, token_ids: list[int], vocab_size: int, what: str) -> None:
+    """Refuse token ids outside a vocabulary of `vocab_size` (`what` names the tokens)."""
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise UserInputError(
+            f"request {request_id!r}: {what}token id {bad[0]} is outside the vocabulary "
+            f"(size {vocab_size})"
+        )
 
 
 def check_snapshot(snap: Any, max_model_len: int) -> None:

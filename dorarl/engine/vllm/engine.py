@@ -31,7 +31,12 @@ from vllm.v1.engine.llm_engine import LLMEngine
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.outputs import EngineSetup, EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.sequence import next_segment_seed
-from dorarl.engine.token_ids import check_snapshot, checked_token_ids
+from dorarl.engine.token_ids import (
+    check_prompt,
+    check_snapshot,
+    check_vocabulary,
+    checked_token_ids,
+)
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
 from dorarl.engine.vllm.stats import SchedulerView, logger_factory
@@ -130,22 +135,10 @@ class VllmEngine:
                 f"request {request_id!r}: version {version} is not hosted here (vLLM instance "
                 f"of version {self.version})"
             )
-        if not prompt:
-            raise UserInputError(f"request {request_id!r}: empty prompt")
-        if len(prompt) >= self.config.max_model_len:
-            raise UserInputError(
-                f"request {request_id!r}: prompt has {len(prompt)} tokens, max_model_len is "
-                f"{self.config.max_model_len} (the prompt must leave room for one new token)"
-            )
-        self._check_vocabulary(request_id, prompt, "")
+        check_prompt(request_id, prompt, self.config.max_model_len, self.vocab_size)
 
     def _check_vocabulary(self, request_id: str, token_ids: list[int], what: str) -> None:
-        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise UserInputError(
-                f"request {request_id!r}: {what}token id {bad[0]} is outside the vocabulary "
-                f"(size {self.vocab_size})"
-            )
+        check_vocabulary(request_id, token_ids, self.vocab_size, what)
 
     def _submit(self, t: Tracked) -> None:
         """A new vLLM request for `t`: its whole token history as the prompt."""
