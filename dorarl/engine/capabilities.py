@@ -17,3 +17,12 @@ class Capabilities:
     route_recording: bool  # MoE: each sampled token's experts (engine.record_routes)
     serves_weights: bool  # state_dict: the hosted weights by HF name, to serve a peer
     exact_logprobs: bool  # behaviour log-probs bit-identical to the trainer's forward
+
+
+DORARL_CAPABILITIES = Capabilities(
+    kv_export=True, offload=True, adapters=True, route_recording=True,
+    serves_weights=True, exact_logprobs=True,
+)  # fmt: skip
+"""Our engine: KV travels with a migrated request and moves to host memory, adapters share
+a step, MoE routes are recorded, the weights are served to peers, log-probs are the
+trainer's."""

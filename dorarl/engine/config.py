@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dorarl.config import ConfigError, check_fields
+from dorarl.engine.capabilities import DORARL_CAPABILITIES, Capabilities
 from dorarl.engine.token_ids import checked_token_ids
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs, vllm_missing
 from dorarl.errors import UserInputError
@@ -177,6 +178,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What the backend's engines can do beyond the calls every backend answers."""
+        return VLLM_CAPABILITIES if self.backend == "vllm" else DORARL_CAPABILITIES
 
     @property
     def kv_blocks(self) -> int:

@@ -38,6 +38,7 @@ from dorarl.engine.token_ids import (
     checked_token_ids,
 )
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
+from dorarl.engine.vllm.kv_space import cpu_kv_bytes
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
 from dorarl.engine.vllm.stats import SchedulerView, logger_factory
 from dorarl.engine.vllm.weights import EXTENSION, WeightsCheck, shared_file
@@ -68,6 +69,7 @@ class VllmEngine:
         self._seed_rng = random.Random(config.seed)
         self._counters = dict.fromkeys(("tokens", "steps", "prefill", "saved"), 0)
         self.last_step = StepWork()
+        self.device = torch.device(config.device)  # where weights from a group arrive
         # workers in other processes read a version from a shared-memory file (weights.py)
         backend = llm.vllm_config.parallel_config.distributed_executor_backend
         self.weights_by_file = backend != "uni"
@@ -203,9 +205,17 @@ class VllmEngine:
             del self._tracked[t.request_id]
         return output_of(t)
 
+    def resident_versions(self) -> list[int]:
+        """The one version this engine serves."""
+        return [self.version]
+
+    def versions_in_use(self) -> set[int]:
+        return {t.version for t in self._tracked.values()}
+
     def stats(self) -> EngineStats:
         total = self.llm.vllm_config.cache_config.num_gpu_blocks or 0
-        used = round(self.view.kv_usage * total)
+        # vLLM's usage is as of its last step; with none of our requests left it holds none
+        used = round(self.view.kv_usage * total) if self._tracked else 0
         c = self._counters
         return EngineStats(
             version=self.version, running=self.view.running, waiting=self.view.waiting,
@@ -322,9 +332,7 @@ class VllmEngine:
 def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> EngineArgs:
     """vLLM's engine arguments for an instance: ours mapped (engine.dtype where
     engine.vllm.dtype is auto), vLLM's own passed through."""
-    dtype = args.dtype if args.dtype != "auto" else config.dtype
-    if dtype == "auto" and not torch.cuda.is_available():
-        dtype = "float32"  # vLLM-CPU's bfloat16 parts from HF within a few tokens
+    dtype = vllm_dtype(config, args)
     return EngineArgs(
         model=str(folder), tokenizer=str(folder), dtype=dtype, seed=config.seed,
         max_model_len=config.max_model_len, block_size=args.block_size,
@@ -333,7 +341,26 @@ def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> Eng
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=config.prefix_cache == "on",
         logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        kv_cache_memory_bytes=kv_cache_bytes(folder, config, dtype),
     )  # fmt: skip
+
+
+def vllm_dtype(config: EngineConfig, args: VllmArgs) -> str:
+    """engine.vllm.dtype, else engine.dtype; auto on the CPU is float32 (vLLM-CPU's
+    bfloat16 parts from HF within a few tokens), elsewhere the model's."""
+    dtype = args.dtype if args.dtype != "auto" else config.dtype
+    if dtype == "auto" and not torch.cuda.is_available():
+        return "float32"
+    return dtype
+
+
+def kv_cache_bytes(folder: str | Path, config: EngineConfig, dtype: str) -> int | None:
+    """On the CPU, the KV bytes our engine's pool would take (kv_space.py); on a GPU None:
+    vLLM sizes it from gpu_memory_utilization. VLLM_CPU_KVCACHE_SPACE, where set, wins."""
+    if torch.cuda.is_available() or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return None
+    model = json.loads((Path(folder) / "config.json").read_text())
+    return cpu_kv_bytes(model, config, "float32" if dtype == "auto" else dtype)
 
 
 def vllm_params(t: Tracked, max_model_len: int, seed: int) -> vllm.SamplingParams:

@@ -1,4 +1,8 @@
-"""One rollout instance: a plain class around `Engine` that a Ray actor wraps thinly.
+"""One rollout instance: a plain class around its engine (ours or vLLM, by engine.backend:
+an `InstanceEngine`) that a Ray actor wraps thinly. What the engine cannot do its
+`Capabilities` say: without KV export a migration is an abort here and a re-prefill on the
+destination; without served weights the trainer's copy is every load's source, checked
+inside the engine's own worker.
 
 Every method returns plain picklable data. Calls on one worker run in submission order
 (a Ray actor with one thread), which is what the controller's command ordering needs;
@@ -25,6 +29,7 @@ would restart it into the same error).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -41,6 +46,9 @@ from dorarl.engine import (
     RequestSnapshot,
     SamplingParams,
 )
+from dorarl.engine.capabilities import Capabilities
+from dorarl.engine.instance import open_engine
+from dorarl.engine.interface import InstanceEngine
 from dorarl.engine.outputs import EngineSetup
 from dorarl.errors import UserInputError
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
@@ -114,10 +122,11 @@ class EngineWorker:
         self.model_folder = model_folder
         self.config = with_ray_gpu_share(config)
         self.first_version = version  # the folder's weights: a base model, or a checkpoint
-        self._engine: Engine | None = None
+        self.caps: Capabilities = config.capabilities
+        self._engine: InstanceEngine | None = None
         self._refused: Exception | None = None
         try:
-            self._engine = Engine.from_pretrained(model_folder, self.config, version=version)
+            self._engine = open_engine(model_folder, self.config, version)
         except (ConfigError, UserInputError) as exc:
             self._refused = exc
         self.pace = pace
@@ -131,8 +140,9 @@ class EngineWorker:
         self._startup = clock.done()
 
     @property
-    def engine(self) -> Engine:
-        """The engine; raises what refused it at start."""
+    def engine(self) -> Any:
+        """The engine (an `InstanceEngine`; our `Engine` answers more, by `caps`); raises
+        what refused it at start."""
         if self._engine is None:
             assert self._refused is not None
             raise self._refused
@@ -151,10 +161,17 @@ class EngineWorker:
         """A fresh engine on the folder's weights, as if the actor had just started; lets a
         benchmark run several modes on one set of actors instead of paying process start-up
         per mode. Returns the hosted version."""
-        self._engine = None  # free the old KV pool before the new one is allocated
-        self._engine = Engine.from_pretrained(self.model_folder, self.config, self.first_version)
+        self._close()  # free the old KV pool before the new one is allocated
+        self._engine = open_engine(self.model_folder, self.config, self.first_version)
         self.pacer = Pacer() if self.pace is not None else None
         return self.engine.version
+
+    def _close(self) -> None:
+        """Let the engine go (a vLLM engine's core is stopped: its KV cache is freed now)."""
+        engine, self._engine = self._engine, None
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
     def add(self, requests: list[NewRequest]) -> int:
         for req in requests:
@@ -165,7 +182,10 @@ class EngineWorker:
     def _version(self, version: int | None) -> int | None:
         """The version to name to the engine: a request's own where the engine holds
         adapters (several versions), else none (its one version)."""
-        return version if self.engine.adapters is not None else None
+        return version if self._holds_adapters() else None
+
+    def _holds_adapters(self) -> bool:
+        return self.caps.adapters and self.engine.adapters is not None
 
     def run(self, max_steps: int, until_finished: bool = True) -> RunReport:
         """Step up to `max_steps` times; stop early once a request finished (to report it)."""
@@ -201,14 +221,25 @@ class EngineWorker:
     def export(self, request_ids: list[str]) -> tuple[list[str], list[RequestSnapshot]]:
         """Full state with KV of the requests still here (finished ones were reported
         already), and their ids apart: the runtime asks for two results, so it can learn
-        which requests moved without fetching the KV."""
+        which requests moved without fetching the KV. An engine that exports no KV gives
+        tokens-only snapshots (the requests aborted here): the destination re-prefills."""
         present = set(self.engine.request_ids())
-        snapshots = [self.engine.export_request(rid) for rid in request_ids if rid in present]
+        wanted = [rid for rid in request_ids if rid in present]
+        if self.caps.kv_export:
+            snapshots = [self.engine.export_request(rid) for rid in wanted]
+        else:
+            snapshots = [self.engine.abort(rid) for rid in wanted]
         return [snap.request_id for snap in snapshots], snapshots
 
     def import_(self, snapshots: list[RequestSnapshot]) -> list[str]:
+        """Continue migrated requests here: with their KV, or (an engine that imports none)
+        by re-prefilling their tokens under their own version, which this engine must host."""
         for snap in snapshots:
-            self.engine.import_request(snap)
+            if self.caps.kv_export:
+                self.engine.import_request(snap)
+            else:
+                moved = dataclasses.replace(snap, migrations=snap.migrations + 1)
+                self.engine.resume_request(moved, snap.version)
         return [snap.request_id for snap in snapshots]
 
     # ---- migrations whose KV travels over the group (dorarl.runtime.transfer.kv_transfer) ---------
@@ -297,11 +328,18 @@ class EngineWorker:
         return ended
 
     def offload(self, request_id: str) -> bool:
+        if not self.caps.offload:  # the engine manages its KV itself (vLLM preempts)
+            return False
         return request_id in self.engine.request_ids() and self.engine.offload(request_id)
 
     def weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
         """This instance's copy of `version`, to serve a peer that switches to it: its
         adapter when one is resident (compact CPU copies), else the full weights."""
+        if not self.caps.serves_weights:
+            raise RuntimeError(
+                f"instance {self.instance_id}: engine.backend={self.config.backend} serves no "
+                "weights to peers (the trainer's copy is the source)"
+            )
         if version is not None and version in self._adapters():
             named, _, _ = self.engine.adapter_tensors(version)
             return {n: t.detach().to("cpu").clone(memory_format=torch.contiguous_format)
@@ -328,6 +366,9 @@ class EngineWorker:
         self._check_empty()
         start = time.time()
         where = f"instance {self.instance_id}"
+        if not self.caps.serves_weights:  # no readable copy: checked where it is loaded
+            self.engine.load_weights(named_tensors, version, _in_worker(manifest, version, where))
+            return WeightsReport(self.instance_id, version, time.time() - start, time.time())
         if manifest is not None:
             manifest.verify(named_tensors, version, where)
         self.engine.load_weights(named_tensors, version)
@@ -404,7 +445,9 @@ class EngineWorker:
 
     def _served(self, version: int, manifest: Manifest) -> dict[str, torch.Tensor] | None:
         """What this engine holds of `version` laid out as `manifest` asks (an adapter, or
-        the full weights), or None when it does not hold it so."""
+        the full weights), or None when it does not hold it so (or serves no weights)."""
+        if not self.caps.serves_weights:
+            return None
         if manifest.adapter is not None:
             if version not in self._adapters():
                 return None
@@ -470,6 +513,14 @@ class EngineWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+
+def _in_worker(manifest: Manifest | None, version: int, where: str) -> Any:
+    """The check an engine runs on the tensors where it loads them (vLLM's worker), against
+    `manifest`; None without one. A partial, so it pickles to a worker in another process."""
+    if manifest is None:
+        return None
+    return functools.partial(manifest.verify, version=version, where=f"{where} in its worker")
 
 
 def verify_hosted(engine: Engine, manifest: Manifest, version: int, where: str) -> None:
