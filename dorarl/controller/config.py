@@ -41,6 +41,13 @@ class OrchestratorConfig:
     trainer_fanout: int = field(
         default=1, metadata={"help": "concurrent weight loads served by one source"}
     )
+    engine_offload: bool = field(
+        default=True,
+        metadata={
+            "help": "KV pressure may offload a request's KV to host memory (false, or engines "
+            "that cannot: relief by migration only, the engine preempting on its own)"
+        },
+    )
     legacy_fill: bool = field(
         default=True, metadata={"help": "fill idle legacy-version slots with new groups"}
     )

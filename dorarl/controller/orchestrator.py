@@ -86,8 +86,11 @@ class Orchestrator:
         return commands
 
     def offload_youngest(self, inst: InstanceState) -> list[Command]:
-        """Offload the most recently placed active request, keeping one resident."""
+        """Offload the most recently placed active request, keeping one resident (none where
+        the engines offload nothing: they manage their KV themselves)."""
         ledger = self.ledger
+        if not self.config.orchestrator.engine_offload:
+            return []
         active = [
             rid
             for rid in inst.requests

@@ -10,6 +10,7 @@ by `dorarl.jobs.train`, the placement and the weight transport are the runtime's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -369,7 +370,6 @@ class TrainConfig:
             self._check_adapters,
             self._check_routes,
             self._check_lengths,
-            self._check_backend,
             self._check_schedule,
         ):
             problems.check(check)
@@ -382,13 +382,6 @@ class TrainConfig:
     def _check_task(self) -> None:
         if self.task.name == "jsonl" and not self.task.path:
             raise ConfigError("task.path: the jsonl task needs a data file")
-
-    def _check_backend(self) -> None:
-        if self.engine.backend != "dorarl":
-            raise ConfigError(
-                f"engine.backend: {self.engine.backend} engines run on their own "
-                "(dorarl.engine.vllm.engine.VllmEngine); a run's instances run backend dorarl"
-            )
 
     def _check_routes(self) -> None:
         if self.trainer.moe.route_replay and not self.engine.record_routes:
@@ -488,9 +481,20 @@ class TrainConfig:
             slots=self.engine.max_num_seqs,
             versions_per_instance=self.versions_per_instance,
             steps=self.steps,
-            orchestrator=self.orchestrator,
+            orchestrator=self.engine_orchestrator(),
             rollout=self.rollout,
             **(point.controller_keys() if point else {}),
+        )
+
+    def engine_orchestrator(self) -> OrchestratorConfig:
+        """`orchestrator.*` as the engines can carry it out: engines that serve no weights
+        get every load from the trainer, and ones that offload no KV are relieved by
+        migration only (vLLM preempts under pressure on its own)."""
+        can = self.engine.capabilities
+        return dataclasses.replace(
+            self.orchestrator,
+            p2p_weights=self.orchestrator.p2p_weights and can.serves_weights,
+            engine_offload=self.orchestrator.engine_offload and can.offload,
         )
 
     @property

@@ -299,6 +299,7 @@ def _plan(
             adapters=config.adapter_versions,
         ),  # fmt: skip
         max_model_len=config.engine.max_model_len,
+        capabilities=config.engine.capabilities,
         out_dir=out_dir,
         records_dir=segment,
         texts=trajectory_texts(task) if config.record.text else None,

@@ -55,6 +55,7 @@ from dorarl.controller import (
 )
 from dorarl.data import NewSegment
 from dorarl.driver import Driver, RequestSpec
+from dorarl.engine.capabilities import DORARL_CAPABILITIES, Capabilities
 from dorarl.record.pacing import PaceTally
 from dorarl.runtime.calls import (
     CallTable,
@@ -90,6 +91,7 @@ class EngineFleet:
         *,
         steps_per_call: int = STEPS_PER_CALL,
         max_model_len: int = 1 << 30,
+        capabilities: Capabilities = DORARL_CAPABILITIES,
     ) -> None:
         self.driver = driver  # where answers go; its clock is the runtime's
         self.workers = list(workers)
@@ -108,6 +110,7 @@ class EngineFleet:
         # that is moving or interrupted, carried out where it lands or resumes.
         self._held_back: dict[str, tuple[list[int] | None, str | None]] = {}
         self.max_model_len = max_model_len
+        self.capabilities = capabilities
 
     # ---- commands (the driver's Executor, engine part) ----------------------------------
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
@@ -151,7 +154,8 @@ class EngineFleet:
 
     def migrate(self, c: Migrate) -> None:
         src, dst = self.workers[c.src], self.workers[c.dst]
-        route = self.weights.kv_route(src, dst)
+        # an engine exporting no KV hands over tokens: the destination re-prefills them
+        route = self.weights.kv_route(src, dst) if self.capabilities.kv_export else None
         if route is None:  # snapshots and KV pickled through the object store
             ids, snapshots = src.export.options(num_returns=2).remote(list(c.request_ids))
             ref = dst.import_.remote(snapshots)
@@ -231,6 +235,11 @@ class EngineFleet:
         transport a dead trainer's copies died with it."""
         if self.weights.has(version):
             return TRAINER
+        if not self.capabilities.serves_weights:
+            raise RuntimeError(
+                f"no copy of version {version} to load on instance {avoid}: the trainer no "
+                "longer holds it and these engines serve no weights"
+            )
         for peer in self.driver.controller.hosts(version):
             if peer != avoid and (not live or self.alive(peer)):
                 return peer

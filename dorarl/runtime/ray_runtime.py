@@ -33,6 +33,7 @@ from dorarl.config import ConfigError
 from dorarl.controller import TRAINER, ControllerConfig, Timer
 from dorarl.data import Sample, SavedGroup
 from dorarl.driver import Driver, Executor
+from dorarl.engine.capabilities import DORARL_CAPABILITIES, Capabilities
 from dorarl.engine.outputs import EngineSetup
 from dorarl.errors import UserInputError, WorkerFailed
 from dorarl.record import Recorder
@@ -101,6 +102,8 @@ class RayRunPlan:
     max_model_len: int = 1 << 30
     """The engines' context: an episode whose next turn would pass it ends."""
     steps_per_call: int = STEPS_PER_CALL
+    capabilities: Capabilities = DORARL_CAPABILITIES
+    """What the engines can do (engine.backend): how a migration moves, who serves weights."""
     out_dir: Path | None = None
     """The recorder's run folder (None: no files)."""
     records_dir: Path | None = None
@@ -152,6 +155,7 @@ class RayRuntime:
             self.engines = EngineFleet(
                 driver, plan.workers, self.calls, self.weights, self.rollout, self.pace,
                 steps_per_call=plan.steps_per_call, max_model_len=plan.max_model_len,
+                capabilities=plan.capabilities,
             )  # fmt: skip
             self.trainer_client = TrainerClient(
                 driver, plan.trainer, self.calls, self.weights, self.rollout, self.pace,

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dorarl.config import ConfigError, describe, flatten, load_config, to_dict, to_yaml
+from dorarl.engine.vllm.config import vllm_missing
 from dorarl.jobs.config import TrainConfig
 from dorarl.simulate.config import SimulateConfig
 
@@ -27,13 +28,14 @@ CONFIGS = [TrainConfig, SimulateConfig]
 UNCHANGEABLE = {
     "resume": "needs a checkpoint folder",
     "engine.max_versions": "needs engine.prefix_cache=off as well",
-    "engine.backend": "vllm engines run on their own; a run's instances run backend dorarl",
     "trainer.loss.tis_cap": "needs trainer.loss.ratio_base=proximal as well",
     "trainer.loss.norm_length": "needs trainer.loss.aggregation=seq_sum_norm as well",
     "trainer.loss.distill_coef": "needs trainer.teacher as well",
     "trainer.teacher": "needs trainer.loss.distill_coef > 0 as well (and a model folder)",
     "trainer.moe.route_replay": "needs engine.record_routes=true as well",
 }
+if vllm_missing():
+    UNCHANGEABLE["engine.backend"] = "vllm: not installed here"
 
 
 def leaf_types(cls: type, prefix: str = "") -> dict[str, Any]:
