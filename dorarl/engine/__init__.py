@@ -4,7 +4,9 @@ Public API: `Engine`, `EngineConfig`, `SamplingParams`, `RequestOutput`, `Reques
 `EngineStats`, `StepWork`. Layout: token_ids (user token ids, checked), sequence (request
 state), block_manager (block ids, torch-free), scheduler (who runs, torch-free), kv_cache
 (pool tensors), attention, linear (the matmul kernel), model, sampler, model_runner (batch ->
-tensors -> tokens), engine (schedule, run, postprocess).
+tensors -> tokens), engine (`Engine`: its start, made of engine_intake (requests in),
+engine_step (schedule, run, postprocess), engine_turns (multi-turn), engine_migration
+(export, import, resume, abort), engine_versions (weights, adapters), engine_reports).
 Importing the package, `SamplingParams`, the outputs or the scheduler does not import torch.
 """
 

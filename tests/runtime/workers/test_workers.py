@@ -14,7 +14,7 @@ import torch
 from tiny_model import save_with_head_dim
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import dorarl.engine.engine as engine_module
+import dorarl.engine.engine_versions as versions_module
 from dorarl.data import Group, Sample
 from dorarl.engine import EngineConfig, SamplingParams
 from dorarl.engine.weights import unpack
@@ -240,13 +240,13 @@ def test_a_copy_that_changes_the_engines_weights_is_refused_in_one_line(
     worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64))
     named = {n: t + 0.01 for n, t in worker.weights().items()}
     assert worker.load_weights(named, 2, _sent(named, 2)).version == 2  # a right copy passes
-    copy = engine_module.load_in_place
+    copy = versions_module.load_in_place
 
     def faulty(spec, live, new):
         copy(spec, live, new)
         unpack(spec, live)[name].view(torch.int32).view(-1)[[3, 40]] ^= -(2**31)
 
-    monkeypatch.setattr(engine_module, "load_in_place", faulty)
+    monkeypatch.setattr(versions_module, "load_in_place", faulty)
     named = {n: t - 0.02 for n, t in named.items()}
     with pytest.raises(WeightsRefused) as refused:
         worker.load_weights(named, 3, _sent(named, 3))
