@@ -49,7 +49,10 @@ def build_chat_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def save_tiny_model(folder: Path, seed: int = 0, max_len: int = 256, chat: bool = False) -> Path:
+def save_tiny_model(
+    folder: Path, seed: int = 0, max_len: int = 256, chat: bool = False, heads: int = 4
+) -> Path:
+    """A tiny random Llama (hidden 64: heads of 64 / `heads`) with a character tokenizer."""
     tokenizer = build_chat_tokenizer() if chat else build_char_tokenizer()
     tokenizer.save_pretrained(str(folder))
     config = LlamaConfig(
@@ -57,7 +60,7 @@ def save_tiny_model(folder: Path, seed: int = 0, max_len: int = 256, chat: bool 
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=heads,
         num_key_value_heads=2,
         max_position_embeddings=max_len,
         bos_token_id=tokenizer.bos_token_id,

@@ -16,7 +16,7 @@ from dorarl.config import ConfigError
 from dorarl.engine import cpu_kernels
 from dorarl.engine.backends import fit_to_model, resolve_backends
 from dorarl.engine.block_manager import BlockManager
-from dorarl.engine.capabilities import Capabilities
+from dorarl.engine.capabilities import DORARL_CAPABILITIES
 from dorarl.engine.config import EngineConfig
 from dorarl.engine.device_runner import DeviceRunner, build_graphs
 from dorarl.engine.engine_intake import RequestIntake
@@ -66,12 +66,7 @@ class Engine(RequestIntake, Stepping, Turns, Migration, Versions, Reports):
     sizes its KV pool from its share of the device's memory (memory.py).
     """
 
-    # KV travels with a migrated request, moves to host memory, adapters share a step,
-    # MoE routes are recorded, the weights are served to peers, log-probs are the trainer's
-    capabilities = Capabilities(
-        kv_export=True, offload=True, adapters=True, route_recording=True,
-        serves_weights=True, exact_logprobs=True,
-    )  # fmt: skip
+    capabilities = DORARL_CAPABILITIES
 
     def __init__(
         self,

@@ -220,6 +220,31 @@ def test_kv_pressure_offloads_youngest_in_lockstep_and_migrates_in_dora():
     assert only(commands, Offload) or only(commands, Migrate)
 
 
+def test_engines_that_offload_nothing_are_relieved_by_migration_only():
+    """orchestrator.engine_offload=false (vLLM's engines preempt on their own): lockstep
+    pressure plans nothing, dora still moves its youngest request to a peer."""
+    no_offload = OrchestratorConfig(engine_offload=False)
+    sync = Controller(
+        ControllerConfig(
+            mode="sync", tbs=1, group_size=3, instances=1, slots=4, orchestrator=no_offload
+        )
+    )
+    only(sync.handle(Start()), Dispatch)
+    assert sync.handle(InstanceStats(0, 3, 0, 0.95, 1.0)) == []
+    cfg = ControllerConfig(
+        mode="dora", K=1, rbs=2, tbs=1, group_size=2, instances=2, slots=4,
+        orchestrator=no_offload,
+    )  # fmt: skip
+    dora = Controller(cfg)
+    src = only(dora.handle(Start()), Dispatch)[0].instance_id
+    dora.handle(InstanceStats(1 - src, 2, 0, 0.95, 0.9))
+    assert dora.handle(InstanceStats(src, 2, 0, 0.93, 1.0)) == []  # no peer under it: nothing
+    dora.handle(InstanceStats(1 - src, 2, 0, 0.2, 1.1))
+    (mig,) = only(dora.handle(InstanceStats(src, 2, 0, 0.95, 1.2)), Migrate)
+    assert (mig.src, mig.dst) == (src, 1 - src)
+    assert violations(dora.ledger) == []
+
+
 def test_timer_rearms_and_finish_ends_the_protocol():
     cfg = ControllerConfig(
         mode="dora",

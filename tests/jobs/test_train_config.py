@@ -13,6 +13,8 @@ import pytest
 
 from dorarl.bench.convergence import ConvergenceConfig
 from dorarl.config import ConfigError, load_config
+from dorarl.engine.config import EngineConfig
+from dorarl.engine.vllm.config import vllm_missing
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.jobs.run_folder import load_run_config
@@ -70,7 +72,10 @@ CROSS_KEY_CASES = [
     (["engine.num_blocks=1"], "engine.num_blocks"),
     (["engine.attention=cpp", "engine.dtype=bfloat16"], "engine.attention"),
     (["engine.device=cuda:1"], "engine.device"),
-    (["engine.backend=vllm"], "engine.backend"),  # without vllm: what to install
+    (  # without vllm: what to install; with it, what vLLM engines cannot do
+        ["engine.backend=vllm", "engine.record_routes=true"],
+        "engine.backend" if vllm_missing() else "engine.record_routes",
+    ),
     (["weights.transport=collective", "engine.device=cuda"], "weights.transport"),
     (["ray.engine_resources={CPU: 1}"], "ray.engine_resources"),
     (["ray.trainer_resources={learner: 0}"], "ray.trainer_resources.learner"),
@@ -122,3 +127,13 @@ def test_a_response_cap_is_checked_against_the_context_that_follows_the_model(tm
     config = load_run_config(None, [f"model={folder}", "sampling.max_new_tokens=512"])
     assert config.engine.max_model_len == 1024
     config.check_response_cap()
+
+
+@pytest.mark.skipif(vllm_missing() is not None, reason="vllm is not installed here")
+def test_a_vllm_run_loads_from_the_trainer_and_relieves_by_migration_only():
+    """Engines that serve no weights and offload no KV get neither planned (their
+    capabilities, whatever orchestrator.* says); our engine's keep both."""
+    ours = TrainConfig().controller_config(None).orchestrator
+    assert ours.p2p_weights and ours.engine_offload
+    vllm = TrainConfig(engine=EngineConfig(backend="vllm")).controller_config(None).orchestrator
+    assert not vllm.p2p_weights and not vllm.engine_offload

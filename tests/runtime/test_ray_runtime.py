@@ -54,15 +54,15 @@ def _read(out):
     return summary, trajectories, metrics, trace
 
 
-def _check_invariants(summary, trajectories, k, one_version_per_group=True):
+def _check_invariants(summary, trajectories, k, one_version_per_group=True, group_size=4):
     """The audit of a run's files: dispatched = consumed + filtered + in flight + queued,
     nothing dropped; every group trained once or filtered once, never both; Eq. 1 for
     every trained trajectory; one version per group."""
     assert summary["dropped_total"] == 0
     trained = [t for t in trajectories if not t.get("filtered")]
     filtered = [t for t in trajectories if t.get("filtered")]
-    assert summary["consumed"] * 4 == len(trained)
-    assert summary["filtered"] * 4 == len(filtered)
+    assert summary["consumed"] * group_size == len(trained)
+    assert summary["filtered"] * group_size == len(filtered)
     ended = summary["consumed"] + summary["filtered"]
     accounted = ended + summary["in_flight_at_end"] + summary["queued_at_end"]
     assert summary["dispatched"] == accounted

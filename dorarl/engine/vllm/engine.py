@@ -28,6 +28,7 @@ from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.llm_engine import LLMEngine
 
+from dorarl.config import ConfigError
 from dorarl.engine.config import EngineConfig, SamplingParams
 from dorarl.engine.outputs import EngineSetup, EngineStats, RequestOutput, RequestSnapshot, StepWork
 from dorarl.engine.sequence import next_segment_seed
@@ -89,7 +90,29 @@ class VllmEngine:
             engine_args(folder, config, args), stat_loggers=[logger_factory(view)]
         )
         logger.info("vLLM %s engine on %s, version %d", vllm.__version__, folder, version)
-        return cls(llm, config, args, model, version, view)
+        engine = cls(llm, config, args, model, version, view)
+        engine.check_runs(folder)
+        return engine
+
+    def check_runs(self, folder: str | Path) -> None:
+        """Decode one token now, so a model vLLM cannot run on this device (an attention
+        head size its CPU kernels lack) is refused at start, naming the key, not at the
+        first request; the trial leaves no trace in the counters."""
+        params = SamplingParams(temperature=0.0, max_new_tokens=1, stop_token_ids=[])
+        try:
+            self.add_request("dorarl-start-check", [0], params)
+            for _ in range(100):
+                if self.step():
+                    break
+        except Exception as exc:  # vLLM's own error, whatever its type: the model cannot run
+            line = " ".join(str(exc).split()) or type(exc).__name__
+            raise ConfigError(
+                f"engine.backend: vLLM {vllm.__version__} cannot run {folder} here: {line} "
+                "(engine.backend=dorarl, or another model)"
+            ) from exc
+        self._tracked.clear()
+        self._by_vllm.clear()
+        self._counters = dict.fromkeys(self._counters, 0)
 
     def close(self) -> None:
         """Stop vLLM's engine core and free its KV cache."""

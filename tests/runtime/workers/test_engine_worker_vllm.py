@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("vllm.v1.engine.llm_engine")
 
+from dorarl.config import ConfigError  # noqa: E402
 from dorarl.engine.config import EngineConfig, SamplingParams  # noqa: E402
 from dorarl.engine.vllm.config import VllmArgs  # noqa: E402
 from dorarl.errors import UserInputError  # noqa: E402
@@ -85,6 +86,18 @@ def test_what_vllm_cannot_do_is_refused_or_skipped(worker):
         worker.weights()
     assert worker.resident_versions() == [worker.engine.version]
     worker.abort(["kept"])
+
+
+def test_a_model_vllm_cannot_run_here_is_refused_at_the_first_call(tiny_model_dir):
+    """The tiny test Llama's heads of 16 have no vLLM-CPU attention kernel: refused in one
+    line naming engine.backend when the run starts, not when a request first decodes."""
+    config = EngineConfig(backend="vllm", max_model_len=64, vllm=VllmArgs(enforce_eager=True))
+    refused = EngineWorker(1, str(tiny_model_dir), config)
+    with pytest.raises(ConfigError) as error:
+        refused.started()
+    line = str(error.value)
+    assert line.startswith("engine.backend: vLLM ") and "head_dim=16" in line
+    assert "\n" not in line
 
 
 def _moved(version: int, seed: int) -> dict[str, torch.Tensor]:

@@ -1,0 +1,95 @@
+"""Runs on engine.backend=vllm on local Ray (vLLM's CPU build, eager): dora moves requests
+between instances as re-prefills under their version; partial rollout resumes interrupted
+requests under the new version; an agent task trains through the OpenAI endpoint while an
+engine process is killed, its episodes started again. Every run keeps the audit."""
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from test_agent_run import _KILLED
+from test_ray_runtime import _check_invariants
+from tiny_model import save_tiny_model
+
+from dorarl.jobs.train import main as train_main
+
+pytest.importorskip("vllm.v1.engine.llm_engine")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
+
+VLLM = ["engine.backend=vllm", "engine.vllm.enforce_eager=true", "engine.vllm.block_size=32"]
+QUIET = ["instances=2", "eval.every=0", "progress=false"]
+SMALL = ["tbs=4", "rbs=8", "group_size=4"]
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory) -> Path:
+    """The tiny chat model with heads of 32 (vLLM-CPU's attention takes no head of 16)."""
+    return save_tiny_model(tmp_path_factory.mktemp("vllm_chat_model"), chat=True, heads=2)
+
+
+def _train(out: Path, *args: str, bound_s: float = 300.0) -> int:
+    """`dorarl train` in this process; a watchdog interrupts it (rc 130) should it hang."""
+    ended = threading.Event()
+    watchdog = threading.Timer(
+        bound_s, lambda: ended.is_set() or os.kill(os.getpid(), signal.SIGINT)
+    )
+    watchdog.start()
+    try:
+        return train_main([*args, *VLLM, *QUIET, "--out", str(out)])
+    finally:
+        ended.set()
+        watchdog.cancel()
+
+
+def _read(out: Path) -> tuple[dict, list[dict]]:
+    summary = json.loads((out / "summary.json").read_text())
+    trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").open()]
+    return summary, trajectories
+
+
+def test_dora_on_vllm_migrates_by_re_prefill_and_keeps_the_audit(tmp_path):
+    """The built-in task on its shipped base model, its default batches."""
+    out = tmp_path / "run"
+    assert _train(out, "steps=3", "mode=dora", "K=1", "engine.max_model_len=128") == 0
+    summary, trajectories = _read(out)
+    assert summary["steps"] == 3 and summary["offloads"] == 0
+    assert summary["migrations"] > 0 and summary["reprefill_tokens"] > 0
+    _check_invariants(summary, trajectories, k=1, group_size=8)
+
+
+def test_partial_rollout_on_vllm_resumes_under_the_new_version(tmp_path):
+    out = tmp_path / "run"
+    rc = _train(out, "steps=3", "mode=partial_rollout", "K=1", *SMALL,
+                "sampling.max_new_tokens=48", "engine.max_model_len=128")  # fmt: skip
+    assert rc == 0
+    summary, trajectories = _read(out)
+    assert summary["reprefill_tokens"] > 0
+    spanning = [t for t in trajectories if isinstance(t["behavior_version"], list)]
+    assert spanning, "no trajectory was interrupted and resumed under a newer version"
+    _check_invariants(summary, trajectories, k=1, one_version_per_group=False)
+
+
+def test_an_agent_on_vllm_survives_a_killed_engine(tmp_path, chat_model_dir, monkeypatch):
+    """The first agent to get a reply kills an engine process: the run restarts it (a new
+    vLLM engine), its episodes start again under their version, the audit holds."""
+    path = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", path)  # the agent's module, for Ray's workers too
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(20)))  # fmt: skip
+    _KILLED.clear()
+    out = tmp_path / "run"
+    rc = _train(
+        out, f"model={chat_model_dir}", "task.name=jsonl", f"task.path={data}",
+        "task.agent=test_agent_run:overruns_or_dies_mid_episode", "task.env_timeout_s=1",
+        "steps=2", "mode=dora", "K=1", *SMALL, "sampling.max_new_tokens=8",
+        "engine.max_model_len=256",
+    )  # fmt: skip
+    assert rc == 0 and _KILLED
+    summary, trajectories = _read(out)
+    assert summary["steps"] == 2 and summary["engine_restarts"] == 1
+    _check_invariants(summary, trajectories, k=1)
+    for t in trajectories:  # both calls of every episode on one version
+        assert isinstance(t["behavior_version"], int), t
