@@ -23,7 +23,9 @@ import torch
 from dorarl.bench.clock import timed
 from dorarl.config import check_fields
 from dorarl.data import Group, Sample
-from dorarl.engine import Engine, EngineConfig, SamplingParams
+from dorarl.engine import EngineConfig, SamplingParams
+from dorarl.engine.instance import close_engine, open_engine
+from dorarl.engine.interface import InstanceEngine
 from dorarl.record.pacing import DeviceModel
 from dorarl.trainer import Trainer, TrainerConfig
 
@@ -97,14 +99,17 @@ def calibrate_engine(
 ) -> tuple[float, int, float]:
     """(full-batch decode step s, its mean context, prefill s per token), one thread."""
     with _one_thread():
-        engine = Engine.from_pretrained(model_folder, config)
-        decode_s, context = _time_decode(engine, prompts, decode_len)
-        prefill_s = _time_prefill(engine, prompts)
+        engine = open_engine(model_folder, config)
+        try:
+            decode_s, context = _time_decode(engine, prompts, decode_len)
+            prefill_s = _time_prefill(engine, prompts)
+        finally:
+            close_engine(engine)
     return decode_s, context, prefill_s
 
 
 def _time_decode(
-    engine: Engine, prompts: Sequence[list[int]], decode_len: int
+    engine: InstanceEngine, prompts: Sequence[list[int]], decode_len: int
 ) -> tuple[float, int]:
     batch = engine.config.max_num_seqs
     for i in range(batch):
@@ -121,7 +126,7 @@ def _time_decode(
     return kept[int(0.9 * (len(kept) - 1))], round(statistics.mean(contexts))
 
 
-def _time_prefill(engine: Engine, prompts: Sequence[list[int]]) -> float:
+def _time_prefill(engine: InstanceEngine, prompts: Sequence[list[int]]) -> float:
     """Prefill-only steps of long prompts (target length 1), seconds per token."""
     config = engine.config
     length = max(1, min(config.max_model_len - 1, 4 * config.prefill_chunk_size) // 2)
@@ -149,7 +154,7 @@ def sample_lengths(
     """Response lengths of real sampling: one group of `group_size` per prompt (the shape of
     a batch when lengths are not forced), one thread."""
     with _one_thread():
-        engine = Engine.from_pretrained(model_folder, config)
+        engine = open_engine(model_folder, config)
         for g, prompt in enumerate(prompts):
             for i in range(group_size):
                 own = dataclasses.replace(params, seed=seed * 1_000_003 + g * group_size + i)
@@ -157,6 +162,7 @@ def sample_lengths(
         lengths: dict[str, int] = {}
         while engine.has_unfinished():
             lengths.update({o.request_id: len(o.output_ids) for o in engine.step()})
+        close_engine(engine)
     return [[lengths[f"{g}-{i}"] for i in range(group_size)] for g in range(len(prompts))]
 
 

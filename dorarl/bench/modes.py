@@ -39,6 +39,8 @@ from dorarl.config import ConfigError, load_config
 from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.data.lengths import LengthDist, length_stats
 from dorarl.engine import EngineConfig
+from dorarl.engine.config import Backend
+from dorarl.engine.vllm.config import VllmArgs
 from dorarl.record.pacing import DeviceModel
 from dorarl.report.figures import mode_figures, paced_reliably
 from dorarl.report.timeline import plot_throughput, plot_timeline
@@ -133,6 +135,13 @@ class ModesConfig:
     micro_batch_tokens: int = field(default=1024, metadata={"help": "trainer micro-batch tokens"})
     lr: float = field(default=1e-4, metadata={"help": "trainer learning rate"})
     seed: int = field(default=0, metadata={"help": "prompts, lengths, sampling, init"})
+    backend: Backend = field(
+        default="dorarl", metadata={"help": "the instances' engine: dorarl | vllm"}
+    )
+    vllm: VllmArgs = field(
+        default_factory=lambda: VllmArgs(enforce_eager=True),
+        metadata={"help": "backend vllm: vLLM's engine arguments (eager: starts in seconds)"},
+    )
     workload: WorkloadSection = field(default_factory=WorkloadSection)
     pace: PaceRule = field(default_factory=PaceRule)
 
@@ -156,7 +165,10 @@ class ModesConfig:
         return runs + [(f"dora_k{k}", "dora", k) for k in self.dora_k]
 
     def engine(self) -> EngineConfig:
-        return EngineConfig(max_num_seqs=self.slots, max_model_len=self.max_model_len)
+        return EngineConfig(
+            max_num_seqs=self.slots, max_model_len=self.max_model_len, backend=self.backend,
+            vllm=self.vllm,
+        )  # fmt: skip
 
     def trainer(self) -> TrainerConfig:
         return TrainerConfig(lr=self.lr, micro_batch_tokens=self.micro_batch_tokens)
@@ -172,8 +184,17 @@ class ModesConfig:
             instances=self.instances,
             slots=self.slots,
             steps=self.steps,
-            orchestrator=OrchestratorConfig(rebalance_period_s=self.rebalance_period_s),
+            orchestrator=self._orchestrator(),
         )
+
+    def _orchestrator(self) -> OrchestratorConfig:
+        """The re-balance period, and what the backend's engines cannot carry out left
+        unplanned (loads from peers, offloads)."""
+        can = self.engine().capabilities
+        return OrchestratorConfig(
+            rebalance_period_s=self.rebalance_period_s, p2p_weights=can.serves_weights,
+            engine_offload=can.offload,
+        )  # fmt: skip
 
 
 # ---- calibration -------------------------------------------------------------------------
@@ -243,6 +264,7 @@ def run_mode(
     plan = RayRunPlan(
         controller, task, rollout, workers, trainer,
         steps_per_call=cfg.steps_per_call, out_dir=out / name,
+        capabilities=cfg.engine().capabilities,
     )  # fmt: skip
     runtime = RayRuntime(plan)
     with load_window() as window:

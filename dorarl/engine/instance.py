@@ -19,3 +19,11 @@ def open_engine(folder: str | Path, config: EngineConfig, version: int = 0) -> I
     from dorarl.engine.engine import Engine
 
     return Engine.from_pretrained(folder, config, version=version)
+
+
+def close_engine(engine: InstanceEngine | None) -> None:
+    """Free an engine's memory now (a vLLM engine's core is stopped; ours goes with its
+    last reference)."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()

@@ -18,6 +18,7 @@ from dorarl.bench.report import (
 from dorarl.cli import main as cli_main
 from dorarl.controller import ControllerConfig, OrchestratorConfig
 from dorarl.data.lengths import LengthDist, length_stats
+from dorarl.engine.vllm.config import vllm_missing
 from dorarl.report.figures import mode_figures
 from dorarl.report.timeline import plot_throughput, plot_timeline, read_trace
 from dorarl.sim.cost import CostModel
@@ -165,6 +166,19 @@ def test_default_workload_is_long_tailed_and_sync_rollout_is_its_longest_respons
     batch_max = [max(n for g in range(b * cfg.tbs, (b + 1) * cfg.tbs)
                      for n in dist.group_lengths(cfg.seed, g, cfg.group_size)) for b in range(5)]  # fmt: skip
     assert steps == pytest.approx(sum(batch_max) / 5 + 1)  # one batch fits the slots: + prefill
+
+
+@pytest.mark.skipif(vllm_missing() is not None, reason="vllm is not installed here")
+def test_a_vllm_bench_plans_what_its_engines_can_carry_out():
+    """backend=vllm: every load from the trainer, KV relieved by migration only; each mode's
+    engines are vLLM engines started eager."""
+    from dorarl.config import load_config
+
+    cfg = load_config(ModesConfig, None, ["backend=vllm"])
+    assert cfg.engine().backend == "vllm" and cfg.engine().vllm.enforce_eager
+    orchestrator = cfg.controller("dora", 1).orchestrator
+    assert not orchestrator.p2p_weights and not orchestrator.engine_offload
+    assert ModesConfig().controller("dora", 1).orchestrator.engine_offload
 
 
 def test_multi_turn_workload_shows_no_forced_lengths():

@@ -47,7 +47,7 @@ from dorarl.engine import (
     SamplingParams,
 )
 from dorarl.engine.capabilities import Capabilities
-from dorarl.engine.instance import open_engine
+from dorarl.engine.instance import close_engine, open_engine
 from dorarl.engine.interface import InstanceEngine
 from dorarl.engine.outputs import EngineSetup
 from dorarl.errors import UserInputError
@@ -169,9 +169,7 @@ class EngineWorker:
     def _close(self) -> None:
         """Let the engine go (a vLLM engine's core is stopped: its KV cache is freed now)."""
         engine, self._engine = self._engine, None
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+        close_engine(engine)
 
     def add(self, requests: list[NewRequest]) -> int:
         for req in requests:
