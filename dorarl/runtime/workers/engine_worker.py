@@ -365,7 +365,7 @@ class EngineWorker:
         start = time.time()
         where = f"instance {self.instance_id}"
         if not self.caps.serves_weights:  # no readable copy: checked where it is loaded
-            self.engine.load_weights(named_tensors, version, _in_worker(manifest, version, where))
+            self.engine.load_weights(named_tensors, version, in_worker(manifest, version, where))
             return WeightsReport(self.instance_id, version, time.time() - start, time.time())
         if manifest is not None:
             manifest.verify(named_tensors, version, where)
@@ -513,7 +513,7 @@ class EngineWorker:
         return self.engine.stats()
 
 
-def _in_worker(manifest: Manifest | None, version: int, where: str) -> Any:
+def in_worker(manifest: Manifest | None, version: int, where: str) -> Any:
     """The check an engine runs on the tensors where it loads them (vLLM's worker), against
     `manifest`; None without one. A partial, so it pickles to a worker in another process."""
     if manifest is None:

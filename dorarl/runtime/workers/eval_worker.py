@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 
-from dorarl.engine import Engine, EngineConfig
+from dorarl.engine import EngineConfig
+from dorarl.engine.instance import open_engine
 from dorarl.engine.lora import merge_adapter
 from dorarl.engine.weights import from_checkpoint, load_folder
 from dorarl.runtime.threads import apply_threads
 from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused
-from dorarl.runtime.workers.engine_worker import verify_hosted
+from dorarl.runtime.workers.engine_worker import in_worker, verify_hosted
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import EvalSampling, evaluate
@@ -54,7 +55,7 @@ class EvalWorker:
         clock = StartupClock()
         apply_threads(threads, nice)
         self.model_folder = model_folder
-        self.engine = Engine.from_pretrained(model_folder, config, version=0)
+        self.engine = open_engine(model_folder, config)  # the run's backend
         self.task, self.max_prompts = task, max_prompts
         self.sampling = sampling or EvalSampling()
         self.adapters = adapters
@@ -96,6 +97,9 @@ class EvalWorker:
     def _load(self, weights: dict[str, torch.Tensor], version: int, manifest: Manifest) -> None:
         """Load `version`, checked as it arrives and, full weights, once copied."""
         where = "the evaluator"
+        if not self.engine.capabilities.serves_weights:  # no readable copy: checked in its worker
+            self.engine.load_weights(weights, version, in_worker(manifest, version, where))
+            return
         manifest.verify(weights, version, where)
         if self.adapters is not None:
             weights = self._merged(weights)

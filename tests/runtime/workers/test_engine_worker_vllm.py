@@ -132,3 +132,26 @@ def test_a_load_is_checked_in_vllms_worker_and_a_flipped_tensor_refused(worker):
     assert {r: o.output_ids for r, o in _run_all(worker).items()} == {
         r: o.output_ids for r, o in before.items()
     }
+
+
+def test_the_evaluator_runs_the_runs_backend_and_checks_in_vllms_worker():
+    """An evaluator of a vLLM run scores on a vLLM engine; a version unlike its manifest is
+    refused in vLLM's worker (never scored), the matching one is scored."""
+    from dorarl.runtime.workers.eval_worker import EvalWorker
+    from dorarl.tasks import make_task
+
+    config = EngineConfig(backend="vllm", max_model_len=128, max_num_seqs=4,
+                          vllm=VllmArgs(enforce_eager=True, block_size=32))  # fmt: skip
+    evaluator = EvalWorker(str(BASE_MODEL), config, make_task("running_sum", seed=0), 4)
+    try:
+        assert type(evaluator.engine).__name__ == "VllmEngine"
+        sent = _moved(3, seed=3)
+        tampered = dict(sent)
+        name = "model.norm.weight"
+        tampered[name] = sent[name] + 1.0
+        with pytest.raises(WeightsRefused, match=f"the evaluator in its worker: tensor '{name}'"):
+            evaluator.evaluate(tampered, 3, _manifest(sent, 3))
+        result = evaluator.evaluate(sent, 3, _manifest(sent, 3))
+        assert result["version"] == 3 and result["n"] == 4
+    finally:
+        evaluator.engine.close()
