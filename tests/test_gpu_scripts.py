@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-CHECKS = ("gpu_check_1.sh", "gpu_check_2.sh")
+CHECKS = ("gpu_check_1.sh", "gpu_check_2.sh", "gpu_check_vllm.sh")
 LIMIT_S = 480
 STAGE = re.compile(r"^stage (\d+) ")
 TIMEOUT = re.compile(r"\btimeout (?:-\S+ )*(\d+)\b")  # a cap given outside a stage

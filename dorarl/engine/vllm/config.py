@@ -24,6 +24,7 @@ INSTALL = (
     "wheel for your torch)"
 )
 
+VLLM_UTILIZATION = 0.9  # vLLM's own default gpu_memory_utilization
 VllmDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -35,10 +36,12 @@ class VllmArgs:
     tensor_parallel_size: int = field(
         default=1, metadata={"help": "GPUs one instance's vLLM engine shards over", "gt": 0}
     )
-    gpu_memory_utilization: float = field(
-        default=0.9,
-        metadata={"help": "share of each GPU for vLLM's weights and KV", "gt": 0, "le": 1},
-    )
+    gpu_memory_utilization: float | None = field(
+        default=None,
+        metadata={"help": "share of each GPU for vLLM's weights and KV; None: the instance's "
+                  "GPU share (engine.gpu_memory_share, from Ray's placement), else 0.9",
+                  "gt": 0, "le": 1},
+    )  # fmt: skip
     enforce_eager: bool = field(
         default=False, metadata={"help": "no torch.compile or CUDA graphs (faster start)"}
     )
@@ -65,6 +68,11 @@ class VllmArgs:
 
     def __post_init__(self) -> None:
         check_fields(self, "engine.vllm.")
+
+    def gpu_share(self, placed: float | None) -> float:
+        """The share of its GPU an instance's vLLM takes: gpu_memory_utilization, else the
+        share it was placed on (`placed`: several instances share a GPU), else vLLM's 0.9."""
+        return self.gpu_memory_utilization or placed or VLLM_UTILIZATION
 
 
 def vllm_missing() -> str | None:

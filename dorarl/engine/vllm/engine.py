@@ -361,7 +361,7 @@ def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> Eng
         max_model_len=config.max_model_len, block_size=args.block_size,
         max_num_seqs=args.max_num_seqs or config.max_num_seqs,
         tensor_parallel_size=args.tensor_parallel_size,
-        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        gpu_memory_utilization=args.gpu_share(config.gpu_memory_share), enforce_eager=args.enforce_eager,
         kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=config.prefix_cache == "on",
         logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
         kv_cache_memory_bytes=kv_cache_bytes(folder, config, dtype),

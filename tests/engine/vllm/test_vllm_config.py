@@ -23,6 +23,12 @@ def test_vllm_args_are_checked_naming_the_key():
         VllmArgs(dtype="int8")  # type: ignore[arg-type]
 
 
+def test_an_instance_takes_its_placed_share_of_a_gpu_unless_told():
+    assert VllmArgs().gpu_share(placed=None) == 0.9  # vLLM's own default
+    assert VllmArgs().gpu_share(placed=0.3333) == 0.3333  # three actors on one GPU
+    assert VllmArgs(gpu_memory_utilization=0.5).gpu_share(placed=0.3333) == 0.5
+
+
 def test_the_backend_package_imports_no_vllm():
     code = (
         "import sys, dorarl.engine.vllm, dorarl.engine.vllm.config, dorarl.engine.vllm.requests;"
