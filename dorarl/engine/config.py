@@ -225,8 +225,9 @@ class EngineConfig:
                 )
 
     def _check_versions(self) -> None:
-        """What several resident versions cannot share yet, refused up front."""
-        if self.max_versions == 1:
+        """What several resident versions cannot share yet on this engine, refused up front
+        (vLLM keys its prefix cache by LoRA and by each version's cache_salt)."""
+        if self.max_versions == 1 or self.backend == "vllm":
             return
         if self.prefix_cache == "on":
             # The prefix cache keys blocks by the full-weight version only: an adapter's

@@ -1,6 +1,6 @@
 """Runs on engine.backend=vllm on local Ray (vLLM's CPU build, eager): dora moves requests
-between instances as re-prefills under their version; partial rollout resumes interrupted
-requests under the new version; an agent task trains through the OpenAI endpoint while an
+between instances as re-prefills under their version; partial rollout of LoRA versions
+(vLLM adapters) resumes interrupted requests under the new version; an agent task trains through the OpenAI endpoint while an
 engine process is killed, its episodes started again. Every run keeps the audit."""
 
 import json
@@ -60,9 +60,12 @@ def test_dora_on_vllm_migrates_by_re_prefill_and_keeps_the_audit(tmp_path):
     _check_invariants(summary, trajectories, k=1, group_size=8)
 
 
-def test_partial_rollout_on_vllm_resumes_under_the_new_version(tmp_path):
+def test_partial_rollout_of_lora_versions_on_vllm_resumes_under_the_new_adapter(tmp_path):
+    """LoRA versions as vLLM adapters (trainer.lora.rank, engine.max_versions=3): every
+    interrupted request resumes by re-prefill under the newer version's adapter."""
     out = tmp_path / "run"
     rc = _train(out, "steps=3", "mode=partial_rollout", "K=1", *SMALL,
+                "trainer.lora.rank=8", "engine.max_versions=3",
                 "sampling.max_new_tokens=48", "engine.max_model_len=128")  # fmt: skip
     assert rc == 0
     summary, trajectories = _read(out)

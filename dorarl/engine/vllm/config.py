@@ -11,11 +11,11 @@ from dorarl.config import check_fields
 from dorarl.engine.capabilities import Capabilities
 
 VLLM_CAPABILITIES = Capabilities(
-    kv_export=False, offload=False, adapters=False, route_recording=False,
+    kv_export=False, offload=False, adapters=True, route_recording=False,
     serves_weights=False, exact_logprobs=False,
 )  # fmt: skip
 """vLLM exports no request's KV (a migration re-prefills), offloads none on our call, holds
-one version (LoRA adapters as versions are not built on it), records no routes here, gives
+LoRA versions as its own adapters (adapters.py), records no routes here, gives
 no HF-named weights back on the CPU (its linear weights are repacked), and its log-probs
 agree with the trainer's to about 1e-5 in float32, not bit for bit."""
 INSTALL = (

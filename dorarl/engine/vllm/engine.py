@@ -25,6 +25,7 @@ import torch
 import vllm
 from vllm.engine.arg_utils import EngineArgs
 from vllm.inputs import TokensPrompt
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -38,6 +39,7 @@ from dorarl.engine.token_ids import (
     check_vocabulary,
     checked_token_ids,
 )
+from dorarl.engine.vllm.adapters import VllmAdapters, vllm_max_rank
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.kv_space import cpu_kv_bytes
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
@@ -55,9 +57,10 @@ class VllmEngine:
 
     def __init__(
         self, llm: LLMEngine, config: EngineConfig, args: VllmArgs, model: dict, version: int,
-        view: SchedulerView,
+        view: SchedulerView, adapters: VllmAdapters | None = None,
     ) -> None:  # fmt: skip
         self.llm = llm
+        self.adapters = adapters  # LoRA versions beside the hosted one (engine.max_versions > 1)
         self.config = config
         self.args = args
         self.version = version
@@ -90,7 +93,10 @@ class VllmEngine:
             engine_args(folder, config, args), stat_loggers=[logger_factory(view)]
         )
         logger.info("vLLM %s engine on %s, version %d", vllm.__version__, folder, version)
-        engine = cls(llm, config, args, model, version, view)
+        adapters = (
+            VllmAdapters(config.max_versions - 1, str(folder)) if config.max_versions > 1 else None
+        )
+        engine = cls(llm, config, args, model, version, view, adapters)
         engine.check_runs(folder)
         return engine
 
@@ -115,8 +121,10 @@ class VllmEngine:
         self._counters = dict.fromkeys(self._counters, 0)
 
     def close(self) -> None:
-        """Stop vLLM's engine core and free its KV cache."""
+        """Stop vLLM's engine core and free its KV cache (and its adapters' folders)."""
         self.llm.engine_core.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()
 
     def setup(self) -> EngineSetup:
         cache = self.llm.vllm_config.cache_config
@@ -130,20 +138,24 @@ class VllmEngine:
     @property
     def cache_salt(self) -> str:
         """What every request of the hosted version carries: run and version."""
-        return f"{self.run_name}/v{self.version}"
+        return self.salt(self.version)
+
+    def salt(self, version: int) -> str:
+        """The cache_salt of a request of `version` (the hosted one's, or an adapter's)."""
+        return f"{self.run_name}/v{version}"
 
     # --- requests ---------------------------------------------------------------------
     def add_request(
         self, request_id: str, prompt_ids: list[int], params: SamplingParams | None = None,
         version: int | None = None,
     ) -> None:  # fmt: skip
-        """Queue a request under the hosted version (the only one a vLLM instance holds)."""
+        """Queue a request under `version`: the hosted one (None), or a resident adapter's."""
         params = params or SamplingParams()
         prompt = checked_token_ids(request_id, prompt_ids)
         self._check_new(request_id, prompt, params, version)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         stop_ids = self.eos_ids if params.stop_token_ids is None else list(params.stop_token_ids)
-        t = Tracked(request_id, prompt, params, seed, stop_ids, self.version)
+        t = Tracked(request_id, prompt, params, seed, stop_ids, self._served(version))
         self._tracked[request_id] = t
         self._submit(t)
 
@@ -155,10 +167,10 @@ class VllmEngine:
                 f"request {request_id!r}: a request with this id is already in the engine"
             )
         params.validate(request_id)
-        if version is not None and version != self.version:
+        if version is not None and version not in self.resident_versions():
             raise UserInputError(
                 f"request {request_id!r}: version {version} is not hosted here (vLLM instance "
-                f"of version {self.version})"
+                f"serving {self.resident_versions()})"
             )
         check_prompt(request_id, prompt, self.config.max_model_len, self.vocab_size)
 
@@ -169,10 +181,24 @@ class VllmEngine:
         """A new vLLM request for `t`: its whole token history as the prompt."""
         seed = t.seed if t.submissions == 0 else next_segment_seed(t.seed ^ t.submissions)
         vllm_id = t.next_vllm_id()
-        prompt = TokensPrompt(prompt_token_ids=t.token_ids, cache_salt=self.cache_salt)
+        prompt = TokensPrompt(prompt_token_ids=t.token_ids, cache_salt=self.salt(t.version))
         params = vllm_params(t, self.config.max_model_len, seed)
         self._by_vllm[vllm_id] = t
-        self.llm.add_request(vllm_id, prompt, params)
+        self.llm.add_request(vllm_id, prompt, params, lora_request=self._lora(t.version))
+
+    def _served(self, version: int | None) -> int:
+        return self.version if version is None else version
+
+    def _lora(self, version: int) -> LoRARequest | None:
+        """vLLM's LoRA of an adapter version; for the hosted full weights none, or the zero
+        adapter once adapters are resident (adapters.py says why)."""
+        if self.adapters is None:
+            return None
+        if version == self.version:
+            zero = self.adapters.zero
+            return None if zero is None else LoRARequest("zero", VllmAdapters.ZERO_ID, str(zero))
+        held = self.adapters.get(version)
+        return LoRARequest(f"v{version}", held.lora_id, str(held.folder))
 
     def has_unfinished(self) -> bool:
         return bool(self._tracked)
@@ -197,6 +223,7 @@ class VllmEngine:
         """One vLLM step; returns the requests (or multi-turn turns) it finished."""
         finished: list[RequestOutput] = []
         work = {"rows": 0, "decode": 0, "prefill": 0, "saved": 0, "tokens": 0}
+        versions: set[int] = set()  # among the step's rows: adapters share a step
         for out in self.llm.step():
             t = self._by_vllm.get(out.request_id)
             if t is None:  # aborted after vLLM scheduled it
@@ -204,6 +231,7 @@ class VllmEngine:
             done = out.outputs[0]
             ids = list(done.token_ids)
             _count(work, t, out.num_cached_tokens or 0, len(ids))
+            versions.add(t.version)
             t.sampled(ids, _sampled_logprobs(done.logprobs, ids))
             if out.finished:
                 finished.append(self._finish(t, done.finish_reason, done.stop_reason))
@@ -213,7 +241,7 @@ class VllmEngine:
         resident = sum(len(t.token_ids) for t in self._tracked.values() if t.vllm_id)
         self.last_step = StepWork(
             rows=work["rows"], decode_tokens=work["decode"], prefill_tokens=work["prefill"],
-            resident_tokens=resident, saved_tokens=work["saved"],
+            resident_tokens=resident, saved_tokens=work["saved"], versions=max(1, len(versions)),
         )  # fmt: skip
         return finished
 
@@ -229,8 +257,47 @@ class VllmEngine:
         return output_of(t)
 
     def resident_versions(self) -> list[int]:
-        """The one version this engine serves."""
-        return [self.version]
+        """The versions this engine serves: its full weights', then its adapters'."""
+        return [self.version] + (self.adapters.resident() if self.adapters else [])
+
+    # --- adapter versions (engine.max_versions > 1) ----------------------------------------
+    def load_adapter(
+        self, version: int, tensors: dict[str, torch.Tensor], alpha: float, rank: int
+    ) -> None:
+        """Hold a LoRA adapter (peft's lora_A / lora_B by name) as `version`, for requests
+        added with it: written as a peft folder and loaded into a vLLM LoRA slot now."""
+        if self.adapters is None:
+            raise UserInputError(f"load_adapter(version={version}): engine.max_versions is 1")
+        if not 0 < rank <= self.config.max_lora_rank:
+            raise UserInputError(
+                f"load_adapter(version={version}): rank {rank} is outside "
+                f"1..engine.max_lora_rank={self.config.max_lora_rank}"
+            )
+        held = self.adapters.write(version, tensors, alpha, rank)
+        try:
+            self.llm.add_lora(LoRARequest(f"v{version}", held.lora_id, str(held.folder)))
+        except Exception:
+            self.adapters.drop(version)
+            raise
+
+    def unload_version(self, version: int) -> None:
+        """Drop a resident adapter; refused while requests of it are in the engine."""
+        assert self.adapters is not None, "unload_version without adapters"
+        held = self.adapters.get(version)
+        users = [t.request_id for t in self._tracked.values() if t.version == version]
+        if users:
+            raise UserInputError(
+                f"unload_version({version}): {len(users)} request(s) still run under it, "
+                f"e.g. {users[0]!r} (finish, abort or export them first)"
+            )
+        self.llm.remove_lora(held.lora_id)
+        self.adapters.drop(version)
+
+    def adapter_tensors(self, version: int) -> tuple[dict[str, torch.Tensor], float, int]:
+        """A resident adapter as vLLM loads it (its folder's tensors), its alpha and rank."""
+        assert self.adapters is not None, "adapter_tensors without adapters"
+        held = self.adapters.get(version)
+        return self.adapters.tensors(version), held.alpha, held.rank
 
     def versions_in_use(self) -> set[int]:
         return {t.version for t in self._tracked.values()}
@@ -271,7 +338,7 @@ class VllmEngine:
         self._check_new(snap.request_id, checked_token_ids(snap.request_id, snap.prompt_ids),
                         snap.params, version)  # fmt: skip
         check_snapshot(snap, self.config.max_model_len)
-        t = tracked_from(snap, self.version)
+        t = tracked_from(snap, self._served(version))
         t.reprefill_tokens += max(0, snap.num_tokens - 1)
         self._tracked[t.request_id] = t
         if not t.waits_env:
@@ -364,8 +431,19 @@ def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> Eng
         gpu_memory_utilization=args.gpu_share(config.gpu_memory_share), enforce_eager=args.enforce_eager,
         kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=config.prefix_cache == "on",
         logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+        **lora_args(config),
         kv_cache_memory_bytes=kv_cache_bytes(folder, config, dtype),
     )  # fmt: skip
+
+
+def lora_args(config: EngineConfig) -> dict:
+    """vLLM's LoRA arguments where versions are adapters: a slot per adapter version."""
+    if config.max_versions == 1:
+        return {}
+    return {
+        "enable_lora": True, "max_loras": config.max_versions,  # the zero adapter's slot too
+        "max_lora_rank": vllm_max_rank(config.max_lora_rank),
+    }  # fmt: skip
 
 
 def vllm_dtype(config: EngineConfig, args: VllmArgs) -> str:

@@ -69,7 +69,10 @@ class EvalWorker:
     def _merged(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The folder's base with `adapter` merged in."""
         assert self.adapters is not None
-        base = from_checkpoint(self.engine.spec, load_folder(self.model_folder))
+        base = load_folder(self.model_folder)
+        spec = getattr(self.engine, "spec", None)  # vLLM takes the checkpoint's own names
+        if spec is not None:
+            base = from_checkpoint(spec, base)
         return merge_adapter(base, adapter, self.adapters.alpha, self.adapters.rank)
 
     def evaluate(
@@ -97,12 +100,12 @@ class EvalWorker:
     def _load(self, weights: dict[str, torch.Tensor], version: int, manifest: Manifest) -> None:
         """Load `version`, checked as it arrives and, full weights, once copied."""
         where = "the evaluator"
-        if not self.engine.capabilities.serves_weights:  # no readable copy: checked in its worker
+        if self.adapters is not None:  # the adapter checked as it arrives, then merged
+            manifest.verify(weights, version, where)
+            self.engine.load_weights(self._merged(weights), version)
+        elif not self.engine.capabilities.serves_weights:  # no readable copy: in its worker
             self.engine.load_weights(weights, version, in_worker(manifest, version, where))
-            return
-        manifest.verify(weights, version, where)
-        if self.adapters is not None:
-            weights = self._merged(weights)
-        self.engine.load_weights(weights, version)
-        if manifest.adapter is None:
+        else:
+            manifest.verify(weights, version, where)
+            self.engine.load_weights(weights, version)
             verify_hosted(self.engine, manifest, version, where)
