@@ -63,3 +63,32 @@ def save_exact_classifier(folder: Path, target_id: int) -> Path:
         model.score.weight[0, 0] = 0.25
     model.save_pretrained(folder, safe_serialization=True)
     return _with_tokenizer(folder)
+
+
+def lean_towards(folder: Path, target_id: int, prompts: list[str], share: float = 0.2) -> Path:
+    """The policy in `folder` (a causal LM) made to write `target_id` first about `share`
+    of the time on `prompts`: its output row for the token set along their mean last hidden
+    state, scaled by bisection."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        states = [
+            model(**tokenizer(p, return_tensors="pt"), output_hidden_states=True).hidden_states[-1][
+                0, -1
+            ]
+            for p in prompts
+        ]
+        direction = torch.stack(states).mean(0)
+        direction /= direction.norm()
+        low, high = 0.0, 100.0
+        for _ in range(40):
+            model.lm_head.weight[target_id] = direction * (low + high) / 2
+            chance = sum(
+                model(**tokenizer(p, return_tensors="pt")).logits[0, -1].softmax(-1)[target_id]
+                for p in prompts
+            ) / len(prompts)
+            low, high = ((low + high) / 2, high) if chance < share else (low, (low + high) / 2)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
