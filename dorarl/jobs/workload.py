@@ -18,7 +18,12 @@ from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 from dorarl.tasks.model_files import load_tokenizer
-from dorarl.tasks.reward_model import DEFAULT_RUBRIC, RewardModelSpec, check_folder
+from dorarl.tasks.reward_model import (
+    DEFAULT_RUBRIC,
+    RewardModelSpec,
+    check_folder,
+    check_rubric,
+)
 from dorarl.tasks.user_rewards import Rewards, RewardSpec, is_user_reward, parse_reward_specs
 
 
@@ -84,7 +89,7 @@ def reward_model_spec(section: TaskSection) -> RewardModelSpec | None:
     return RewardModelSpec(
         section.reward_model, section.reward_model_kind, section.reward_mix,
         section.reward_model_gpus, section.reward_model_timeout_s, section.reward_model_batch,
-        section.reward_model_rubric or DEFAULT_RUBRIC,
+        check_rubric(section.reward_model_rubric or DEFAULT_RUBRIC),
     )  # fmt: skip
 
 

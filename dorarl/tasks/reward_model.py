@@ -92,6 +92,18 @@ def _check_weights(folder: Path, key: str) -> None:
     raise UserInputError(f"{key}: {folder} has no .safetensors weights")
 
 
+def check_rubric(rubric: str, key: str = "task.reward_model_rubric") -> str:
+    """`rubric` if it formats with {prompt} and {response} alone; one line naming `key`."""
+    try:
+        rubric.format(prompt="", response="")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserInputError(
+            f"{key}: not a format string of {{prompt}} and {{response}} ({type(exc).__name__}: "
+            f"{exc}); write a literal brace as {{{{ or }}}}"
+        ) from None
+    return rubric
+
+
 def parse_score(text: str) -> float:
     """The first number a judge wrote (NaN when it wrote none: a reward error)."""
     found = _NUMBER.search(text)

@@ -449,6 +449,10 @@ def test_print_config_checks_the_reward_model_folder_and_its_keys(tmp_path, caps
         ),
         ([f"task.reward_model={classifier}", "task.reward_mix=1.5"], "task.reward_mix"),
         (
+            [f"task.reward_model={judge}", "task.reward_model_rubric=Rate {answer}: {response}"],
+            "task.reward_model_rubric: not a format string of {prompt} and {response}",
+        ),
+        (
             [f"task.reward_model={classifier}", "task.name=multiturn_sum"],
             "task.reward_model: a reward model scores single-turn tasks",
         ),
