@@ -78,7 +78,6 @@ class _Step:
     mixed_steps: int = 0  # engine steps that ran requests of two or more versions
     reward_model_s: float = 0.0  # the reward model's seconds on its batches
     reward_model_batches: int = 0
-    reward_model_scored: int = 0  # samples in those batches
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -213,7 +212,6 @@ class Recorder:
         step = self._step
         step.reward_model_s += seconds
         step.reward_model_batches += 1
-        step.reward_model_scored += size
         if self.trace is not None:
             if not self.faults["reward_model_batches"]:
                 self.trace.track(REWARD_MODEL_PID, "reward model")
