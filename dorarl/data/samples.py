@@ -58,7 +58,8 @@ class Sample:
     finish_reason: str = "length"
     reward: float = 0.0
     reward_error: str | None = None
-    # A user's rewards: each named part's value, unweighted (empty for a built-in reward).
+    # A user's rewards: each named part's value, unweighted (empty for a built-in reward);
+    # with a reward model, its score (`reward_model`) and the verifier's reward (`verifier`).
     reward_parts: dict[str, float] = field(default_factory=dict)
     migrations: int = 0
     offloads: int = 0

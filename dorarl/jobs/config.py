@@ -77,6 +77,48 @@ class TaskSection:
             "gt": 0,
         },
     )
+    reward_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "a local HF folder (safetensors) of a reward model: a sequence classifier "
+            "of one label (its logit the score) or a causal-LM judge; scored on its own actor",
+            "path": True,
+        },
+    )
+    reward_model_kind: Literal["auto", "classifier", "judge"] = field(
+        default="auto",
+        metadata={"help": "task.reward_model: classifier, judge (rubric prompt, the first "
+                  "number it writes), or auto (from config.json's architecture)"},
+    )  # fmt: skip
+    reward_mix: float = field(
+        default=1.0,
+        metadata={
+            "help": "task.reward_model: its score's weight in the reward; the task's reward "
+            "(verifier) weighs 1 - mix (0: the model's score recorded only)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
+    reward_model_gpus: float = field(
+        default=0.0,
+        metadata={"help": "task.reward_model: GPUs of its actor (0: the CPU)", "ge": 0},
+    )
+    reward_model_timeout_s: float = field(
+        default=60.0,
+        metadata={
+            "help": "task.reward_model: seconds one batch may take (past it the actor is "
+            "replaced and the batch scored again)",
+            "gt": 0,
+        },
+    )
+    reward_model_batch: int = field(
+        default=64, metadata={"help": "task.reward_model: samples per batch at most", "ge": 1}
+    )
+    reward_model_rubric: str | None = field(
+        default=None,
+        metadata={"help": "task.reward_model judge: the prompt, with {prompt} and {response} "
+                  "(None: a 0-to-1 rubric)"},
+    )  # fmt: skip
     chat_template: bool = field(
         default=False, metadata={"help": "jsonl: render prompts through the chat template"}
     )

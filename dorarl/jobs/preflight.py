@@ -4,6 +4,7 @@
 Checked: the model folder (a model the engine runs, the fast paths its heads allow, its
 tokenizer), the task's keys (`task.env` and `task.agent` import, `task.reward` and
 `task.rewards` are built-in rewards or import as functions that take a reward's arguments,
+`task.reward_model` is a folder of a classifier or a causal LM with safetensors weights,
 the data files exist), then the task itself built as the run builds it (its data rows, each
 prompt against `engine.max_model_len`). A task key found wrong is left out of that build,
 so the data are checked all the same. Starting actors and placing them on the cluster are
@@ -20,7 +21,7 @@ from dorarl.errors import UserInputError
 from dorarl.jobs.config import TaskSection, TrainConfig
 from dorarl.jobs.engine_plan import check_engines, model_folder, model_spec
 from dorarl.jobs.resume import ResumePoint
-from dorarl.jobs.workload import build_task, user_rewards
+from dorarl.jobs.workload import build_task, reward_model_spec, user_rewards
 from dorarl.tasks import Task
 from dorarl.tasks.agent import load_agent
 from dorarl.tasks.env import load_env_class
@@ -60,6 +61,8 @@ def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection 
         wrong["agent"] = None
     if _user_named(section) and problems.check(user_rewards, section) is None:
         wrong |= {"reward": None, "rewards": None}
+    if section.reward_model is not None and problems.check(reward_model_spec, section) is None:
+        wrong["reward_model"] = None
     if section.name == "jsonl":
         files = (("task.path", section.path), ("task.eval_path", section.eval_path))
         missing = [(k, path) for k, path in files if path is not None and not Path(path).is_file()]

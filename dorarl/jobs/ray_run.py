@@ -41,7 +41,7 @@ from dorarl.jobs.run_folder import open_run_folder, resume_command
 from dorarl.jobs.startup import StartupLines, wait_for_actors
 from dorarl.jobs.stopping import StopRequest
 from dorarl.jobs.truncation import TruncationWatch
-from dorarl.jobs.workload import rollout_settings, trajectory_texts
+from dorarl.jobs.workload import reward_model_spec, rollout_settings, trajectory_texts
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import (
     end_segment,
@@ -305,6 +305,7 @@ def _plan(
         texts=trajectory_texts(task) if config.record.text else None,
         carried=point.carried if point else (),
         stop_timeout_s=config.stop_timeout_s,
+        reward_model=reward_model_spec(config.task),
     )
 
 

@@ -18,6 +18,12 @@ from dorarl.tasks.env import load_env_class
 from dorarl.tasks.env_task import DEFAULT_MAX_TURNS, EnvTask
 from dorarl.tasks.evaluate import EvalSampling
 from dorarl.tasks.model_files import load_tokenizer
+from dorarl.tasks.reward_model import (
+    DEFAULT_RUBRIC,
+    RewardModelSpec,
+    check_folder,
+    check_rubric,
+)
 from dorarl.tasks.user_rewards import Rewards, RewardSpec, is_user_reward, parse_reward_specs
 
 
@@ -38,6 +44,12 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
                 "a multi-turn task's reward is its env's"
             )
         task.user_rewards = rewards
+    multi_turn = getattr(task, "multi_turn", False) or section.agent or section.env
+    if section.reward_model is not None and multi_turn:
+        raise UserInputError(
+            "task.reward_model: a reward model scores single-turn tasks; a multi-turn task's "
+            "reward is its env's"
+        )
     max_turns = section.max_turns or getattr(task, "max_turns", 0) or DEFAULT_MAX_TURNS
     if section.agent is not None:
         load_agent(section.agent)  # checked before anything starts
@@ -67,6 +79,18 @@ def user_rewards(section: TaskSection) -> Rewards | None:
     """The run's rewards of `reward_specs`, loaded and checked (None: the task's own)."""
     named = reward_specs(section)
     return None if named is None else Rewards(named[0], section.reward_timeout_s, named[1])
+
+
+def reward_model_spec(section: TaskSection) -> RewardModelSpec | None:
+    """The run's reward model (`task.reward_model`), its folder checked (None: none)."""
+    if section.reward_model is None:
+        return None
+    check_folder(section.reward_model, section.reward_model_kind)
+    return RewardModelSpec(
+        section.reward_model, section.reward_model_kind, section.reward_mix,
+        section.reward_model_gpus, section.reward_model_timeout_s, section.reward_model_batch,
+        check_rubric(section.reward_model_rubric or DEFAULT_RUBRIC),
+    )  # fmt: skip
 
 
 CHAT_TASKS = ("jsonl", "arith", "calculator")

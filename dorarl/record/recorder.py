@@ -26,7 +26,13 @@ from dorarl.engine.outputs import prefix_hit_rate
 from dorarl.record.files import RunFiles
 from dorarl.record.groups import GroupAccount
 from dorarl.record.slots import SlotUsage
-from dorarl.record.trace import MIGRATION_TID, TRAINER_PID, TraceBuilder, instance_pid
+from dorarl.record.trace import (
+    MIGRATION_TID,
+    REWARD_MODEL_PID,
+    TRAINER_PID,
+    TraceBuilder,
+    instance_pid,
+)
 from dorarl.record.versions import VersionLanes
 from dorarl.run_layout import RunFolder
 
@@ -70,6 +76,8 @@ class _Step:
     migrations: int = 0
     offloads: int = 0
     mixed_steps: int = 0  # engine steps that ran requests of two or more versions
+    reward_model_s: float = 0.0  # the reward model's seconds on its batches
+    reward_model_batches: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -197,6 +205,27 @@ class Recorder:
         if self.trace is not None:
             pid = TRAINER_PID if instance_id is None else instance_pid(instance_id)
             self.trace.instant(pid, f"{worker} died: {cause}", now, cause=cause)
+
+    def reward_model_batch(self, size: int, seconds: float, start: float, end: float) -> None:
+        """The reward model scored `size` samples in `seconds` (its own time), the batch out
+        from `start` to `end` (run seconds): a slice on its track of the trace."""
+        step = self._step
+        step.reward_model_s += seconds
+        step.reward_model_batches += 1
+        if self.trace is not None:
+            if not self.faults["reward_model_batches"]:
+                self.trace.track(REWARD_MODEL_PID, "reward model")
+            self.trace.slice(
+                REWARD_MODEL_PID, 0, f"score {size}", start, end, size=size, seconds=seconds
+            )
+        self.faults["reward_model_batches"] += 1
+
+    def reward_model_restarted(self, rescored: int, now: float) -> None:
+        """A dead or stuck reward model was replaced; its batch of `rescored` goes again."""
+        self.faults["reward_model_restarts"] += 1
+        if self.trace is not None:
+            name = f"reward model restarted ({rescored} samples scored again)"
+            self.trace.instant(REWARD_MODEL_PID, name, now)
 
     def restarted(self, instance_id: int, requests: int, now: float) -> None:
         """A dead instance was replaced; its `requests` start again from their prompts."""
@@ -428,6 +457,7 @@ class Recorder:
             prefill=step.prefill, prefill_saved=step.prefill_saved,
             mixed_steps=step.mixed_steps,
         )  # fmt: skip
+        line |= _reward_model_line(step)
         if step.reward_parts:  # each part's mean over the responses it was scored on
             line["reward_parts"] = {k: sum(v) / len(v) for k, v in step.reward_parts.items()}
         return line | step.extra
@@ -437,7 +467,7 @@ class Recorder:
         """Write summary.json (and trace.json); returns the summary."""
         self.usage.settle(now)
         self.lanes.close(now)
-        self.summary = self._summary(now)
+        self.summary = self._summary(now) | self._reward_model_summary()
         self.files.close(self.summary, self.trace)
         return self.summary
 
@@ -487,6 +517,16 @@ class Recorder:
             "deaths": list(self.deaths),
         } | self._engine_summary()
 
+    def _reward_model_summary(self) -> dict[str, Any]:
+        """A run with a reward model: its batches and restarts."""
+        faults = self.faults
+        if not faults["reward_model_batches"] and not faults["reward_model_restarts"]:
+            return {}
+        return {
+            "reward_model_batches": faults["reward_model_batches"],
+            "reward_model_restarts": faults["reward_model_restarts"],
+        }
+
     def _engine_summary(self) -> dict[str, Any]:
         """The engines' set-ups and, flat, every fast-path fallback (none: an empty list)."""
         if not self.engines:
@@ -518,3 +558,14 @@ def _turns(sample: Sample) -> dict[str, Any]:
         row["tool_calls"] = sum(t.tool_calls for t in sample.turns)
         row["tool_call_errors"] = sum(t.tool_errors for t in sample.turns)
     return row
+
+
+def _reward_model_line(step: _Step) -> dict[str, Any]:
+    """A step's reward model figures (none when it scored no batch)."""
+    if not step.reward_model_batches:
+        return {}
+    return {
+        "reward_model_s": step.reward_model_s,
+        "reward_model_batches": step.reward_model_batches,
+        "reward_model_batch_s": step.reward_model_s / step.reward_model_batches,
+    }

@@ -183,6 +183,7 @@ SUMMED = (*GROUP_COUNTS, "env_waits")
 FAULTS = ("engine_restarts", "restarted_requests", "trainer_restarts", "replayed_steps",
           "replay_mismatches", "reward_errors", "env_errors", "agent_refused_calls",
           "context_overflows")  # fmt: skip
+REWARD_MODEL = ("reward_model_batches", "reward_model_restarts")
 
 
 def run_books(before: dict[str, Any] | None, summary: dict[str, Any]) -> dict[str, Any]:
@@ -263,11 +264,19 @@ def run_summary(
     summary["reprefill_tokens"] = sum(r["reprefill_tokens"] for r in rows)
     summary |= _prefill(rows)
     summary |= {key: sum(s.get(key, 0) for s in own) for key in FAULTS}
+    summary |= _reward_model(own)
     summary["deaths"] = [death for s in own for death in s.get("deaths", [])]
     summary["peak_requests_held"] = max((s.get("peak_requests_held", 0) for s in own), default=0)
     summary |= _evaluations(segments, evaluations or {})
     pace = _pace([s["pace"] for s in own if "pace" in s])
     return summary | ({"pace": pace} if pace else {}) | {"segments": [s.entry() for s in segments]}
+
+
+def _reward_model(own: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A run with a reward model: its batches and restarts summed over the segments."""
+    if not any(key in s for s in own for key in REWARD_MODEL):
+        return {}
+    return {key: sum(s.get(key, 0) for s in own) for key in REWARD_MODEL}
 
 
 def _prefill(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Times go in as seconds since run start and come out as microseconds. Process 0 is the
 trainer (with, for an MoE model, counters of each step's tokens per expert and its expert
 imbalance); instance i is process i + 1, with threads for its hosted version, weight loads
-and migrations, and a `busy_slots` counter.
+and migrations, and a `busy_slots` counter. A run with a reward model has its track too
+(`REWARD_MODEL_PID`): a slice per batch scored.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 TRAINER_PID = 0
+REWARD_MODEL_PID = 10_000  # past any instance's
 VERSION_TID, WEIGHTS_TID, MIGRATION_TID = 0, 1, 2
 _THREADS = {VERSION_TID: "hosted version", WEIGHTS_TID: "weight loads", MIGRATION_TID: "migrations"}
 
@@ -36,6 +38,10 @@ class TraceBuilder:
         if args:
             event["args"] = args
         self.events.append(event)
+
+    def track(self, pid: int, name: str) -> None:
+        """Name process `pid` (a track added during the run, as the reward model's)."""
+        self.events += _process_name(pid, name)
 
     def counter(self, pid: int, name: str, at: float, value: float) -> None:
         self.counters(pid, name, at, {name: value})

@@ -52,6 +52,7 @@ from dorarl.controller import (
     ReleaseVersion,
     Resume,
     WeightsLoaded,
+    request_id,
 )
 from dorarl.data import NewSegment
 from dorarl.driver import Driver, RequestSpec
@@ -311,9 +312,11 @@ class EngineFleet:
                 self._turn_ended(output)
                 continue
             finished.append((self.driver.requests.spec(output.request_id), output))
-        for (_, output), sample in zip(finished, self.plan.samples(finished), strict=True):
+        samples = self.plan.samples(finished)
+        for _, output in finished:
             self.recorder.reprefill(output.reprefill_tokens)
-            self.driver.sample_done(iid, sample)
+        for at, sample in self.plan.finished(iid, samples):
+            self.driver.sample_done(at, sample)
         self.recorder.mixed_steps(report.mixed_steps)
         self.recorder.prefill(
             iid, report.prefill_tokens, report.saved_tokens, report.stats.kv_blocks_cached
@@ -354,6 +357,14 @@ class EngineFleet:
         self.driver.migration_done(src, dst, rids, landed)
         self._release_held_back(landed)
         self.keep_running(dst)
+
+    def poll_rewards(self) -> None:
+        """Hand the driver the samples the reward model scored, each on the instance the
+        driver places its request now (a replaced instance's request moved)."""
+        for iid, sample in self.plan.rescored():
+            rid = request_id(sample.group_id, sample.sample_index)
+            at = self.driver.requests.instance_of(rid) if self.driver.requests.live(rid) else None
+            self.driver.sample_done(iid if at is None else at, sample)
 
     # ---- multi-turn episodes ---------------------------------------------------------------
     def _turn_ended(self, output) -> None:

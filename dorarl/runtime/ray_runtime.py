@@ -9,7 +9,8 @@ calls in flight (`CallTable`) and the controller's timers. It adds no policy: it
 moves, interrupts and trains what it is told. Paced workers (device emulation) report
 real compute against device time; every step's metrics carry both (`pace_engine`,
 `pace_train`). A dead engine is replaced (dorarl.runtime.recovery.engine_recovery), and so is a dead
-trainer (dorarl.runtime.recovery.trainer_recovery).
+trainer (dorarl.runtime.recovery.trainer_recovery). A run with a reward model scores
+every sample on its actor before the driver hears of it (dorarl.runtime.reward_scoring).
 
 Jobs and tests use its parts: `driver` (the controller, `should_stop`, `stopped`),
 `engines` (the engine actors), `trainer_client` (the trainer actor, the `published`
@@ -57,12 +58,14 @@ from dorarl.runtime.engines import STEPS_PER_CALL, EngineFleet
 from dorarl.runtime.recovery.engine_recovery import InstanceRecovery
 from dorarl.runtime.recovery.trainer_log import TrainerLog
 from dorarl.runtime.recovery.trainer_recovery import TrainerRecovery, trainer_died
+from dorarl.runtime.reward_scoring import RewardModelScoring
 from dorarl.runtime.rollout import RolloutPlan, RolloutSettings
 from dorarl.runtime.trainer_client import PublishHook, StepHook, TrainerClient
 from dorarl.runtime.transfer.transports import make_transport
 from dorarl.runtime.transfer.weights import WeightTransport
 from dorarl.runtime.transfer.weights_config import TransportSpec
 from dorarl.tasks import Task
+from dorarl.tasks.reward_model import RewardModelSpec
 
 __all__ = ["STEPS_PER_CALL", "RayRunPlan", "RayRuntime", "Restarts", "RolloutSettings"]
 
@@ -114,6 +117,8 @@ class RayRunPlan:
     """Complete groups a stopped run's checkpoint kept, queued again at the start."""
     stop_timeout_s: float = float("inf")
     """How long a stop waits for the requests in flight to finish."""
+    reward_model: RewardModelSpec | None = None
+    """A reward model scoring every sample on its own actor (None: the task's rewards)."""
 
 
 class RayRuntime:
@@ -145,7 +150,7 @@ class RayRuntime:
         self.timers: list[float] = []  # due times of the controller's timers, a heap
         self.pace = PaceTally()
         self.recorder = _recorder(plan, self.OVERHEAD_KINDS)
-        self.rollout = RolloutPlan(plan.task, plan.rollout)
+        self.rollout = self._rollout(plan)
         self.weights: WeightTransport = make_transport(plan.transport, config.effective_K + 1)
         self.load_timeout_s = plan.transport.timeout_s  # bounds the start's first loads
         log = TrainerLog(config.initial_version) if plan.restarts.replaces_trainer else None
@@ -179,6 +184,15 @@ class RayRuntime:
         self.trainer_recovery = self._trainer_recovery(plan.restarts, log)
         self._answers = self._answer_table()
 
+    def _rollout(self, plan: RayRunPlan) -> RolloutPlan:
+        """The rollout plan, with the reward model's scoring where the run has one."""
+        rollout = RolloutPlan(plan.task, plan.rollout)
+        if plan.reward_model is not None:
+            rollout.reward_model = RewardModelScoring(
+                plan.reward_model, rollout.reward_texts, self.recorder, self.now
+            )
+        return rollout
+
     def _engine_recovery(self, restarts: Restarts) -> InstanceRecovery | None:
         if restarts.respawn_engine is None or not restarts.engines:
             return None
@@ -202,15 +216,21 @@ class RayRuntime:
     # ---- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Start (unless `start` was called), run to `Finish` or a stop, close."""
-        if not self.started:
-            self.start()
-        self.driver.loop(self.poll)
+        try:
+            if not self.started:
+                self.start()
+            self.driver.loop(self.poll)
+        finally:
+            if self.rollout.reward_model is not None:
+                self.rollout.reward_model.close()
         return self.recorder.close(self.now())
 
     def start(self) -> None:
         """Wait for every actor to be up (each engine's set-up goes to the recorder), start
         the clock, deliver Start (the first dispatches go out)."""
         workers = self.engines.workers
+        if self.rollout.reward_model is not None:
+            self.rollout.reward_model.start()
         for iid, setup in enumerate(_started(workers)):
             self.recorder.engine_setup(iid, setup.as_dict())
         self.weights.start(self.trainer_client.actor, workers)
@@ -239,6 +259,7 @@ class RayRuntime:
         for ref in self._ready():
             self.answer(ref)
         self.engines.poll_envs()
+        self.engines.poll_rewards()
 
     def answer(self, ref: ray.ObjectRef) -> None:
         """Act on the answer of one call in flight (nothing if recovery dropped it)."""
@@ -259,8 +280,10 @@ class RayRuntime:
         timeout = 1.0 if not self.timers else max(0.0, min(1.0, self.timers[0] - self.now()))
         if self.engines.envs_pending:  # episodes wait on their envs: answer them promptly
             timeout = min(timeout, 0.005)
+        if self.rollout.scoring:  # samples wait on the reward model (its answers: poll_rewards)
+            timeout = min(timeout, 0.01)
         if len(self.calls) == 0:
-            if not self.timers and not self.engines.envs_pending:
+            if not self.timers and not self.engines.envs_pending and not self.rollout.scoring:
                 counts = self.driver.controller.counts()
                 raise RuntimeError(f"deadlock: nothing in flight, {counts}")
             time.sleep(timeout)

@@ -4,6 +4,8 @@
 request specs into engine requests (prompt tokens from the task, the request's own seed,
 its forced length) and finished engine outputs into `Sample`s with their reward. A reward
 function that raises scores 0 and is counted (`reward_errors`), never stopping the run.
+With a reward model (`reward_model`), a finished sample is held until the model's score
+is mixed into its reward (`finished`, then `rescored`), the engines going on meanwhile.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dorarl.data.lengths import LengthDist
 from dorarl.driver import RequestSpec
 from dorarl.engine import RequestOutput, SamplingParams
 from dorarl.runtime.episodes import Episodes
+from dorarl.runtime.reward_scoring import RewardModelScoring
 from dorarl.runtime.workers.engine_worker import NewRequest
 from dorarl.tasks import Prompt, Task
 from dorarl.tasks.episodes import EpisodeState
@@ -44,6 +47,8 @@ class RolloutPlan:
         self.reward_errors = 0
         # A multi-turn task: each request is an episode, its reward the environment's.
         self.episodes = Episodes(task) if getattr(task, "multi_turn", False) else None
+        self.reward_model: RewardModelScoring | None = None  # set by a run with one
+        self._by_id = {p.prompt_id: p for p in self.prompts}
 
     @property
     def env_errors(self) -> int:
@@ -99,6 +104,33 @@ class RolloutPlan:
         scored = score_all(self.task, responses)
         self.reward_errors += sum(s.error is not None for s in scored)
         return [self._sample(spec, out, s) for (spec, out), s in zip(finished, scored, strict=True)]
+
+    def finished(self, instance_id: int, samples: list[Sample]) -> list[tuple[int, Sample]]:
+        """The samples (finished on `instance_id`) to hand the driver now: all of them, or
+        with a reward model none (each comes back from `rescored` with its score)."""
+        if self.reward_model is None:
+            return [(instance_id, s) for s in samples]
+        self.reward_model.submit(instance_id, samples)
+        return []
+
+    def rescored(self) -> list[tuple[int, Sample]]:
+        """Samples the reward model scored since the last call, with their instance."""
+        if self.reward_model is None:
+            return []
+        before = self.reward_model.errors
+        done = self.reward_model.ready()
+        self.reward_errors += self.reward_model.errors - before
+        return done
+
+    @property
+    def scoring(self) -> int:
+        """Samples held for the reward model's score."""
+        return 0 if self.reward_model is None else self.reward_model.pending
+
+    def reward_texts(self, sample: Sample) -> tuple[str, str]:
+        """What the reward model reads of `sample`: its prompt's text and its response's
+        (up to its stop token)."""
+        return self._by_id[sample.prompt_id].text, self.task.response_text(sample.response_ids)
 
     def sample(
         self, spec: RequestSpec, out: RequestOutput, episode: EpisodeState | None = None

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from reward_models import save_classifier, save_judge
 from tiny_model import save_with_head_dim
 
 from dorarl.cli import main as cli_main
@@ -424,3 +425,39 @@ def test_settings_problems_are_reported_together_on_the_command_line(tmp_path, c
         "did you mean trainer.lr or trainer.lora.lr?",
         f"dorarl: error: rollout.filter_groups: write true or false, not 'yes' ({path})",
     }, err  # rbs against tbs: checked once every value is good
+
+
+def test_print_config_checks_the_reward_model_folder_and_its_keys(tmp_path, capsys):
+    classifier = save_classifier(tmp_path / "rm")
+    judge = save_judge(tmp_path / "judge")
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((classifier / "config.json").read_text())
+    (pickled / "pytorch_model.bin").write_bytes(b"not loaded")
+    capsys.readouterr()  # the saves' progress bars
+    assert _err(capsys, "--print-config", f"task.reward_model={classifier}") == (0, [])
+    assert _err(capsys, "--print-config", f"task.reward_model={judge}", "task.reward_mix=0.5") == (
+        0,
+        [],
+    )
+    for args, line in (
+        ([f"task.reward_model={tmp_path / 'none'}"], "task.reward_model: "),
+        ([f"task.reward_model={pickled}"], "task.reward_model: "),
+        (
+            [f"task.reward_model={judge}", "task.reward_model_kind=classifier"],
+            "task.reward_model_kind: classifier asked, but",
+        ),
+        ([f"task.reward_model={classifier}", "task.reward_mix=1.5"], "task.reward_mix"),
+        (
+            [f"task.reward_model={judge}", "task.reward_model_rubric=Rate {answer}: {response}"],
+            "task.reward_model_rubric: not a format string of {prompt} and {response}",
+        ),
+        (
+            [f"task.reward_model={classifier}", "task.name=multiturn_sum"],
+            "task.reward_model: a reward model scores single-turn tasks",
+        ),
+    ):
+        rc, err = _err(capsys, "--print-config", *args)
+        assert rc == 2 and len(err) == 1 and err[0].startswith(f"dorarl: error: {line}"), err
+    rc, err = _err(capsys, "--print-config", f"task.reward_model={pickled}")
+    assert "holds only .bin weights" in err[0]
