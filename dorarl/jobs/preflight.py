@@ -4,7 +4,7 @@
 Checked: the model folder (a model the engine runs, the fast paths its heads allow, its
 tokenizer), the task's keys (`task.env` and `task.agent` import, `task.reward` and
 `task.rewards` are built-in rewards or import as functions that take a reward's arguments,
-the data files exist), then the task itself built as the run builds it (its data rows, each
+the data files, data set folders or cached data sets exist), then the task itself built as the run builds it (its data rows, each
 prompt against `engine.max_model_len`). A task key found wrong is left out of that build,
 so the data are checked all the same. Starting actors and placing them on the cluster are
 the run's alone.
@@ -13,7 +13,6 @@ the run's alone.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from dorarl.config.problems import Problems
 from dorarl.errors import UserInputError
@@ -24,6 +23,7 @@ from dorarl.jobs.workload import build_task, user_rewards
 from dorarl.tasks import Task
 from dorarl.tasks.agent import load_agent
 from dorarl.tasks.env import load_env_class
+from dorarl.tasks.hf_datasets import DataSource, missing_problem
 from dorarl.tasks.model_files import load_tokenizer
 from dorarl.tasks.rewards import REWARDS
 
@@ -61,10 +61,11 @@ def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection 
     if _user_named(section) and problems.check(user_rewards, section) is None:
         wrong |= {"reward": None, "rewards": None}
     if section.name == "jsonl":
-        files = (("task.path", section.path), ("task.eval_path", section.eval_path))
-        missing = [(k, path) for k, path in files if path is not None and not Path(path).is_file()]
-        for key, path in missing:
-            problems.add(UserInputError(f"{key}: no such data file {path}"))
+        given = (("task.path", section.path), ("task.eval_path", section.eval_path))
+        sources = [DataSource(value, key) for key, value in given if value is not None]
+        missing = [p for p in map(missing_problem, sources) if p is not None]
+        for line in missing:
+            problems.add(UserInputError(line))
         if missing:
             return None
     return dataclasses.replace(section, **wrong)
