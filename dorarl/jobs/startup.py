@@ -41,6 +41,7 @@ class StartupLines:
         self.first_step_told = self.first_eval_told = False
         self.phases: dict[str, float] = dict(before or {})
         self.actors: dict[str, dict[str, float]] = {}  # per role: its slowest actor's times
+        self.actors_cpu_s = 0.0  # every actor's CPU seconds until it was up
 
     def elapsed(self) -> float:
         return time.monotonic() - self.began
@@ -68,14 +69,8 @@ class StartupLines:
     def actors_up(self, up: dict[str, list[ActorStartup]]) -> None:
         parts = [_describe(role, times) for role, times in up.items() if times]
         self.phases["actors"] = self._lap()
-        self.actors = {
-            role: {
-                "process_s": round(max(t.process_s for t in times), 2),
-                "model_s": round(max(t.setup_s for t in times), 2),
-            }
-            for role, times in up.items()
-            if times
-        }
+        self.actors = {role: _slowest(times) for role, times in up.items() if times}
+        self.actors_cpu_s = sum(t.cpu_s for times in up.values() for t in times)
         self.line(f"actors up in {self.phases['actors']:.1f}s: " + ", ".join(parts))
         self.phase("waiting for the first step")
 
@@ -92,12 +87,20 @@ class StartupLines:
 
     def record(self) -> dict[str, Any]:
         """The start-up by phase, as the summary keeps it: seconds per phase in order, their
-        total, the slowest phase, and each role's slowest actor (its process before the
-        constructor: Ray's worker start and the imports; its model: the constructor)."""
+        total, the slowest phase, each role's slowest actor (its process before the
+        constructor: Ray's worker start and the imports; its model: the constructor), and
+        the CPU seconds the driver and the actors had used (their sum over the machine's
+        cores bounds a quiet machine's start-up from below)."""
         phases = {k: round(v, 2) for k, v in self.phases.items()}
         slowest = max(phases, key=phases.__getitem__) if phases else None
         total = round(sum(phases.values()), 2)
-        return {"total_s": total, "phases_s": phases, "slowest": slowest, "actors": self.actors}
+        return {
+            "total_s": total,
+            "phases_s": phases,
+            "slowest": slowest,
+            "actors": self.actors,
+            "cpu_s": {"driver": round(_own_cpu_s(), 2), "actors": round(self.actors_cpu_s, 2)},
+        }
 
     def evaluation(self, version: int, result: dict[str, Any], scores: str) -> None:
         if self.first_eval_told:
@@ -125,6 +128,19 @@ def breakdown_line(record: dict[str, Any]) -> str:
         )  # fmt: skip
         why += f" ({role} {part} {seconds:.1f}s)"
     return f"start-up {record['total_s']:.1f}s to the first step: {parts}; slowest: {why}"
+
+
+def _slowest(times: list[ActorStartup]) -> dict[str, float]:
+    """A role's slowest process and model among its actors."""
+    return {
+        "process_s": round(max(t.process_s for t in times), 2),
+        "model_s": round(max(t.setup_s for t in times), 2),
+    }
+
+
+def _own_cpu_s() -> float:
+    cpu = psutil.Process().cpu_times()
+    return cpu.user + cpu.system
 
 
 def since_process_start() -> float:

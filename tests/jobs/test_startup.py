@@ -51,6 +51,7 @@ def test_the_clock_counts_the_process_before_the_constructor():
     time.sleep(0.05)
     times = clock.done()
     assert times.process_s > 0.1  # this test process started well before this line
+    assert times.cpu_s > 0.1  # and had used CPU by then (its imports)
     assert 0.05 <= times.setup_s < times.process_s
 
 
@@ -145,14 +146,16 @@ def test_the_first_step_says_the_start_up_by_phase_and_names_the_slowest():
     startup = StartupLines(said.append, phases.append, {"imports": 4.0, "checks": 1.5})
     startup.ray_up(None)
     startup.phases["ray"] = 2.0  # the lap's own seconds are too short to order by
-    startup.actors_up({"engine": [ActorStartup(9.5, 0.3), ActorStartup(12.25, 0.4)],
-                       "trainer": [ActorStartup(6.0, 3.0)], "evaluator": []})  # fmt: skip
+    startup.actors_up({"engine": [ActorStartup(9.5, 0.3, 2.0), ActorStartup(12.25, 0.4, 2.5)],
+                       "trainer": [ActorStartup(6.0, 3.0, 4.0)], "evaluator": []})  # fmt: skip
     startup.phases["actors"] = 13.0
     startup.step({"version": 0, "new_version": 1, "step_time_s": 1.0})
     (line,) = [line for line in said if "first step done" in line]
     assert line.endswith("; " + breakdown_line(startup.record()))  # one line at the first step
     startup.phases["first_step"] = 1.5  # the lap's own seconds are too short to order by
     record = startup.record()
+    cpu = record.pop("cpu_s")
+    assert cpu["actors"] == 8.5 and 0 < cpu["driver"] < 600  # this test process's own
     assert record == {
         "total_s": 22.0,
         "phases_s": {"imports": 4.0, "checks": 1.5, "ray": 2.0, "actors": 13.0, "first_step": 1.5},
