@@ -13,6 +13,7 @@ from a file, its line. Booleans are true/false only (`dorarl.config.yaml_text`).
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -24,7 +25,14 @@ import yaml
 from dorarl.config.errors import ConfigError
 from dorarl.config.fields import bound_problem, choice_problem
 from dorarl.config.problems import ManyProblems, Problems
-from dorarl.config.sources import COMMAND_LINE, Sources, dotted_keys, nearest_keys, record_tree
+from dorarl.config.sources import (
+    COMMAND_LINE,
+    Sources,
+    dotted_keys,
+    looks_like_name,
+    nearest_keys,
+    record_tree,
+)
 from dorarl.config.yaml_text import YAML_BOOL_WORDS, key_lines, load_yaml
 
 T = TypeVar("T")
@@ -323,7 +331,10 @@ def _leaf(f: dataclasses.Field, ftype: Any, value: Any, key: str, sources: Sourc
     if problem:
         raise ConfigError(f"{key}: {problem} ({source})")
     if f.metadata.get("path") and isinstance(typed, str) and typed:
-        return sources.resolve_path(key, typed)
+        resolved = sources.resolve_path(key, typed)
+        if f.metadata.get("or_name") and looks_like_name(typed) and not os.path.exists(resolved):
+            return typed  # a name (a cached data set), not a path here
+        return resolved
     return typed
 
 

@@ -4,7 +4,8 @@ An error names the source of the value it is about, so a typo on the command lin
 blamed on the file. Relative paths resolve by the same rule: a path a file gives resolves
 against the file's folder (or the folder the caller names, `paths_from`), a path given on
 the command line against the working directory. A field is a path when its metadata says
-`"path": True`.
+`"path": True`; one that also says `"or_name": True` stays as given where no such path
+exists and the value reads as a data set's name (`looks_like_name`).
 """
 
 from __future__ import annotations
@@ -52,6 +53,21 @@ class Sources:
             return str(path)
         root = self.paths_from if self.of(key) != COMMAND_LINE and self.paths_from else Path.cwd()
         return os.path.abspath(root / path)
+
+
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".pq", ".csv", ".txt")
+
+
+def looks_like_name(value: str) -> bool:
+    """Whether `value` reads as a hub name (`name`, `namespace/name`) rather than a path:
+    no leading `/`, `.` or `~`, at most one `/`, no data file suffix."""
+    parts = value.split("/")
+    return (
+        1 <= len(parts) <= 2
+        and all(parts)
+        and value[0] not in "./~"
+        and not value.lower().endswith(DATA_FILE_SUFFIXES)
+    )
 
 
 def _joined(sources: set[str]) -> str:

@@ -33,11 +33,28 @@ class TaskSection:
     )
     path: str | None = field(
         default=None,
-        metadata={"help": "jsonl: data file (.jsonl, or .parquet with .[data])", "path": True},
+        metadata={
+            "help": "jsonl: data file (.jsonl, or .parquet with .[data]), a datasets "
+            "save_to_disk folder, or a data set's name in the datasets cache (with .[data])",
+            "path": True,
+            "or_name": True,
+        },
+    )
+    split: str | None = field(
+        default=None,
+        metadata={"help": "jsonl: the split of a data set in task.path (None: its only one)"},
     )
     eval_path: str | None = field(
         default=None,
-        metadata={"help": "jsonl: held-out file (None: split off the data)", "path": True},
+        metadata={
+            "help": "jsonl: held-out file, folder or cached data set (None: split off the data)",
+            "path": True,
+            "or_name": True,
+        },
+    )
+    eval_split: str | None = field(
+        default=None,
+        metadata={"help": "jsonl: the split of a data set in task.eval_path (None: its only one)"},
     )
     format: Literal["prompt_answer", "gsm8k", "math"] = field(
         default="prompt_answer",

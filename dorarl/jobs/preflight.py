@@ -5,7 +5,8 @@ Checked: the model folder (a model the engine runs, the fast paths its heads all
 tokenizer), the task's keys (`task.env` and `task.agent` import, `task.reward` and
 `task.rewards` are built-in rewards or import as functions that take a reward's arguments,
 `task.reward_model` is a folder of a classifier or a causal LM with safetensors weights,
-the data files exist), then the task itself built as the run builds it (its data rows, each
+the data files, data set folders or cached data sets exist), then the task itself built as
+the run builds it (its data rows, each
 prompt against `engine.max_model_len`). A task key found wrong is left out of that build,
 so the data are checked all the same. Starting actors and placing them on the cluster are
 the run's alone.
@@ -14,7 +15,6 @@ the run's alone.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from dorarl.config.problems import Problems
 from dorarl.errors import UserInputError
@@ -25,6 +25,7 @@ from dorarl.jobs.workload import build_task, reward_model_spec, user_rewards
 from dorarl.tasks import Task
 from dorarl.tasks.agent import load_agent
 from dorarl.tasks.env import load_env_class
+from dorarl.tasks.hf_datasets import DataSource, missing_problem
 from dorarl.tasks.model_files import load_tokenizer
 from dorarl.tasks.rewards import REWARDS
 
@@ -64,10 +65,11 @@ def _checked_task_keys(section: TaskSection, problems: Problems) -> TaskSection 
     if section.reward_model is not None and problems.check(reward_model_spec, section) is None:
         wrong["reward_model"] = None
     if section.name == "jsonl":
-        files = (("task.path", section.path), ("task.eval_path", section.eval_path))
-        missing = [(k, path) for k, path in files if path is not None and not Path(path).is_file()]
-        for key, path in missing:
-            problems.add(UserInputError(f"{key}: no such data file {path}"))
+        given = (("task.path", section.path), ("task.eval_path", section.eval_path))
+        sources = [DataSource(value, key) for key, value in given if value is not None]
+        missing = [p for p in map(missing_problem, sources) if p is not None]
+        for line in missing:
+            problems.add(UserInputError(line))
         if missing:
             return None
     return dataclasses.replace(section, **wrong)

@@ -68,10 +68,14 @@ def run_ray(
     pace: DeviceModel | None = None,
     defer_eval: bool = False,
     stop: StopRequest | None = None,
+    imports_s: float | None = None,
 ) -> dict[str, Any]:
     """Run from `point` (the checkpoint `config.resume` names, read once by the caller; None: a
     fresh run) to `config.steps`, or until `stop` is requested (then: the step in flight
-    ends, a checkpoint of that version is written, the summary says `stopped_by`)."""
+    ends, a checkpoint of that version is written, the summary says `stopped_by`).
+    `imports_s`: what the process took before this call (the command's), in the start-up's
+    breakdown."""
+    entered = time.monotonic()
     if config.ray.address:  # a cluster that will refuse us says so before the slow part
         check_cluster_auth(config.ray.address)
     task = check_run(config, point)  # every problem, before any file is written
@@ -83,7 +87,7 @@ def run_ray(
         raise KeyboardInterrupt  # asked to stop before anything started: nothing to save
     start = point.version if point else 0
     with TrainProgress(config.steps - start, enabled=config.progress) as progress:
-        startup = StartupLines(progress.say, progress.phase)
+        startup = _startup_lines(progress, imports_s, checks_s=time.monotonic() - entered)
         own_ray = _init_ray(config)
         startup.ray_up(config.ray.address, kept=not own_ray)
         placed: PlacedActors | None = None
@@ -106,6 +110,14 @@ def run_ray(
             _leave_ray(own_ray, placed, actors)
             if hasattr(task, "close"):  # task.agent: its endpoint serves for the run only
                 task.close()
+
+
+def _startup_lines(
+    progress: TrainProgress, imports_s: float | None, checks_s: float
+) -> StartupLines:
+    """The start's lines, with the phases before them: the command's imports, the checks."""
+    before = {"imports": imports_s} if imports_s is not None else {}
+    return StartupLines(progress.say, progress.phase, before | {"checks": checks_s})
 
 
 def _say_choices(config: TrainConfig, task: Task, chosen: list[str]) -> None:
@@ -219,7 +231,7 @@ def _run(
         on_publish=lambda version: checkpoints.periodic(runtime, version),
         should_stop=stop.requested if stop is not None else None,
     )
-    summary = run_segment(runtime, out_dir, segment)
+    summary = run_segment(runtime, out_dir, segment) | {"startup": startup.record()}
     results = _gather(runtime, evals, progress, checkpoints.off)
     progress.stop()  # the bar ends above the checkpoint and summary lines
     checkpoints.final(runtime, _final_position(runtime, point, out_dir, summary))

@@ -88,11 +88,13 @@ def _train_on_ray(config: TrainConfig, point: ResumePoint | None, out_dir: Path)
     """Run on Ray; SIGINT/SIGTERM stop it after the step in flight (exit 128 + signal), a
     second one aborts at once (exit 130); either way one line says how to resume."""
     from dorarl.jobs.ray_run import run_ray
+    from dorarl.jobs.startup import since_process_start
     from dorarl.jobs.stopping import StopRequest
 
+    imports_s = since_process_start()
     try:
         with StopRequest() as stop:
-            summary = run_ray(config, point, out_dir, stop=stop)
+            summary = run_ray(config, point, out_dir, stop=stop, imports_s=imports_s)
     except KeyboardInterrupt:
         print(f"dorarl: aborted; {_how_to_resume(out_dir)}", file=sys.stderr)
         return 130
@@ -236,6 +238,8 @@ def _print_summary(summary: dict[str, Any], out_dir: Path) -> None:
     ):
         if key in summary:
             table.add_row(key, _cell(summary[key]))
+    if "startup" in summary:
+        table.add_row("startup_to_first_step_s", _cell(summary["startup"]["total_s"]))
     for key, value in _eval_rows(summary):
         table.add_row(key, _cell(value))
     console = table_console()

@@ -126,7 +126,9 @@ def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
     if section.name == "jsonl":
         options |= {
             "path": section.path,
+            "split": section.split,
             "eval_path": section.eval_path,
+            "eval_split": section.eval_split,
             "format": section.format,
             "prompt_template": section.prompt_template,
             "reward": section.resolved_reward(),

@@ -172,9 +172,10 @@ def write_run_records(out_dir: Path) -> dict[str, Any]:
     return summary
 
 
-# Fields of a segment's summary that describe where the run stands: the last segment's.
+# Fields of a segment's summary that describe where the run stands (and how its start went):
+# the last segment's.
 LAST = ("in_flight_at_end", "queued_at_end", "stopped_by", "stopped_at_version",
-        "resume_command")  # fmt: skip
+        "resume_command", "startup")  # fmt: skip
 # Work that only a segment's own books count: summed (a killed segment's is unknown, 0,
 # unless a later segment resumed from a stop checkpoint holding the run's counts up to it),
 # rolled-back work included.

@@ -21,6 +21,7 @@ SECTIONS: dict[str, str] = {
     "trainer": "Trainer",
     "weights": "Weight transfer and migration",
     "modes": "Modes and convergence",
+    "startup": "Start-up",
     "simulator": "Simulator",
     "learning": "Learning runs",
 }

@@ -1,11 +1,12 @@
-"""A task from data files: rows of JSON lines or Parquet in one of the row formats.
+"""A task from data: rows of JSON lines, Parquet or a Hugging Face data set held here (a
+`save_to_disk` folder or a cached name, `dorarl.tasks.hf_datasets`) in one of the row formats.
 
 Formats (`dorarl.tasks.formats`): `prompt_answer` {"prompt", "answer"}, `gsm8k`
 {"question", "answer" ending in `#### N`}, `math` {"problem", "solution" with a
 `\\boxed{}` answer}; `prompt_template` builds the prompt from the row's fields, and
 `chat_template` renders it as a user message (after `system_prompt`, if given).
 Invariants: loading either returns well-formed prompts that fit the context or raises a
-`UserInputError` naming the file and its line (or Parquet row); blank lines are skipped
+`UserInputError` naming the file and its line (or Parquet or data set row); blank lines are skipped
 and every field is kept (`Prompt.row`, what a user's reward reads). The held-out set is
 `eval_path` if given, else a seeded `eval_fraction` of the rows.
 """
@@ -13,6 +14,7 @@ and every field is kept (`Prompt.row`, what a user's reward reads). The held-out
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from dorarl.errors import UserInputError
 from dorarl.tasks.base import Prompt, Task
 from dorarl.tasks.data_files import read_rows
 from dorarl.tasks.formats import check_template, get_format, prompt_text
+from dorarl.tasks.hf_datasets import DataSource, read_data_set
 from dorarl.tasks.model_files import context_limit, load_tokenizer, stop_ids
 from dorarl.tasks.rewards import get_reward
 
@@ -33,6 +36,8 @@ class JsonlTask(Task):
         self,
         path: str | Path,
         reward: str = "exact",
+        split: str | None = None,
+        eval_split: str | None = None,
         tokenizer: str | Path | PreTrainedTokenizerBase | None = None,
         eval_path: str | Path | None = None,
         eval_fraction: float = 0.1,
@@ -59,9 +64,10 @@ class JsonlTask(Task):
         self.chat_template = _checked_chat_template(
             chat_template, system_prompt, self.tokenizer, model_dir
         )
-        rows = self._load(Path(path), first_id=0)
+        rows = self._load(DataSource(str(path), "task.path", split, "task.split"), first_id=0)
         if eval_path is not None:
-            self._train, self._eval = rows, self._load(Path(eval_path), first_id=len(rows))
+            held = DataSource(str(eval_path), "task.eval_path", eval_split, "task.eval_split")
+            self._train, self._eval = rows, self._load(held, first_id=len(rows))
         else:
             self._train, self._eval = _split(rows, eval_fraction, seed)
 
@@ -74,13 +80,13 @@ class JsonlTask(Task):
     def reward(self, prompt: Prompt, response_ids: list[int]) -> float:
         return self.reward_fn(self.answer_text(response_ids, prompt), prompt.answer)
 
-    def _load(self, path: Path, first_id: int) -> list[Prompt]:
+    def _load(self, source: DataSource, first_id: int) -> list[Prompt]:
         prompts: list[Prompt] = []
-        for where, row in read_rows(path):
+        for where, row in _source_rows(source):
             text, answer = prompt_text(self.format, self.prompt_template, row, where)
             prompts.append(self._prompt(first_id + len(prompts), text, answer, where, row))
         if not prompts:
-            raise UserInputError(f"{path}: no rows")
+            raise UserInputError(f"{source.value}: no rows")
         return prompts
 
     def _prompt(
@@ -107,6 +113,16 @@ class JsonlTask(Task):
                 return_dict=False,
             )
         )
+
+
+def _source_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
+    """A data file's rows, else a data set's (a folder or a cached name)."""
+    path = Path(source.value)
+    if not path.is_file():
+        return read_data_set(source)
+    if source.split is not None:
+        raise UserInputError(f"{source.split_key}: {path} is a data file, a single split")
+    return read_rows(path)
 
 
 def _checked_chat_template(

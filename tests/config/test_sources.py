@@ -110,3 +110,13 @@ def test_a_key_meant_by_its_initials_is_suggested(typed, meant):
     from dorarl.config.sources import dotted_keys
 
     assert nearest_keys(typed, dotted_keys(TrainConfig))[0] == meant
+
+
+def test_a_data_set_name_stays_as_given_where_no_such_path_exists(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["task.name=jsonl", "task.path=openai/gsm8k", "task.eval_path=held.jsonl"]
+    config = load_config(TrainConfig, None, args)
+    assert config.task.path == "openai/gsm8k"  # a name: no such folder here
+    assert config.task.eval_path == str(tmp_path / "held.jsonl")  # a file's name: a path
+    (tmp_path / "openai" / "gsm8k").mkdir(parents=True)
+    assert load_config(TrainConfig, None, args).task.path == str(tmp_path / "openai" / "gsm8k")

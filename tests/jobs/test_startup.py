@@ -8,7 +8,7 @@ import pytest
 
 from dorarl.errors import RunFailed
 from dorarl.jobs.eval_actor import Evaluations
-from dorarl.jobs.startup import StartupLines, wait_for_actors
+from dorarl.jobs.startup import StartupLines, breakdown_line, wait_for_actors
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
 
 
@@ -51,6 +51,7 @@ def test_the_clock_counts_the_process_before_the_constructor():
     time.sleep(0.05)
     times = clock.done()
     assert times.process_s > 0.1  # this test process started well before this line
+    assert times.cpu_s > 0.1  # and had used CPU by then (its imports)
     assert 0.05 <= times.setup_s < times.process_s
 
 
@@ -138,3 +139,41 @@ def test_an_evaluator_that_dies_costs_its_evaluations_not_the_run(local_ray, tmp
     assert evals.gone and "evaluation of v2 failed, left out (ActorDiedError" in caplog.text
     evals.offer(4, None, None)  # nobody left to evaluate it: not asked
     assert list(evals.all()) == [0] and len(record.read_text().splitlines()) == 1
+
+
+def test_the_first_step_says_the_start_up_by_phase_and_names_the_slowest():
+    said, phases = [], []
+    startup = StartupLines(said.append, phases.append, {"imports": 4.0, "checks": 1.5})
+    startup.ray_up(None)
+    startup.phases["ray"] = 2.0  # the lap's own seconds are too short to order by
+    startup.actors_up({"engine": [ActorStartup(9.5, 0.3, 2.0), ActorStartup(12.25, 0.4, 2.5)],
+                       "trainer": [ActorStartup(6.0, 3.0, 4.0)], "evaluator": []})  # fmt: skip
+    startup.phases["actors"] = 13.0
+    startup.step({"version": 0, "new_version": 1, "step_time_s": 1.0})
+    (line,) = [line for line in said if "first step done" in line]
+    assert line.endswith("; " + breakdown_line(startup.record()))  # one line at the first step
+    startup.phases["first_step"] = 1.5  # the lap's own seconds are too short to order by
+    record = startup.record()
+    cpu = record.pop("cpu_s")
+    assert cpu["actors"] == 8.5 and 0 < cpu["driver"] < 600  # this test process's own
+    assert record == {
+        "total_s": 22.0,
+        "phases_s": {"imports": 4.0, "checks": 1.5, "ray": 2.0, "actors": 13.0, "first_step": 1.5},
+        "slowest": "actors",
+        "actors": {
+            "engine": {"process_s": 12.25, "model_s": 0.4},
+            "trainer": {"process_s": 6.0, "model_s": 3.0},
+        },
+    }
+    assert breakdown_line(record) == (
+        "start-up 22.0s to the first step: imports 4.0s, checks 1.5s, Ray 2.0s, actors 13.0s, "
+        "first step 1.5s; slowest: actors (engine process 12.2s)"
+    )
+    startup.step({"version": 1, "new_version": 2, "step_time_s": 1.0})
+    assert sum("start-up " in line for line in said) == 1  # said once
+
+
+def test_a_slow_phase_other_than_the_actors_is_named_alone():
+    record = {"total_s": 9.0, "phases_s": {"imports": 6.0, "ray": 3.0}, "slowest": "imports",
+              "actors": {}}  # fmt: skip
+    assert breakdown_line(record).endswith("imports 6.0s, Ray 3.0s; slowest: imports")

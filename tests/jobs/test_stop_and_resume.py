@@ -84,7 +84,10 @@ def test_sigint_stops_the_run_and_the_printed_command_finishes_it(tmp_path):
     assert "Ray up in" in told[0] and "actors up in" in told[1], text
     assert all(f"{role} (process " in told[1] for role in ("2 engines", "trainer", "evaluator"))
     assert "first step done (v0 -> v1" in told[2], text
+    assert "; start-up " in told[2] and "imports " in told[2] and "; slowest: " in told[2]
     summary = json.loads((out / "summary.json").read_text())
+    phases = ["imports", "checks", "ray", "actors", "first_step"]
+    assert list(summary["startup"]["phases_s"]) == phases, summary["startup"]
     stopped = summary["stopped_at_version"]
     assert summary["stopped_by"] == "SIGINT" and 1 <= stopped < STEPS, summary
     state = json.loads(

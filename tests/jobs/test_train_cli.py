@@ -461,3 +461,28 @@ def test_print_config_checks_the_reward_model_folder_and_its_keys(tmp_path, caps
         assert rc == 2 and len(err) == 1 and err[0].startswith(f"dorarl: error: {line}"), err
     rc, err = _err(capsys, "--print-config", f"task.reward_model={pickled}")
     assert "holds only .bin weights" in err[0]
+
+
+def test_print_config_takes_a_saved_data_set_and_refuses_a_name_held_nowhere(
+    tmp_path, capsys, tiny_model_dir, monkeypatch
+):
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "saved"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(4)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)} | {
+        "test": datasets.Dataset.from_list(rows[:1])
+    }).save_to_disk(str(folder))  # fmt: skip
+    common = ["--print-config", f"model={tiny_model_dir}", "task.name=jsonl"]
+    assert cli_main(["train", *common, f"task.path={folder}", "task.split=train"]) == 0
+    assert "split: train" in capsys.readouterr().out
+    rc, err = _err(capsys, *common, f"task.path={folder}")
+    assert rc == 2 and err == [
+        f"dorarl: error: task.split: {folder} has several splits; choose one of train, test "
+        "with task.split=NAME"
+    ], err
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # a name is kept as given, not made a path
+    rc, err = _err(capsys, *common, "task.path=myorg/none")
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("dorarl: error: task.path: no such data file myorg/none, nor a ")
+    assert str(tmp_path / "cache" / "myorg___none") in err[0]

@@ -198,3 +198,12 @@ def test_the_runs_summary_says_how_many_held_out_prompts_its_accuracies_are_shar
     rows = [{"version": 0, "accuracy": 1 / 3, "n": 3.0}, {"version": 2, "accuracy": 2 / 3, "n": 3}]
     (tmp_path / "evaluations.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert write_run_records(tmp_path)["eval_n"] == 3
+
+
+def test_the_runs_summary_keeps_the_start_up_of_its_last_segment(tmp_path):
+    for start, steps, total in ((0, 2, 30.0), (2, 1, 12.5)):
+        folder = _segment(tmp_path, start, steps)
+        own = json.loads((folder / "summary.json").read_text())
+        own["startup"] = {"total_s": total, "phases_s": {"ray": total}, "slowest": "ray"}
+        (folder / "summary.json").write_text(json.dumps(own))
+    assert write_run_records(tmp_path)["startup"]["total_s"] == 12.5  # this process's start

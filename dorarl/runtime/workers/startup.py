@@ -1,5 +1,6 @@
 """How long an actor took to come up, measured in the actor: its process until the actor's
-constructor ran (Ray's worker start and the imports), then the constructor (the model)."""
+constructor ran (Ray's worker start and the imports), then the constructor (the model), and
+the CPU seconds its process had used by then (what a quiet machine's start-up is made of)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import psutil
 class ActorStartup:
     process_s: float  # from the process's start to the constructor's first line
     setup_s: float  # the constructor: building or loading the model, the KV pool
+    cpu_s: float = 0.0  # the process's CPU seconds (user and system) until the constructor ended
 
 
 class StartupClock:
@@ -23,4 +25,5 @@ class StartupClock:
         self.process_s = max(0.0, self.began - psutil.Process().create_time())
 
     def done(self) -> ActorStartup:
-        return ActorStartup(self.process_s, time.time() - self.began)
+        cpu = psutil.Process().cpu_times()
+        return ActorStartup(self.process_s, time.time() - self.began, cpu.user + cpu.system)
