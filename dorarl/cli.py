@@ -102,7 +102,17 @@ def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+WAIT_POLICY = "PASSIVE"
+"""OpenMP's wait at the end of a parallel region, unless the environment names one: an
+active (spinning) wait holds a core that another thread of the same region, another actor
+(engines share the cores with the trainer) or another job needs to finish the work it is
+waiting for; on a shared 2-core machine a 2-thread prefill took 3-8x the time and CPU. libgomp
+reads it once, when torch loads, so it is set before any command imports torch; Ray's
+workers inherit it."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     try:
         code = _dispatch(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # a pipe's reader that left fails this flush, not the exit's

@@ -50,3 +50,17 @@ def test_a_broken_pipe_that_is_not_stdout_still_raises(monkeypatch):
     monkeypatch.setattr("dorarl.cli._dispatch", broken)
     with pytest.raises(BrokenPipeError):
         main(["--help"])
+
+
+def test_openmp_threads_wait_passively_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert main(["--help"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert main(["--help"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_entry_point_loads_no_torch_before_it_sets_the_wait_policy():
+    code = "import sys, dorarl.cli; assert 'torch' not in sys.modules, 'torch loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

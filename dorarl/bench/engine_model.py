@@ -12,6 +12,7 @@ and this process's CPU clock both. Writes DIR/engine.json (under `real_model`).
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,20 @@ from transformers import (
 
 from dorarl.bench.cli_args import engine_bench_parser, write_json
 from dorarl.bench.clock import Laps, load_window
+from dorarl.bench.engine_backends import (
+    DTYPES,
+    BackendSpec,
+    parse_backends,
+    print_backends,
+    run_backends,
+)
 from dorarl.bench.report import clock_bars_table, fmt_or_dash
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.engine import Engine, EngineConfig, SamplingParams
 from dorarl.engine.linear import Linear
 from dorarl.engine.model_spec import read_hf_config
 from dorarl.engine.weights import ModelWeights
+from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
 
 REAL_BARS = {  # name: (what, target, at most?)
@@ -298,6 +307,13 @@ def print_real(report: dict[str, Any], console: Console) -> None:
     console.print(clock_bars_table("real-model bars", report["bars"]))
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(int(x) for x in text.split(",") if x.strip().isdigit())
+    if not sizes or min(sizes) < 1 or len(sizes) != len(text.split(",")):
+        raise argparse.ArgumentTypeError(f"comma-separated positive integers, got {text!r}")
+    return sizes
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = engine_bench_parser("dorarl bench engine-model", __doc__, "engine.json")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -306,24 +322,66 @@ def arguments() -> argparse.ArgumentParser:
         "--shape", choices=sorted(SHAPES), help="random weights of a real model's shape"
     )
     parser.add_argument("--skip-hf", action="store_true", help="skip HF generate")
+    parser.add_argument(
+        "--backend",
+        help="engine backends side by side on the same requests instead (dorarl,vllm; needs "
+        "--model; writes engine.json under `backends`)",
+    )
+    parser.add_argument("--batches", type=_sizes, default=RealSpec.batches, help="e.g. 32,64")
+    parser.add_argument("--prompt-len", type=int, default=RealSpec.prompt_len)
+    parser.add_argument("--new-tokens", type=int, default=RealSpec.new_tokens)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="with --backend")
+    parser.add_argument(
+        "--vllm-compile", action="store_true", help="with --backend: vLLM compiles (not eager)"
+    )
     return parser
+
+
+def _versions(ran: dict[str, Any]) -> dict[str, str]:
+    found = {"torch": torch.__version__, "transformers": transformers.__version__}
+    if "vllm" in ran.get("backends", {}).get("order", ()):
+        found["vllm"] = sys.modules["vllm"].__version__
+    return found
+
+
+def _run_backends(args: argparse.Namespace) -> dict[str, Any]:
+    if args.model is None:
+        raise UserInputError("--backend: needs --model DIR (every backend starts from the folder)")
+    backends = parse_backends(args.backend)
+    read_hf_config(args.model)  # refuses a missing config or an unsupported architecture
+    spec = BackendSpec(
+        args.model, args.batches, args.prompt_len, args.new_tokens, dtype=args.dtype,
+        vllm_compile=args.vllm_compile,
+    )  # fmt: skip
+    return {"backends": run_backends(backends, spec, Console(stderr=True))}
+
+
+def _run_real(args: argparse.Namespace) -> dict[str, Any]:
+    spec = RealSpec(args.batches, args.prompt_len, args.new_tokens)
+    model = load_model(args.model, args.shape)
+    real = run_real(model, spec, Console(stderr=True), skip_hf=args.skip_hf)
+    real["source"] = str(args.model) if args.model else args.shape
+    return {"real_model": real}
 
 
 def main(argv: list[str]) -> int:
     args = arguments().parse_args(argv)
+    if args.backend is not None:
+        parse_backends(args.backend)  # a bad list or a missing vLLM: refused before any work
     torch.set_num_threads(args.threads)
     with load_window() as window:
-        model = load_model(args.model, args.shape)
-        real = run_real(model, RealSpec(), Console(stderr=True), skip_hf=args.skip_hf)
-    real["source"] = str(args.model) if args.model else args.shape
+        ran = _run_backends(args) if args.backend is not None else _run_real(args)
     report = {
         "threads": torch.get_num_threads(),
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "real_model": real,
+        "versions": _versions(ran),
+        **ran,
         **window.fields(),
     }
     write_json(args.out, "engine.json", report)
     console = table_console()
-    print_real(real, console)
+    if "real_model" in ran:
+        print_real(ran["real_model"], console)
+    else:
+        print_backends(ran["backends"], console)
     console.print(f"load average {report['load_average_start']} -> {report['load_average']}")
     return 0
