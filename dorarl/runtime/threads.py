@@ -57,13 +57,14 @@ def _usable_cpus() -> int:
 def apply_threads(threads: int, nice: int = 0) -> None:
     """Set this process's torch threads and lower its priority by `nice` (never raises it)."""
     torch.set_num_threads(threads)
-    if nice > 0:
-        _lower_priority(nice)
+    lower_priority(nice)
 
 
-def _lower_priority(nice: int) -> None:
-    """Every thread already running (Linux niceness is per thread; threads started later
+def lower_priority(nice: int) -> None:
+    """Lower this process's priority by `nice` (0: unchanged): every thread already running (Linux niceness is per thread; threads started later
     inherit their creator's), so a thread pool made before this call yields too."""
+    if nice <= 0:
+        return
     try:
         tids = [int(tid) for tid in os.listdir("/proc/self/task")]
     except OSError:

@@ -52,7 +52,7 @@ from dorarl.engine.interface import InstanceEngine
 from dorarl.engine.outputs import EngineSetup
 from dorarl.errors import UserInputError
 from dorarl.record.pacing import DeviceModel, Pacer, PaceStats
-from dorarl.runtime.threads import apply_threads
+from dorarl.runtime.threads import apply_threads, lower_priority
 from dorarl.runtime.transfer import kv_transfer
 from dorarl.runtime.transfer import weight_endpoints as endpoints
 from dorarl.runtime.transfer.weight_group import (
@@ -117,7 +117,7 @@ class EngineWorker:
         nice: int = 0,
     ):
         clock = StartupClock()
-        apply_threads(threads, nice)
+        apply_threads(threads)  # at full priority while it starts: the run waits for it
         self.instance_id = instance_id
         self.model_folder = model_folder
         self.config = with_ray_gpu_share(config)
@@ -129,6 +129,7 @@ class EngineWorker:
             self._engine = open_engine(model_folder, self.config, version)
         except (ConfigError, UserInputError) as exc:
             self._refused = exc
+        lower_priority(nice)  # its engine's threads (vLLM's included) yield to the trainer
         self.pace = pace
         self.pacer = Pacer() if pace is not None else None
         self.group: WeightGroup | None = None  # the weight-transfer group, once joined

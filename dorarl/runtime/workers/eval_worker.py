@@ -21,7 +21,7 @@ from dorarl.engine import EngineConfig
 from dorarl.engine.instance import open_engine
 from dorarl.engine.lora import merge_adapter
 from dorarl.engine.weights import from_checkpoint, load_folder
-from dorarl.runtime.threads import apply_threads
+from dorarl.runtime.threads import apply_threads, lower_priority
 from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused
 from dorarl.runtime.workers.engine_worker import in_worker, verify_hosted
 from dorarl.runtime.workers.startup import ActorStartup, StartupClock
@@ -53,7 +53,7 @@ class EvalWorker:
         adapters: EvalAdapters | None = None,
     ) -> None:
         clock = StartupClock()
-        apply_threads(threads, nice)
+        apply_threads(threads)  # at full priority while it starts: the run waits for it
         self.model_folder = model_folder
         self.engine = open_engine(model_folder, config)  # the run's backend
         self.task, self.max_prompts = task, max_prompts
@@ -61,6 +61,7 @@ class EvalWorker:
         self.adapters = adapters
         if adapters is not None and adapters.first is not None:
             self.engine.load_weights(self._merged(read_adapter(adapters.first)), 0)
+        lower_priority(nice)
         self._startup = clock.done()
 
     def startup(self) -> ActorStartup:
