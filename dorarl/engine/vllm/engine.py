@@ -431,9 +431,20 @@ def engine_args(folder: str | Path, config: EngineConfig, args: VllmArgs) -> Eng
         gpu_memory_utilization=args.gpu_share(config.gpu_memory_share), enforce_eager=args.enforce_eager,
         kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=config.prefix_cache == "on",
         logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
-        **lora_args(config),
+        **lora_args(config), **prefill_args(config),
         kv_cache_memory_bytes=kv_cache_bytes(folder, config, dtype),
     )  # fmt: skip
+
+
+def prefill_args(config: EngineConfig) -> dict:
+    """On the CPU every prompt prefills in one step: vLLM rewinds a seeded request's
+    generator after a partial prefill chunk, which a CPU generator cannot do (the engine
+    dies), and every request here is seeded. A step then takes whole prompts up to the
+    token budget (at least one full-length request's)."""
+    if torch.cuda.is_available():
+        return {}
+    budget = max(config.prefill_chunk_size, config.max_model_len)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
 def lora_args(config: EngineConfig) -> dict:

@@ -4,6 +4,7 @@ multi-turn, prefix-cache isolation by version. One engine for the module."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -79,6 +80,17 @@ def test_seeded_sampling_is_reproducible(engine):
     assert runs[0].output_ids == runs[1].output_ids
     assert runs[0].logprobs == runs[1].logprobs
     assert runs[0].output_ids != runs[2].output_ids
+
+
+def test_seeded_prompts_past_a_steps_token_budget_prefill_whole(engine):
+    """More seeded prompt tokens than one step takes: on the CPU each prompt prefills in one
+    step (a partial chunk would make vLLM rewind a CPU generator, which kills the engine)."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, stop_token_ids=[])
+    for i in range(24):
+        prompt = [1] + [5 + (i + j) % 90 for j in range(199)]  # 24 x 200 tokens
+        engine.add_request(f"long{i}", prompt, dataclasses.replace(params, seed=i))
+    done = run_all(engine)
+    assert sorted(len(done[f"long{i}"].output_ids) for i in range(24)) == [4] * 24
 
 
 def test_abort_and_resume_continues_as_uninterrupted(engine):
