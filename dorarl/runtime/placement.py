@@ -114,13 +114,27 @@ def plan_placement(
         engine_on_gpu=engine.device != "cpu",
         trainer_on_gpu=trainer.device != "cpu",
         node_gpus=node_gpus,
-        engine_gpus=ray.engine_gpus,
+        engine_gpus=engine_share(engine, ray.engine_gpus),
         trainer_gpus=ray.trainer_gpus,
         eval_gpus=ray.eval_gpus,
         engine_resources=ray.engine_resources,
         trainer_resources=ray.trainer_resources,
         trainer_ranks=trainer.world_size,
     )
+
+
+def engine_share(engine: EngineConfig, asked: float | None) -> float | None:
+    """An instance's GPU share: `ray.engine_gpus` (None: automatic), but whole GPUs for a
+    vLLM engine sharded over engine.vllm.tensor_parallel_size of them."""
+    tp = engine.vllm.tensor_parallel_size if engine.backend == "vllm" else 1
+    if tp == 1:
+        return asked
+    if asked is not None and asked != tp:
+        raise ConfigError(
+            f"ray.engine_gpus: {asked:g} for instances that engine.vllm.tensor_parallel_size="
+            f"{tp} shards over {tp} GPUs (leave it unset, or set {tp})"
+        )
+    return float(tp)
 
 
 def plan_shares(

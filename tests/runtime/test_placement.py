@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dorarl.config import ConfigError, load_config
 from dorarl.engine import EngineConfig
+from dorarl.engine.vllm.config import vllm_missing
 from dorarl.jobs.config import TrainConfig
 from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.placement import (
@@ -76,6 +77,18 @@ def test_explicit_shares_and_cpu_actors():
     assert not placement(load_config(TrainConfig), 8).uses_gpus
     trainer_only = placement(load_config(TrainConfig, None, ["trainer.device=cuda"]), 1)
     assert trainer_only.shares == {"trainer": 1.0}
+
+
+@pytest.mark.skipif(vllm_missing() is not None, reason="vllm is not installed here")
+def test_a_vllm_instance_sharded_over_gpus_gets_them_whole():
+    """engine.vllm.tensor_parallel_size=N: every instance's bundle holds N whole GPUs (its
+    vLLM workers' devices); a share set otherwise is refused naming the key."""
+    tp = ["engine.backend=vllm", "engine.vllm.tensor_parallel_size=2"]
+    plan = placement(gpu_config("instances=3", *tp), 8)
+    assert [plan.shares[f"engine{i}"] for i in range(3)] == [2.0, 2.0, 2.0]
+    assert packs(plan.bundles, 8)
+    with pytest.raises(ConfigError, match="^ray.engine_gpus: 0.5 for instances that engine"):
+        placement(gpu_config("ray.engine_gpus=0.5", *tp), 8)
 
 
 def test_a_share_above_one_must_be_whole():

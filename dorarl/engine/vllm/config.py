@@ -71,8 +71,11 @@ class VllmArgs:
 
     def gpu_share(self, placed: float | None) -> float:
         """The share of its GPU an instance's vLLM takes: gpu_memory_utilization, else the
-        share it was placed on (`placed`: several instances share a GPU), else vLLM's 0.9."""
-        return self.gpu_memory_utilization or placed or VLLM_UTILIZATION
+        share it was placed on (`placed`: several instances share a GPU), else (a whole GPU
+        or more) vLLM's 0.9."""
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return placed if placed is not None and placed < 1 else VLLM_UTILIZATION
 
 
 def vllm_missing() -> str | None:

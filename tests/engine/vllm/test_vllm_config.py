@@ -27,6 +27,7 @@ def test_an_instance_takes_its_placed_share_of_a_gpu_unless_told():
     assert VllmArgs().gpu_share(placed=None) == 0.9  # vLLM's own default
     assert VllmArgs().gpu_share(placed=0.3333) == 0.3333  # three actors on one GPU
     assert VllmArgs(gpu_memory_utilization=0.5).gpu_share(placed=0.3333) == 0.5
+    assert VllmArgs().gpu_share(placed=1.0) == 0.9  # a whole GPU: vLLM's headroom
 
 
 def test_the_backend_package_imports_no_vllm():
@@ -62,7 +63,8 @@ def test_backend_vllm_is_refused_without_vllm_and_where_it_cannot_serve(monkeypa
     monkeypatch.setattr(engine_config, "vllm_missing", lambda: None)
     config = EngineConfig(backend="vllm", vllm=VllmArgs(tensor_parallel_size=2))
     assert config.vllm.tensor_parallel_size == 2
-    for key, value in (("host_blocks", 4), ("max_versions", 2), ("record_routes", True)):
-        extra = {"prefix_cache": "off"} if key == "max_versions" else {}
+    for key, value in (("host_blocks", 4), ("record_routes", True)):
         with pytest.raises(ConfigError, match=rf"^engine.{key}: .*engine.backend=vllm"):
-            EngineConfig(backend="vllm", **{key: value}, **extra)
+            EngineConfig(backend="vllm", **{key: value})
+    # LoRA versions are vLLM adapters, whose prefix cache is keyed by adapter and salt
+    assert EngineConfig(backend="vllm", max_versions=3).max_versions == 3
