@@ -56,6 +56,7 @@ class Sandbox:
         return (Sandbox, (self.mode, self.limits, self.concurrency))
 
     def run(self, source: str, stdin: str = "") -> RunResult:
+        """The program's run; raises `SandboxFailure` or `OSError` when the sandbox failed."""
         if self.mode == BWRAP:
             return _run_bwrap(source, stdin, self.limits, self.python)
         return _run_unsafe(source, stdin, self.limits, self.python, self.concurrency)
@@ -66,7 +67,10 @@ def bwrap_problem() -> str | None:
     """Why bubblewrap cannot isolate a program here (None: it can), probed once."""
     if shutil.which(BWRAP) is None:
         return "bubblewrap (bwrap) is not installed"
-    result = _run_bwrap("print(6 * 7)", "", _PROBE, interpreter())
+    try:
+        result = _run_bwrap("print(6 * 7)", "", _PROBE, interpreter())
+    except (SandboxFailure, OSError) as exc:
+        return f"bubblewrap cannot make namespaces here ({exc})"
     if result.returncode == 0 and result.stdout.strip() == "42":
         return None
     why = result.stderr.strip().splitlines()[-1:] or [result.cause() or "no output"]
@@ -85,9 +89,16 @@ def _run_bwrap(source: str, stdin: str, limits: Limits, python: str) -> RunResul
     return _signalled(result)
 
 
+class SandboxFailure(RuntimeError):
+    """The sandbox could not run the program (not the program's failure)."""
+
+
 def _signalled(result: RunResult) -> RunResult:
-    """bubblewrap reports a program killed by signal N as exit 128 + N."""
+    """bubblewrap reports a program killed by signal N as exit 128 + N, and its own
+    failure to set up as exit 1 with its message on stderr."""
     code = result.returncode
+    if code == 1 and not result.stdout and result.stderr.startswith("bwrap: "):
+        raise SandboxFailure(result.stderr.strip().splitlines()[0][:200])
     if code is not None and code > 128:
         return RunResult(-(code - 128), result.stdout, result.stderr, result.wall_s)
     return result
