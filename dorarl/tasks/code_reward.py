@@ -3,9 +3,9 @@ on a bounded pool of threads sized to the machine, off the caller's thread.
 
 Reward: the share of tests passed, or with `all_tests` 1 only when every one passes; the
 part `tests_passed` is the share, and `first_failure` (info) says which test failed first and
-why. Invariant: `score` never raises and returns within about twice the sandbox's wall time
-per wave of `workers` programs; a response without a closed ```python block scores 0 (not
-an error); a sandbox that fails or a program past the pool's bound is a reward error
+why. Invariant: `score` never raises; each wave of `WAVE` programs per worker returns within
+about `WAVE` times the sandbox's wall time; a response without a closed ```python block
+scores 0 (not an error); a sandbox that fails or a program past the pool's bound is a reward error
 (reward 0, counted), the first of a process logged in one line.
 """
 
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 PART = "tests_passed"
 NO_CODE = "no closed ```python code block"
+WAVE = 4  # programs per worker handed to the pool at once
 
 
 _Outcome = tuple[RunResult | None, BaseException | None]
@@ -61,14 +62,14 @@ class CodeRewards:
         return lambda: self.sandbox.run(test.program(code), test.stdin)
 
     def _run(self, calls: list[Callable[[], RunResult]]) -> list[_Outcome]:
-        """Every call's outcome; in waves of `workers`, so the pool's bound times each
-        program's run and not its wait for a free thread."""
+        """Every call's outcome; in waves of `WAVE` calls per worker, so a call waits for a
+        thread at most `WAVE - 1` programs' bounded runs and the pool's bound covers both."""
+        per_program = self.sandbox.limits.wall_s + KILL_WAIT_S
         if self._pool is None:
-            bound = self.sandbox.limits.wall_s + KILL_WAIT_S + 5.0
-            self._pool = BoundedPool(self.workers, bound, "code tests")
-        outcomes = []
-        for start in range(0, len(calls), self.workers):
-            outcomes += self._pool.run_all(calls[start : start + self.workers])
+            self._pool = BoundedPool(self.workers, WAVE * per_program + 5.0, "code tests")
+        outcomes, wave = [], WAVE * self.workers
+        for start in range(0, len(calls), wave):
+            outcomes += self._pool.run_all(calls[start : start + wave])
         return outcomes
 
     def _scored(self, job: _Job, outcomes: Iterator[_Outcome]) -> Scored:
