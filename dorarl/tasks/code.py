@@ -9,6 +9,7 @@ any other field kept. Invariant: loading checks every row's tests (a bad one rai
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,9 @@ class CodeTask(JsonlTask):
                 f"task.reward: the code task scores by its tests: {' or '.join(CODE_REWARDS)}"
             )
         limits = Limits(cpu_s=max(1, math.ceil(test_timeout_s)), wall_s=test_timeout_s)
+        workers = workers or os.cpu_count() or 1
         self.user_rewards = CodeRewards(
-            Sandbox(sandbox, limits, workers or 1), reward == "all_tests", workers
+            Sandbox(sandbox, limits, workers), reward == "all_tests", workers
         )
         super().__init__(path or CODE_PROBLEMS, "exact", format="prompt_answer", **options)
 
