@@ -3,6 +3,7 @@ to, and the run says why. Skipped, with the reason, where bubblewrap cannot make
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 import uuid
@@ -35,10 +36,15 @@ def run_folder(tmp_path):
 
 
 def test_a_program_reads_no_file_outside_its_folder(sandbox, run_folder):
-    for path in (run_folder / "config.json", "/etc/shadow", "/root/.bashrc", "/work"):
+    for path in (
+        run_folder / "config.json",
+        "/etc/shadow",
+        os.path.expanduser("~/.bashrc"),
+        __file__,
+    ):
         result = sandbox.run(f"print(open({str(path)!r}).read())")
-        assert not result.ok and SECRET not in result.stdout
-        assert "No such file or directory" in result.cause() or "Is a directory" in result.cause()
+        assert not result.ok and SECRET not in result.stdout and result.stdout == ""
+        assert "FileNotFoundError" in result.cause()
     listing = sandbox.run(f"import os; print(os.listdir({str(run_folder)!r}))")
     assert not listing.ok and "FileNotFoundError" in listing.cause()
 
