@@ -30,6 +30,8 @@ class CodeTest:
     def failure(self, result: RunResult) -> str | None:
         """Why the program failed this test, in a line (None: it passed)."""
         cause = result.cause()
+        if cause == "AssertionError" and self.check is not None:
+            return f"AssertionError: {_short(self.check)}"
         if cause is not None:
             return cause
         if self.stdout is not None and _lines(result.stdout) != _lines(self.stdout):

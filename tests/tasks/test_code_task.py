@@ -68,8 +68,15 @@ def test_right_half_right_and_wrong_programs_score_the_share_of_tests_passed(tmp
 
 
 def test_assert_tests_run_after_the_function(tmp_path):
-    (good,) = _scored(_task(tmp_path), [(1, _block("def square(n):\n    return n * n"))])
-    assert good.reward == 1.0
+    good, wrong = _scored(
+        _task(tmp_path),
+        [
+            (1, _block("def square(n):\n    return n * n")),
+            (1, _block("def square(n):\n    return n")),
+        ],
+    )
+    assert good.reward == 1.0 and wrong.reward == 0.0
+    assert wrong.info == {"first_failure": "test 1 of 2: AssertionError: 'assert square(3) == 9'"}
 
 
 def test_all_tests_gives_one_only_when_every_test_passes(tmp_path):
