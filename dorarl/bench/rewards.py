@@ -2,8 +2,11 @@
 sandbox and as bare subprocesses: programs/s, latency per program, and the sandbox's overhead.
 
 Each program reads a number and prints a sum (one stdin/stdout test, all must pass); the
-pool is the code task's (`CodeRewards`, `--workers` threads). Latency is timed one program
-at a time (50, or as many as the programs); the overhead is a sandbox's median latency minus the bare subprocess's.
+pool is the code task's (`CodeRewards`, `--workers` threads). The runners take turns, 10
+chunks of the programs each, so a busy machine slows each alike; CPU time is the programs'
+and their sandboxes' (this process's children's). Latency is timed one program at a time
+(50, or as many as the programs), the runners again in turn; a sandbox's overhead is its
+median latency, and its CPU time per program, minus the bare subprocess's.
 
     dorarl bench rewards --out DIR [--programs 1000] [--workers N]
 """
@@ -14,6 +17,7 @@ import argparse
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import time
@@ -33,6 +37,7 @@ from dorarl.tasks.user_rewards import RewardInput
 
 LIMITS = Limits(cpu_s=5, wall_s=10.0)
 LATENCY_RUNS = 50
+ROUNDS = 10  # chunks per runner, taken in turns
 PROGRAM = "n = int(input())\nprint(sum(i * i for i in range({scale} * n)))\n"
 
 
@@ -66,26 +71,52 @@ def programs(count: int, seed: int = 0) -> list[RewardInput]:
     return inputs
 
 
-def contender(runner: Any, inputs: list[RewardInput], workers: int) -> dict[str, Any]:
-    """Throughput through the pool, then latency one program at a time."""
-    rewards = CodeRewards(runner, workers=workers)  # type: ignore[arg-type]
-    start = time.monotonic()
+def chunk_through_pool(rewards: CodeRewards, inputs: list[RewardInput]) -> dict[str, float]:
+    """Wall seconds, children's CPU seconds and passes of one chunk through the pool."""
+    cpu, start = _children_cpu(), time.monotonic()
     scored = rewards.score(inputs)
-    wall = time.monotonic() - start
-    one = inputs[0].row["tests"][0]
-    code = PROGRAM.format(scale=1)
-    latencies = []
-    for _ in range(min(LATENCY_RUNS, len(inputs))):
-        begin = time.monotonic()
-        runner.run(code, one["stdin"])
-        latencies.append(time.monotonic() - begin)
     return {
-        "programs": len(inputs), "workers": workers, "wall_s": wall,
-        "programs_per_s": len(inputs) / wall,
+        "wall_s": time.monotonic() - start, "cpu_s": _children_cpu() - cpu,
         "passed": sum(s.reward == 1.0 for s in scored),
         "errors": sum(s.error is not None for s in scored),
+    }  # fmt: skip
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (a sandbox's whole namespace)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(named: list[tuple[str, Any]], inputs: list[RewardInput], workers: int) -> dict:
+    """Each runner's totals over ROUNDS chunks and its latencies, the runners taking turns
+    (chunk by chunk, program by program) so the machine's load falls on each alike."""
+    pools = {name: CodeRewards(runner, workers=workers) for name, runner in named}  # type: ignore[arg-type]
+    totals = {name: {"wall_s": 0.0, "cpu_s": 0.0, "passed": 0, "errors": 0} for name, _ in named}
+    size = max(1, -(-len(inputs) // ROUNDS))
+    for start in range(0, len(inputs), size):
+        for name, _ in named:
+            for key, value in chunk_through_pool(pools[name], inputs[start : start + size]).items():
+                totals[name][key] += value
+    latencies: dict[str, list[float]] = {name: [] for name, _ in named}
+    one = inputs[0].row["tests"][0]["stdin"]
+    for _ in range(min(LATENCY_RUNS, len(inputs))):
+        for name, runner in named:
+            begin = time.monotonic()
+            runner.run(PROGRAM.format(scale=1), one)
+            latencies[name].append(time.monotonic() - begin)
+    return {
+        name: _summary(totals[name], latencies[name], len(inputs), workers) for name, _ in named
+    }
+
+
+def _summary(total: dict, latencies: list[float], count: int, workers: int) -> dict[str, Any]:
+    return {
+        "programs": count, "workers": workers, "wall_s": total["wall_s"],
+        "programs_per_s": count / total["wall_s"], "cpu_ms_per_program": total["cpu_s"] / count * 1e3,
+        "passed": total["passed"], "errors": total["errors"],
         "latency_median_ms": statistics.median(latencies) * 1e3,
-        "latency_p90_ms": statistics.quantiles(latencies, n=10)[-1] * 1e3,
+        "latency_p90_ms": statistics.quantiles(latencies, n=10)[-1] * 1e3 if len(latencies) > 1 else latencies[0] * 1e3,
     }  # fmt: skip
 
 
@@ -106,11 +137,11 @@ def bench(count: int, workers: int) -> dict[str, Any]:
         "limits": asdict(LIMITS), "contenders": {},
     }  # fmt: skip
     with load_window() as window:
-        for name, runner in runners():
-            report["contenders"][name] = contender(runner, inputs, workers)
-    bare = report["contenders"]["bare subprocess"]["latency_median_ms"]
+        report["contenders"] = measure(runners(), inputs, workers)
+    bare = report["contenders"]["bare subprocess"]
     for result in report["contenders"].values():
-        result["overhead_ms"] = result["latency_median_ms"] - bare
+        result["overhead_ms"] = result["latency_median_ms"] - bare["latency_median_ms"]
+        result["overhead_cpu_ms"] = result["cpu_ms_per_program"] - bare["cpu_ms_per_program"]
     return report | window.fields()
 
 
@@ -127,13 +158,20 @@ def cpu_model() -> str:
 def table(report: dict[str, Any]) -> Table:
     out = Table(title=f"rewards: short programs through the code task's pool ({report['cpu']})")
     for col in ("runner", "programs", "workers", "wall s", "programs/s", "passed", "errors",
-                "latency median ms", "p90 ms", "overhead vs bare ms"):  # fmt: skip
+                "CPU ms/program", "latency median ms", "p90 ms", "overhead ms (latency)",
+                "overhead CPU ms"):  # fmt: skip
         out.add_column(col, justify="right")
     for name, r in report["contenders"].items():
         out.add_row(name, str(r["programs"]), str(r["workers"]), f"{r['wall_s']:.1f}",
                     f"{r['programs_per_s']:.1f}", str(r["passed"]), str(r["errors"]),
-                    f"{r['latency_median_ms']:.1f}", f"{r['latency_p90_ms']:.1f}",
-                    f"{r['overhead_ms']:+.1f}")  # fmt: skip
+                    f"{r['cpu_ms_per_program']:.1f}", f"{r['latency_median_ms']:.1f}",
+                    f"{r['latency_p90_ms']:.1f}", f"{r['overhead_ms']:+.1f}",
+                    f"{r['overhead_cpu_ms']:+.1f}")  # fmt: skip
+    out.caption = (
+        "runners take turns (10 chunks each, then one program each for the latencies), so the "
+        f"machine's load falls on each alike; load average {report['load_average_start']} -> "
+        f"{report['load_average']}. CPU: the programs' and their sandboxes' own (children's)."
+    )
     return out
 
 
