@@ -4,7 +4,8 @@ sandbox and as bare subprocesses: programs/s, latency per program, and the sandb
 Each program reads a number and prints a sum (one stdin/stdout test, all must pass); the
 pool is the code task's (`CodeRewards`, `--workers` threads). The runners take turns, 10
 chunks of the programs each, so a busy machine slows each alike; CPU time is the programs'
-and their sandboxes' (this process's children's). Latency is timed one program at a time
+and their sandboxes' (this process's children's; none for bwrap, whose pid namespace reaps
+the program out of this process's count). Latency is timed one program at a time
 (50, or as many as the programs), the runners again in turn; a sandbox's overhead is its
 median latency, and its CPU time per program, minus the bare subprocess's.
 
@@ -106,14 +107,18 @@ def measure(named: list[tuple[str, Any]], inputs: list[RewardInput], workers: in
             runner.run(PROGRAM.format(scale=1), one)
             latencies[name].append(time.monotonic() - begin)
     return {
-        name: _summary(totals[name], latencies[name], len(inputs), workers) for name, _ in named
+        name: _summary(totals[name], latencies[name], len(inputs), workers, name != BWRAP)
+        for name, _ in named
     }
 
 
-def _summary(total: dict, latencies: list[float], count: int, workers: int) -> dict[str, Any]:
+def _summary(
+    total: dict, latencies: list[float], count: int, workers: int, cpu_counted: bool
+) -> dict[str, Any]:
+    cpu = total["cpu_s"] / count * 1e3 if cpu_counted else None
     return {
         "programs": count, "workers": workers, "wall_s": total["wall_s"],
-        "programs_per_s": count / total["wall_s"], "cpu_ms_per_program": total["cpu_s"] / count * 1e3,
+        "programs_per_s": count / total["wall_s"], "cpu_ms_per_program": cpu,
         "passed": total["passed"], "errors": total["errors"],
         "latency_median_ms": statistics.median(latencies) * 1e3,
         "latency_p90_ms": statistics.quantiles(latencies, n=10)[-1] * 1e3 if len(latencies) > 1 else latencies[0] * 1e3,
@@ -141,7 +146,8 @@ def bench(count: int, workers: int) -> dict[str, Any]:
     bare = report["contenders"]["bare subprocess"]
     for result in report["contenders"].values():
         result["overhead_ms"] = result["latency_median_ms"] - bare["latency_median_ms"]
-        result["overhead_cpu_ms"] = result["cpu_ms_per_program"] - bare["cpu_ms_per_program"]
+        cpu = result["cpu_ms_per_program"]
+        result["overhead_cpu_ms"] = None if cpu is None else cpu - bare["cpu_ms_per_program"]
     return report | window.fields()
 
 
@@ -164,15 +170,20 @@ def table(report: dict[str, Any]) -> Table:
     for name, r in report["contenders"].items():
         out.add_row(name, str(r["programs"]), str(r["workers"]), f"{r['wall_s']:.1f}",
                     f"{r['programs_per_s']:.1f}", str(r["passed"]), str(r["errors"]),
-                    f"{r['cpu_ms_per_program']:.1f}", f"{r['latency_median_ms']:.1f}",
+                    _or_dash(r["cpu_ms_per_program"], "{:.1f}"), f"{r['latency_median_ms']:.1f}",
                     f"{r['latency_p90_ms']:.1f}", f"{r['overhead_ms']:+.1f}",
-                    f"{r['overhead_cpu_ms']:+.1f}")  # fmt: skip
+                    _or_dash(r["overhead_cpu_ms"], "{:+.1f}"))  # fmt: skip
     out.caption = (
         "runners take turns (10 chunks each, then one program each for the latencies), so the "
         f"machine's load falls on each alike; load average {report['load_average_start']} -> "
-        f"{report['load_average']}. CPU: the programs' and their sandboxes' own (children's)."
+        f"{report['load_average']}. CPU: the programs' and their sandboxes' own (children's); "
+        "not for bwrap, whose namespace reaps the program where this process cannot count it."
     )
     return out
+
+
+def _or_dash(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 def main(argv: list[str]) -> int:
