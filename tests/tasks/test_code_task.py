@@ -32,7 +32,7 @@ def _task(tmp_path, rows=(DOUBLE, SQUARE), **kw):
     path = tmp_path / "code.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     kw = {"tokenizer": build_char_tokenizer(), "max_model_len": 2048, "max_new_tokens": 256,
-          "eval_fraction": 0.0, "sandbox": SANDBOX, "test_timeout_s": 2.0, **kw}  # fmt: skip
+          "eval_fraction": 0.0, "sandbox": SANDBOX, "test_timeout_s": 20.0, **kw}  # fmt: skip
     return make_task("code", path=path, **kw)
 
 
@@ -99,13 +99,9 @@ def test_a_response_without_a_closed_python_block_scores_zero_and_says_so(tmp_pa
 def test_a_harmful_or_hanging_program_scores_zero_with_its_cause_and_the_run_goes_on(tmp_path):
     config = tmp_path / "config.json"
     config.write_text('{"token": "secret"}')
-    task = _task(tmp_path, test_timeout_s=1.0)
-    reads, sleeps = _scored(
-        task,
-        [
-            (0, _block(f"print(open({str(config)!r}).read())")),
-            (0, _block("import time\ntime.sleep(10**6)")),
-        ],
+    (reads,) = _scored(_task(tmp_path), [(0, _block(f"print(open({str(config)!r}).read())"))])
+    (sleeps,) = _scored(
+        _task(tmp_path, test_timeout_s=1.0), [(0, _block("import time\ntime.sleep(10**6)"))]
     )
     if SANDBOX == "bwrap":  # the weak sandbox can read what its user can
         assert reads.reward == 0.0 and "FileNotFoundError" in reads.info["first_failure"]

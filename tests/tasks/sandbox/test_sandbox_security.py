@@ -13,7 +13,10 @@ from sandbox_programs import PeakCount, processes_named, processes_with, settled
 
 from dorarl.tasks.sandbox import Limits, Sandbox, bwrap_problem
 
-LIMITS = Limits(cpu_s=2, wall_s=3.0, memory_mb=512, processes=16, output_bytes=1 << 16)
+LIMITS = Limits(cpu_s=2, wall_s=20.0, memory_mb=512, processes=16, output_bytes=1 << 16)
+"""The wall bound far off (a loaded machine starts an interpreter slowly), but where a test
+waits for it: `SHORT`."""
+SHORT = Limits(cpu_s=2, wall_s=3.0, memory_mb=512, processes=16, output_bytes=1 << 16)
 SECRET = "hf_secret_token_0123456789"
 
 pytestmark = pytest.mark.skipif(
@@ -24,6 +27,11 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
     return Sandbox("bwrap", LIMITS)
+
+
+@pytest.fixture(scope="module")
+def short() -> Sandbox:
+    return Sandbox("bwrap", SHORT)
 
 
 @pytest.fixture
@@ -112,7 +120,7 @@ def test_a_program_reaches_no_outside_address(sandbox):
     assert not dns.ok and "gaierror" in dns.cause()
 
 
-def test_a_fork_bomb_stays_within_the_process_limit_and_dies(sandbox):
+def test_a_fork_bomb_stays_within_the_process_limit_and_dies(short):
     name = f"bomb{uuid.uuid4().hex[:8]}"
     program = (
         "import ctypes, os\n"
@@ -124,7 +132,7 @@ def test_a_fork_bomb_stays_within_the_process_limit_and_dies(sandbox):
         "        pass\n"
     )
     with PeakCount(lambda: processes_named(name)) as peak:
-        result = sandbox.run(program)
+        result = short.run(program)
     assert result.killed_for == "wall time" and "timed out" in result.cause()
     assert 1 < peak.peak <= LIMITS.processes  # it forked, and the kernel stopped it there
     assert settled(lambda: processes_named(name)) == 0
@@ -135,25 +143,24 @@ def test_a_program_cannot_allocate_16_gib(sandbox):
     assert not result.ok and result.cause() == "MemoryError" and result.stdout == ""
 
 
-def test_a_program_that_sleeps_forever_is_killed_at_the_wall_time(sandbox):
+def test_a_program_that_sleeps_forever_is_killed_at_the_wall_time(short):
     start = time.monotonic()
-    result = sandbox.run("import time\ntime.sleep(10**6)")
+    result = short.run("import time\ntime.sleep(10**6)")
     assert result.killed_for == "wall time" and "timed out after 3.0 s" in result.cause()
-    assert time.monotonic() - start < LIMITS.wall_s + 2
+    assert time.monotonic() - start < SHORT.wall_s + 2
 
 
 def test_a_program_burning_cpu_is_stopped_at_the_cpu_limit():
-    limits = Limits(cpu_s=1, wall_s=10.0, memory_mb=512)
+    limits = Limits(cpu_s=1, wall_s=60.0, memory_mb=512)  # the wall bound far off, under load
     result = Sandbox("bwrap", limits).run("while True:\n    pass")
-    assert result.cause() == "past the CPU-time limit" and result.wall_s < 5
+    assert result.cause() == "past the CPU-time limit" and result.killed_for is None
 
 
 def test_printing_a_gigabyte_keeps_at_most_the_output_limit(sandbox):
     program = "import sys\nfor _ in range(1 << 14):\n    sys.stdout.write('x' * (1 << 16))\n"
-    start = time.monotonic()
-    result = sandbox.run(program)
+    result = sandbox.run(program)  # stopped by the output limit, not the wall time
     assert result.killed_for == "output" and result.cause() == "printed past the output limit"
-    assert len(result.stdout) <= LIMITS.output_bytes and time.monotonic() - start < 3
+    assert len(result.stdout) <= LIMITS.output_bytes
 
 
 def test_a_child_that_outlives_its_parent_is_killed(sandbox):
