@@ -14,7 +14,10 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-TAIL = "Give your whole program in one ```python code block."
+TAIL = (
+    "Read with input() and print only the answer, with no other text. "
+    "Give your whole program in one ```python code block."
+)
 FN_TAIL = "Give the function in one ```python code block; do not read input or print."
 TESTS = 5
 
