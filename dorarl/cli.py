@@ -51,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "dorarl.bench.weights",
         "weight transports (object store, torch.distributed): trainer to one, to all, peer",
     ),
+    "bench rewards": (
+        "dorarl.bench.rewards",
+        "short programs through the code task's reward pool: programs/s, sandbox overhead",
+    ),
     "report compare": (
         "dorarl.jobs.compare",
         "run folders side by side: held-out accuracy and reward by step and wall time",

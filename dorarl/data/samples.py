@@ -61,6 +61,8 @@ class Sample:
     # A user's rewards: each named part's value, unweighted (empty for a built-in reward);
     # with a reward model, its score (`reward_model`) and the verifier's reward (`verifier`).
     reward_parts: dict[str, float] = field(default_factory=dict)
+    # Notes on how it scored (the code task's first failed test), written to its trajectory row.
+    reward_info: dict[str, str] = field(default_factory=dict)
     migrations: int = 0
     offloads: int = 0
     # Multi-turn: per response token, True for an environment's observation (context the

@@ -29,13 +29,14 @@ from dorarl.trainer import LossConfig, TrainerConfig
 class TaskSection:
     name: str = field(
         default="running_sum",
-        metadata={"help": "running_sum | jsonl | arith | multiturn_sum | calculator"},
+        metadata={"help": "running_sum | jsonl | arith | multiturn_sum | calculator | code"},
     )
     path: str | None = field(
         default=None,
         metadata={
-            "help": "jsonl: data file (.jsonl, or .parquet with .[data]), a datasets "
-            "save_to_disk folder, or a data set's name in the datasets cache (with .[data])",
+            "help": "jsonl, code: data file (.jsonl, or .parquet with .[data]), a datasets "
+            "save_to_disk folder, or a data set's name in the datasets cache (with .[data]); "
+            "code: None for the shipped problems, assets/code/problems.jsonl",
             "path": True,
             "or_name": True,
         },
@@ -75,7 +76,8 @@ class TaskSection:
         metadata={
             "help": "exact | math (jsonl), or 'module:function', a reward of your own from the "
             "Python path or the working directory (docs/models-and-data.md) (None: math for "
-            "gsm8k and math rows, exact for prompt_answer; arith: always the final answer)"
+            "gsm8k and math rows, exact for prompt_answer; arith: always the final answer; "
+            "code: tests, the share of tests passed, or all_tests, 1 only when all pass)"
         },
     )
     rewards: list[dict[str, Any]] | str | None = field(
@@ -219,6 +221,21 @@ class TaskSection:
         metadata={
             "help": "multiturn_sum, calculator: simulated tool latency per env step (tool call)",
             "ge": 0,
+        },
+    )
+    sandbox: Literal["bwrap", "unsafe_rlimits_only"] = field(
+        default="bwrap",
+        metadata={
+            "help": "code: how model-written programs run: bwrap (bubblewrap namespaces: no "
+            "network, no file of yours; refused where it cannot), or unsafe_rlimits_only "
+            "(limits only: a program can read your files and reach the network)"
+        },
+    )
+    test_timeout_s: float = field(
+        default=6.0,
+        metadata={
+            "help": "code: wall seconds one program gets on one test (its CPU seconds too)",
+            "gt": 0,
         },
     )
 

@@ -66,6 +66,10 @@ def build_task(config: TrainConfig, model_folder: str) -> Task:
 def reward_specs(section: TaskSection) -> tuple[list[RewardSpec], str] | None:
     """The users' rewards the keys name and the key that names them (None: the task's own
     reward, or the built-in `task.reward` names)."""
+    if section.name == "code":
+        if section.rewards is not None:
+            raise UserInputError("task.rewards: the code task's reward is its tests (task.reward)")
+        return None
     if section.rewards is not None:
         if section.reward is not None:
             raise UserInputError("task.rewards: set task.reward or task.rewards, not both")
@@ -93,7 +97,7 @@ def reward_model_spec(section: TaskSection) -> RewardModelSpec | None:
     )  # fmt: skip
 
 
-CHAT_TASKS = ("jsonl", "arith", "calculator")
+CHAT_TASKS = ("jsonl", "arith", "calculator", "code")
 """Tasks that render chat messages: they load the tokenizer (its chat template, its context)
 from the model folder themselves and take a system prompt and the run's context; the others
 take a loaded tokenizer."""
@@ -125,15 +129,24 @@ def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
         }
     if section.name == "jsonl":
         options |= {
-            "path": section.path,
             "split": section.split,
-            "eval_path": section.eval_path,
             "eval_split": section.eval_split,
             "format": section.format,
             "prompt_template": section.prompt_template,
             "reward": section.resolved_reward(),
+        }
+    if section.name in ("jsonl", "code"):
+        options |= {
+            "path": section.path,
+            "eval_path": section.eval_path,
             "max_new_tokens": cap or config.engine.max_model_len // 2,
             "chat_template": section.chat_template,
+        }
+    if section.name == "code":
+        options |= {
+            "reward": section.reward,
+            "sandbox": section.sandbox,
+            "test_timeout_s": section.test_timeout_s,
         }
     return section.name, options
 

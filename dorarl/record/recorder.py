@@ -406,6 +406,7 @@ class Recorder:
                 "offloads": sample.offloads,
             }
             | ({"reward_parts": sample.reward_parts} if sample.reward_parts else {})
+            | ({"reward_info": sample.reward_info} if sample.reward_info else {})
             | ({"error": sample.reward_error} if sample.reward_error is not None else {})
             | (_turns(sample) if sample.turns else {})
             | (self.texts(sample) if self.texts is not None else {})

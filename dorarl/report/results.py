@@ -20,6 +20,7 @@ SECTIONS: dict[str, str] = {
     "engine": "Engine",
     "trainer": "Trainer",
     "weights": "Weight transfer and migration",
+    "rewards": "Rewards and the code sandbox",
     "modes": "Modes and convergence",
     "startup": "Start-up",
     "simulator": "Simulator",

@@ -159,6 +159,7 @@ class RolloutPlan:
             reward=scored.reward,
             reward_error=scored.error,
             reward_parts=scored.parts,
+            reward_info=scored.info,
             migrations=out.migrations,
             offloads=out.offloads,
             observed=list(out.observed) if episode is not None else [],

@@ -1,7 +1,8 @@
 """Where the shipped base models live: `assets/base_model/` (running_sum),
 `assets/multiturn_base/` (multiturn_sum, fine-tuned from it by scripts/train_multiturn_base.py)
 and `assets/moe_base/` (running_sum, a Mixtral upcycled from the base by
-scripts/upcycle_base_model.py: `model=assets/moe_base`)."""
+scripts/upcycle_base_model.py: `model=assets/moe_base`); the code task's problems
+`assets/code/problems.jsonl`."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets"
 BASE_MODEL_DIR = ASSETS / "base_model"
 MULTITURN_BASE_DIR = ASSETS / "multiturn_base"
 MOE_BASE_DIR = ASSETS / "moe_base"
+CODE_PROBLEMS = ASSETS / "code" / "problems.jsonl"  # scripts/make_code_problems.py
 
 
 def shipped_base_model(task_name: str = "running_sum") -> Path:

@@ -82,7 +82,7 @@ class JsonlTask(Task):
 
     def _load(self, source: DataSource, first_id: int) -> list[Prompt]:
         prompts: list[Prompt] = []
-        for where, row in _source_rows(source):
+        for where, row in source_rows(source):
             text, answer = prompt_text(self.format, self.prompt_template, row, where)
             prompts.append(self._prompt(first_id + len(prompts), text, answer, where, row))
         if not prompts:
@@ -115,7 +115,7 @@ class JsonlTask(Task):
         )
 
 
-def _source_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
+def source_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
     """A data file's rows, else a data set's (a folder or a cached name)."""
     path = Path(source.value)
     if not path.is_file():

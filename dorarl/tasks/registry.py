@@ -8,11 +8,12 @@ from dorarl.errors import UserInputError
 from dorarl.tasks.arith import ArithConfig, ArithTask
 from dorarl.tasks.base import Task
 from dorarl.tasks.calculator import CalculatorConfig, CalculatorTask
+from dorarl.tasks.code import CodeTask
 from dorarl.tasks.jsonl import JsonlTask
 from dorarl.tasks.multiturn_sum import MultiTurnSumConfig, MultiTurnSumTask
 from dorarl.tasks.running_sum import RunningSumConfig, RunningSumTask
 
-TASK_NAMES = ("running_sum", "jsonl", "arith", "multiturn_sum", "calculator")
+TASK_NAMES = ("running_sum", "jsonl", "arith", "multiturn_sum", "calculator", "code")
 
 
 def make_task(name: str, **options: Any) -> Task:
@@ -30,6 +31,8 @@ def make_task(name: str, **options: Any) -> Task:
         if "path" not in options:
             raise UserInputError("task jsonl: needs a data file (path=...)")
         return JsonlTask(**options)
+    if name == "code":
+        return CodeTask(**options)
     raise UserInputError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
 
 

@@ -51,11 +51,13 @@ class RewardInput:
 
 @dataclass
 class Scored:
-    """A response's reward, its named parts (unweighted; empty on an error) and error."""
+    """A response's reward, its named parts (unweighted; empty on an error), error and
+    notes on how it scored (the code task's first failed test)."""
 
     reward: float
     error: str | None = None
     parts: dict[str, float] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
 
 
 def is_user_reward(name: str) -> bool:
