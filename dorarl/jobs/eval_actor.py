@@ -11,12 +11,14 @@ pick it), costs that evaluation, in one line, never the run.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 import ray
 
+from dorarl.engine.config import EngineConfig
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
 from dorarl.jobs.workload import eval_sampling
@@ -45,9 +47,19 @@ def evaluator_spec(
         lora = config.trainer.lora
         adapters = EvalAdapters(lora.alpha, lora.rank, str(point.folder) if point else None)
     return EvaluatorSpec(
-        model_folder, config.engine, task, config.eval.max_prompts, sampling,
+        model_folder, evaluator_engine(config.engine), task, config.eval.max_prompts, sampling,
         threads.evaluator, threads.evaluator_nice, adapters,
     )  # fmt: skip
+
+
+def evaluator_engine(engine: EngineConfig) -> EngineConfig:
+    """The evaluator's engine: the rollout engines' backend and keys; a vLLM one eager (it
+    evaluates now and then: torch.compile's minutes of start-up would not pay back) and
+    with no adapter slots (it merges a LoRA version into the base)."""
+    if engine.backend != "vllm":
+        return engine
+    vllm = dataclasses.replace(engine.vllm, enforce_eager=True)
+    return dataclasses.replace(engine, vllm=vllm, max_versions=1)
 
 
 class Evaluations:

@@ -3,6 +3,11 @@ run never rewrites metrics.jsonl, and every reader joins the two by version."""
 
 import json
 
+import pytest
+
+from dorarl.engine.config import EngineConfig
+from dorarl.engine.vllm.config import vllm_missing
+from dorarl.jobs.eval_actor import evaluator_engine
 from dorarl.jobs.evaluation import finish_outputs
 from dorarl.report.run_curve import read_curve
 
@@ -85,3 +90,15 @@ def test_a_plotted_accuracy_says_its_held_out_count(tmp_path, monkeypatch):
     assert "held-out accuracy (greedy, n=3)" in legends
     plot_convergence({"dora": curve}, tmp_path / "cmp.png")
     assert "dora (n=3)" in legends
+
+
+@pytest.mark.skipif(vllm_missing() is not None, reason="vllm is not installed here")
+def test_a_vllm_runs_evaluator_starts_eager_without_adapter_slots():
+    """It evaluates now and then (no torch.compile start to pay back) and merges LoRA
+    versions into the base (no vLLM adapter slots); our engine's evaluator is the engines'."""
+    engine = EngineConfig(backend="vllm", max_versions=3)
+    evaluator = evaluator_engine(engine)
+    assert evaluator.backend == "vllm" and evaluator.vllm.enforce_eager
+    assert evaluator.max_versions == 1 and not engine.vllm.enforce_eager
+    ours = EngineConfig(max_num_seqs=4)
+    assert evaluator_engine(ours) is ours
