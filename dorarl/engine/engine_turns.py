@@ -6,10 +6,11 @@ from __future__ import annotations
 from dorarl.data.samples import SegmentStart
 from dorarl.engine.config import EngineConfig
 from dorarl.engine.engine_step import output_of
+from dorarl.engine.model_spec import ModelSpec
 from dorarl.engine.outputs import EarlierSegments, RequestOutput
 from dorarl.engine.scheduler import Scheduler
 from dorarl.engine.sequence import Sequence, next_segment_seed
-from dorarl.engine.token_ids import checked_token_ids
+from dorarl.engine.token_ids import checked_token_ids, segment_prompt
 from dorarl.errors import UserInputError
 
 
@@ -18,6 +19,7 @@ class Turns:
     KV the request kept (its history is not prefilled again), or a fresh segment opened."""
 
     config: EngineConfig
+    spec: ModelSpec
     scheduler: Scheduler
     record_routes: bool
     _seqs: dict[str, Sequence]
@@ -46,11 +48,11 @@ class Turns:
         observed there. False (nothing changed) when the prompt leaves no room for a
         sampled token under max_model_len: the caller ends the episode."""
         seq = self._waiting(request_id)
-        prompt = checked_token_ids(request_id, prompt_ids, "prompt_ids")
-        if not prompt:
-            raise UserInputError(f"request {request_id!r}: a new segment with an empty prompt")
-        self._check_vocabulary(request_id, prompt, "segment prompt ")
-        if self.config.max_model_len - len(prompt) < (seq.params.target_len or 1):
+        needs = seq.params.target_len or 1
+        prompt = segment_prompt(
+            request_id, prompt_ids, self.spec.vocab_size, self.config.max_model_len, needs
+        )
+        if prompt is None:
             return False
         fresh = Sequence(
             request_id, prompt, seq.params, next_segment_seed(seq.seed), seq.stop_ids,

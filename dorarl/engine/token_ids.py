@@ -47,6 +47,18 @@ def check_vocabulary(request_id: str, token_ids: list[int], vocab_size: int, wha
         )
 
 
+def segment_prompt(
+    request_id: str, prompt_ids: Any, vocab_size: int, max_model_len: int, needs: int
+) -> list[int] | None:
+    """A new segment's prompt, checked (non-empty, ids within the vocabulary); None when it
+    leaves fewer than `needs` tokens of room under max_model_len (nothing is opened)."""
+    prompt = checked_token_ids(request_id, prompt_ids, "prompt_ids")
+    if not prompt:
+        raise UserInputError(f"request {request_id!r}: a new segment with an empty prompt")
+    check_vocabulary(request_id, prompt, vocab_size, "segment prompt ")
+    return prompt if max_model_len - len(prompt) >= needs else None
+
+
 def check_snapshot(snap: Any, max_model_len: int) -> None:
     """A request snapshot to continue: its per-token lists agree and it leaves room for a
     token under `max_model_len`; one line naming the request otherwise."""

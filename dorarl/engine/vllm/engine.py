@@ -38,6 +38,7 @@ from dorarl.engine.token_ids import (
     check_snapshot,
     check_vocabulary,
     checked_token_ids,
+    segment_prompt,
 )
 from dorarl.engine.vllm.adapters import VllmAdapters, vllm_max_rank
 from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
@@ -364,11 +365,11 @@ class VllmEngine:
         fresh context under the request's version (its tokens so far stay in its output,
         the new prompt observed there). False (nothing changed) without room for a token."""
         t = self._waiting(request_id)
-        prompt = checked_token_ids(request_id, prompt_ids, "prompt_ids")
-        if not prompt:
-            raise UserInputError(f"request {request_id!r}: a new segment with an empty prompt")
-        self._check_vocabulary(request_id, prompt, "segment prompt ")
-        if self.config.max_model_len - len(prompt) < (t.params.target_len or 1):
+        needs = t.params.target_len or 1
+        prompt = segment_prompt(
+            request_id, prompt_ids, self.vocab_size, self.config.max_model_len, needs
+        )
+        if prompt is None:
             return False
         fresh = Tracked(
             request_id, prompt, t.params, next_segment_seed(t.seed), t.stop_ids, t.version,
