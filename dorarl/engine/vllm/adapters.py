@@ -1,8 +1,8 @@
 """LoRA adapters as versions on a vLLM engine: each resident version is a peft adapter folder
 (in shared memory) that vLLM loads as its LoRA of id version + 2, one per vLLM LoRA slot.
 
-The hosted full weights' requests run under a zero adapter (id 1, one more slot) once any
-adapter is resident: vLLM-CPU's LoRA kernels index the stacked adapters with a row's slot,
+The hosted full weights' requests run under a zero adapter (id 1, one more slot), written
+as the engine starts: vLLM-CPU's LoRA kernels index the stacked adapters with a row's slot,
 and a row without LoRA has slot -1, which torch reads as the last slot, so a base request
 batched with adapter requests would decode under the last-loaded adapter.
 vllm-free: the engine makes the requests."""
@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from dorarl.errors import UserInputError
 
 VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
+ZERO_RANK = 1
 _TARGET = re.compile(r"\.([A-Za-z0-9_]+)\.lora_[AB]\.weight$")
 
 
@@ -53,13 +54,13 @@ class VllmAdapters:
 
     ZERO_ID = 1
 
-    def __init__(self, slots: int, base_model: str) -> None:
+    def __init__(self, slots: int, base_model: str, model: dict) -> None:
         self.slots = slots
-        self.zero: Path | None = None  # the zero adapter's folder, once one was written
         self.base_model = base_model
         root = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.root = Path(tempfile.mkdtemp(prefix="dorarl-adapters-", dir=root))
         self.held: dict[int, HeldAdapter] = {}
+        self.zero = self._write_zero(model)
 
     def free_slot(self) -> int | None:
         """A free slot's number (1..slots), or None when every slot holds a version."""
@@ -86,8 +87,6 @@ class VllmAdapters:
         folder = self.root / f"v{version}"
         plain = {n: t.detach().to("cpu", torch.float32).contiguous() for n, t in tensors.items()}
         self._write_folder(folder, plain, rank, alpha, targets)
-        if self.zero is None:
-            self.zero = self._write_zero(plain, rank)
         held = HeldAdapter(version, folder, alpha, rank)
         self.held[version] = held
         return held
@@ -105,16 +104,19 @@ class VllmAdapters:
         (folder / "adapter_config.json").write_text(json.dumps(config))
         save_file(tensors, str(folder / "adapter_model.safetensors"))
 
-    def _write_zero(self, like: dict[str, torch.Tensor], rank: int) -> Path:
-        """An adapter that adds nothing: one module's A and B as zeros (every other
-        module's slot is zero-filled by vLLM)."""
-        a_name = next(n for n in sorted(like) if n.endswith(".lora_A.weight"))
-        b_name = a_name.replace(".lora_A.", ".lora_B.")
-        zeros = {a_name: torch.zeros_like(like[a_name]), b_name: torch.zeros_like(like[b_name])}
-        target = _TARGET.search(a_name)
-        assert target is not None
+    def _write_zero(self, model: dict) -> Path:
+        """An adapter that adds nothing: the first layer's q_proj A and B as zeros, of the
+        config.json `model`'s sizes (every other module's slot is zero-filled by vLLM)."""
+        text = model.get("text_config", model)
+        hidden, heads = text["hidden_size"], text["num_attention_heads"]
+        q_out = heads * (text.get("head_dim") or hidden // heads)
+        name = "base_model.model.model.layers.0.self_attn.q_proj"
+        zeros = {
+            f"{name}.lora_A.weight": torch.zeros(ZERO_RANK, hidden),
+            f"{name}.lora_B.weight": torch.zeros(q_out, ZERO_RANK),
+        }
         folder = self.root / "zero"
-        self._write_folder(folder, zeros, rank, float(rank), [target.group(1)])
+        self._write_folder(folder, zeros, ZERO_RANK, float(ZERO_RANK), ["q_proj"])
         return folder
 
     def tensors(self, version: int) -> dict[str, torch.Tensor]:

@@ -95,7 +95,9 @@ class VllmEngine:
         )
         logger.info("vLLM %s engine on %s, version %d", vllm.__version__, folder, version)
         adapters = (
-            VllmAdapters(config.max_versions - 1, str(folder)) if config.max_versions > 1 else None
+            VllmAdapters(config.max_versions - 1, str(folder), model)
+            if config.max_versions > 1
+            else None
         )
         engine = cls(llm, config, args, model, version, view, adapters)
         engine.check_runs(folder)
@@ -191,13 +193,12 @@ class VllmEngine:
         return self.version if version is None else version
 
     def _lora(self, version: int) -> LoRARequest | None:
-        """vLLM's LoRA of an adapter version; for the hosted full weights none, or the zero
-        adapter once adapters are resident (adapters.py says why)."""
+        """vLLM's LoRA of an adapter version; for the hosted full weights the zero adapter
+        (adapters.py says why); none without adapters."""
         if self.adapters is None:
             return None
         if version == self.version:
-            zero = self.adapters.zero
-            return None if zero is None else LoRARequest("zero", VllmAdapters.ZERO_ID, str(zero))
+            return LoRARequest("zero", VllmAdapters.ZERO_ID, str(self.adapters.zero))
         held = self.adapters.get(version)
         return LoRARequest(f"v{version}", held.lora_id, str(held.folder))
 

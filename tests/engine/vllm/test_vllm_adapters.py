@@ -64,7 +64,11 @@ def merged_greedy(named: dict[str, torch.Tensor]) -> list[list[int]]:
 
 
 def test_adapter_versions_run_beside_the_base_each_under_its_own(engine):
+    """A base request already decoding when the adapters load keeps the base's tokens too."""
     one, two = adapter(1), adapter(2)
+    early = SamplingParams(temperature=0.0, max_new_tokens=12, stop_token_ids=[])
+    engine.add_request("early", PROMPTS[1], early)
+    engine.step()
     engine.load_adapter(1, one, ALPHA, RANK)
     engine.load_adapter(2, two, ALPHA, RANK)
     assert engine.resident_versions() == [0, 1, 2]
@@ -76,6 +80,7 @@ def test_adapter_versions_run_beside_the_base_each_under_its_own(engine):
     done = run_all(engine)
     model = hf_model(BASE_MODEL)
     base = [hf_greedy(model, p, GREEDY.max_new_tokens, EOS) for p in PROMPTS]
+    assert done["early"].output_ids == hf_greedy(model, PROMPTS[1], 12, eos=-1)
     for version, want in ((0, base), (1, merged_greedy(one)), (2, merged_greedy(two))):
         got = [done[f"v{version}-{i}"].output_ids for i in range(len(PROMPTS))]
         assert got == want, f"version {version}"
