@@ -1,6 +1,6 @@
 """dashboard.png: a grid of small panels of the signals a training run is watched by (reward
-and held-out accuracy, loss, clipping, KL, entropy, gradient norm, rate, lengths, staleness,
-throughput), each at the version its step made."""
+and held-out accuracy, loss, clipping, KL, engine/trainer log-prob gap, entropy, gradient
+norm, rate, lengths, staleness, throughput), each at the version its step made."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ PANELS = (
     Panel("loss", (("loss", "loss"),)),
     Panel("clipped share (tokens)", (("clip_frac_low", "low"), ("clip_frac_high", "high"))),
     Panel("KL (k3, per token)", (("kl_behavior", "to behavior"), ("kl_ref", "to reference"))),
+    Panel(
+        "engine vs trainer |log-prob gap| (per token)",
+        (("rollout_logp_abs_diff_fresh", "fresh"), ("rollout_logp_abs_diff", "all")),
+    ),
     Panel("entropy (per token)", (("entropy", "entropy"),)),
     Panel("gradient norm (before clipping)", (("grad_norm", "grad norm"),)),
     Panel("learning rate", (("lr", "lr"),)),

@@ -12,6 +12,7 @@ _ROLLOUT = (
     "consumed_groups", "filtered_groups", "consumed_tokens", "zero_advantage_groups",
     "env_errors", "env_waits", "new_segments", "tool_", "agent_refused_calls",
     "context_overflows", "mixed_version_", "migrations", "offloads", "instances_per_version",
+    "rollout_logp_", "rollout_ratio_", "rollout_fresh_tokens",
 )  # fmt: skip
 _SYSTEM = (
     "step", "version", "new_version", "time_s", "step_time_s", "step_seconds",

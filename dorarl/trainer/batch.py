@@ -35,6 +35,7 @@ class TrainSequence:
     trained: list[bool] | None = None  # per response token; None: all (no observations)
     routes: bytes = b""  # the engine's recorded experts per response token (MoE), if any
     version: int | None = None  # the one version that sampled every token (None: several)
+    versions: list[int] = field(default_factory=list)  # per response token; empty: unknown
 
     @property
     def length(self) -> int:
@@ -65,6 +66,7 @@ class MicroBatch:
     mask: torch.Tensor
     sequences: list[TrainSequence] = field(default_factory=list)  # one per row
     seq_index: torch.Tensor | None = None  # the row's sequence on response tokens, -1 off them
+    versions: torch.Tensor | None = None  # the version that sampled each token, -1 off them
 
 
 def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]:
@@ -79,7 +81,7 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
             # An episode with any turn cut by the cap is a truncated trajectory, whichever turn.
             masked = cfg.overlong == "mask" and sample.truncated
             if sample.segments and not masked:
-                per_sample.append(_segment_sequences(sample, adv))
+                per_sample.append(_segment_sequences(sample, adv, _token_versions(group, sample)))
                 continue
             ids = [] if masked else sample.response_ids
             trained = [not o for o in sample.observed[: len(ids)]] if sample.observed else None
@@ -93,6 +95,7 @@ def build_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSequence]
                         trained=trained,
                         routes=sample.routes if ids else b"",
                         version=_one_version(sample),
+                        versions=_token_versions(group, sample)[: len(ids)],
                     )
                 ]
             )
@@ -117,7 +120,9 @@ def _check(group: Group, sample: Sample) -> None:
         end = start.at + start.prompt
 
 
-def _segment_sequences(sample: Sample, advantage: float) -> list[TrainSequence]:
+def _segment_sequences(
+    sample: Sample, advantage: float, versions: list[int]
+) -> list[TrainSequence]:
     """An episode's segments as sequences: the first under the sample's prompt, each later
     one under its own prompt (cut from the response), so no segment sees another."""
     version = _one_version(sample)
@@ -138,6 +143,7 @@ def _segment_sequences(sample: Sample, advantage: float) -> list[TrainSequence]:
             trained=[not o for o in sample.observed[begin:end]],
             routes=sample.routes[begin * per_token : end * per_token],
             version=version,
+            versions=versions[begin:end],
         )
         for prompt, begin, end in bounds
     ]
@@ -151,6 +157,15 @@ def _ends(sample: Sample) -> list[int]:
 
 def _one_version(sample: Sample) -> int | None:
     return sample.versions[0] if sample.versions and sample.single_version else None
+
+
+def _token_versions(group: Group, sample: Sample) -> list[int]:
+    """The version that sampled each response token; a sample without one per token counts
+    as its behavior version's (its group's when it has none)."""
+    n = len(sample.response_ids)
+    if len(sample.versions) == n:
+        return list(sample.versions)
+    return [sample.behavior_version if sample.versions else group.version] * n
 
 
 def _shaped_reward(sample: Sample, cfg: LossConfig) -> float:
@@ -215,6 +230,7 @@ def collate(
     behavior, advantages, weights = (torch.zeros((rows, width - 1), dtype=dtype) for _ in "baw")
     mask = torch.zeros((rows, width - 1), dtype=torch.bool)
     seq_index = torch.full((rows, width - 1), -1, dtype=torch.long)
+    versions = torch.full((rows, width - 1), -1, dtype=torch.long)
     for r, s in enumerate(seqs):
         ids[r, : s.length] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         # Response token j sits at position P + j and is predicted by logits at P + j - 1.
@@ -224,6 +240,7 @@ def collate(
         weights[r, span] = torch.tensor(s.token_weights(), dtype=dtype)
         mask[r, span] = torch.tensor(s.loss_mask, dtype=torch.bool)
         seq_index[r, span] = r
+        versions[r, span] = torch.tensor(token_versions(s), dtype=torch.long)
     return MicroBatch(
         ids.to(device),
         ids[:, 1:].to(device),
@@ -233,4 +250,10 @@ def collate(
         mask.to(device),
         list(seqs),
         seq_index.to(device),
+        versions.to(device),
     )
+
+
+def token_versions(seq: TrainSequence) -> list[int]:
+    """`seq.versions`, or -1 for each token when they are unknown (never the trained one)."""
+    return seq.versions or [-1] * len(seq.response_ids)

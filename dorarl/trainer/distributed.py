@@ -133,3 +133,19 @@ def reduce_over_ranks(values: list[float], group: RankGroup, op: str = "sum") ->
     reduced = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return reduced.tolist()
+
+
+def gather_over_ranks(rows: torch.Tensor, group: RankGroup) -> torch.Tensor:
+    """Every rank's `rows` (any number each, the same trailing shape and dtype), concatenated
+    in rank order on every rank."""
+    device = group.mesh.device_type
+    rows = rows.to(device)
+    count = torch.tensor([rows.shape[0]], dtype=torch.long, device=device)
+    counts = [torch.zeros_like(count) for _ in range(group.world_size)]
+    dist.all_gather(counts, count)
+    longest = max(int(c) for c in counts)
+    padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=device)
+    padded[: rows.shape[0]] = rows
+    parts = [torch.empty_like(padded) for _ in range(group.world_size)]
+    dist.all_gather(parts, padded)  # equal shapes: padded to the longest rank's
+    return torch.cat([part[: int(c)] for part, c in zip(parts, counts, strict=True)])

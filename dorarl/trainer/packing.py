@@ -25,7 +25,13 @@ from typing import Literal
 import torch
 from transformers import PretrainedConfig
 
-from dorarl.trainer.batch import MicroBatch, TrainSequence, collate, plan_micro_batches
+from dorarl.trainer.batch import (
+    MicroBatch,
+    TrainSequence,
+    collate,
+    plan_micro_batches,
+    token_versions,
+)
 
 Packing = Literal["shared_prompt", "padded"]
 
@@ -68,6 +74,7 @@ class PackedBatch:
     mask: torch.Tensor
     sequences: list[TrainSequence] = field(default_factory=list)  # in token order
     seq_index: torch.Tensor | None = None  # each token's sequence in `sequences`
+    versions: torch.Tensor | None = None  # the version that sampled each token
 
     @property
     def rows(self) -> int:
@@ -283,6 +290,9 @@ def _packed_batch(
         seq_index=torch.tensor(
             [k for k, s in enumerate(seqs) for _ in s.response_ids], dtype=torch.long
         ).to(device),
+        versions=torch.tensor([v for s in seqs for v in token_versions(s)], dtype=torch.long).to(
+            device
+        ),
     )
 
 

@@ -26,7 +26,13 @@ from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer import lora, shards
 from dorarl.trainer.batch import MicroBatch, TrainSequence
 from dorarl.trainer.config import TrainerConfig
-from dorarl.trainer.distributed import RankGroup, rank_shares, reduce_over_ranks, shard
+from dorarl.trainer.distributed import (
+    RankGroup,
+    gather_over_ranks,
+    rank_shares,
+    reduce_over_ranks,
+    shard,
+)
 from dorarl.trainer.forward import HeadSplit, micro_batch_logprobs
 from dorarl.trainer.moe import RouteStats
 from dorarl.trainer.packing import PackedBatch, collate_planned, micro_batches, plan_step
@@ -189,6 +195,7 @@ class ShardedTrainer(Trainer):
         maxima = [totals.ratio_max, totals.seq_ratio_max, -totals.seq_ratio_min]
         out.ratio_max, out.seq_ratio_max, low = reduce_over_ranks(maxima, self.group, "max")
         out.seq_ratio_min = -low
+        out.mismatch = totals.mismatch.gathered(lambda t: gather_over_ranks(t, self.group))
         return out
 
     # ---- weights and checkpoints -----------------------------------------------------------

@@ -1,17 +1,19 @@
 """Running sums over the micro-batches of one step, turned into per-token metrics at the end.
 
-Means are over response tokens of the whole batch (not means of micro-batch means).
+Means are over response tokens of the whole batch (not means of micro-batch means); the
+engine/trainer log-prob figures keep every token's (`Mismatch`), for exact percentiles.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dorarl.trainer.batch import MicroBatch
 from dorarl.trainer.loss import PolicyTerms, k3_kl
+from dorarl.trainer.mismatch import Mismatch
 from dorarl.trainer.packing import PackedBatch
 
 
@@ -35,6 +37,7 @@ class StepTotals:
     seq_ratio_min: float = math.inf
     seq_ratio_max: float = 0.0
     distill_kl: float | None = None  # sum of log pi_behavior - log teacher over trained tokens
+    mismatch: Mismatch = field(default_factory=Mismatch)
 
     def add(
         self,
@@ -66,6 +69,15 @@ class StepTotals:
             self.is_masked = (self.is_masked or 0) + int(terms.is_masked[m].sum())
         if terms.seq_ratio is not None:
             self._add_sequence_ratios(terms.seq_ratio)
+
+    def add_mismatch(
+        self, batch: MicroBatch | PackedBatch, logp: torch.Tensor, version: int
+    ) -> None:
+        """The trainer's log-probs (before the update, the loss's) against the engines' on
+        the trained tokens; fresh: sampled by `version`, the one being trained."""
+        m = batch.mask
+        fresh = batch.versions == version if batch.versions is not None else torch.zeros_like(m)
+        self.mismatch.add((logp - batch.behavior_logp)[m], fresh[m])
 
     def add_distill(self, batch: MicroBatch | PackedBatch, teacher_logp: torch.Tensor) -> None:
         """The k1 estimate of the reverse KL to the teacher on the sampled tokens."""
@@ -105,4 +117,4 @@ class StepTotals:
             out["seq_ratio_mean"] = self.seq_ratio / max(self.sequences, 1)
             out["seq_ratio_min"] = self.seq_ratio_min if self.sequences else 0.0
             out["seq_ratio_max"] = self.seq_ratio_max
-        return out
+        return out | self.mismatch.summary()

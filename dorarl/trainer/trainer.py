@@ -334,6 +334,7 @@ class Trainer:
             loss.backward()
         kl_ref = k3_kl(logp.detach(), ref_logp) if ref_logp is not None else None
         totals.add(batch, loss.detach(), terms, logp.detach(), entropy.detach(), kl_ref)
+        totals.add_mismatch(batch, logp.detach(), self.version)
         if teacher_logp is not None:
             totals.add_distill(batch, teacher_logp)
 

@@ -14,7 +14,7 @@ from dorarl.report.run_curve import read_history
 
 TITLES = [
     "reward and held-out accuracy", "loss", "clipped share (tokens)", "KL (k3, per token)",
-    "entropy (per token)", "gradient norm (before clipping)", "learning rate",
+    "engine vs trainer |log-prob gap| (per token)", "entropy (per token)", "gradient norm (before clipping)", "learning rate",
     "response length (tokens)", "truncated share", "staleness (versions)", "tokens/s",
     "step time (s)",
 ]  # fmt: skip
@@ -31,7 +31,8 @@ def _run_folder(path, steps=6, trainer=True):
         if trainer:
             row |= {"loss": 0.01 * i, "clip_frac_low": 0.01, "clip_frac_high": 0.02 * i,
                     "kl_behavior": 1e-3, "entropy": 1.0 - 0.1 * i, "grad_norm": 0.5,
-                    "lr": 1e-6 * (i + 1)}  # fmt: skip
+                    "lr": 1e-6 * (i + 1), "rollout_logp_abs_diff_fresh": 1e-4,
+                    "rollout_logp_abs_diff": 0.01 * i}  # fmt: skip
         rows.append(row)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for version, accuracy in ((0, 0.2), (3, 0.4), (steps, 0.6)):
@@ -66,7 +67,7 @@ def test_the_dashboard_has_the_expected_panels_with_integer_versions(figure):
 def test_legends_sit_outside_the_plotting_area_and_cover_no_point(figure):
     renderer = figure.canvas.get_renderer()
     with_legend = [ax for ax in figure.axes if ax.get_legend() is not None]
-    assert len(with_legend) == 6  # reward, clipping, KL, length, staleness, step time
+    assert len(with_legend) == 7  # reward, clipping, KL, log-prob gap, length, staleness, step time
     for ax in with_legend:
         box = ax.get_legend().get_window_extent(renderer)
         area = ax.get_window_extent(renderer)

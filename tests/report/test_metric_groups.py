@@ -28,6 +28,9 @@ ROW = {
     "pace_engine": {"worst_ratio": 1.0}, "agent_refused_calls": 0, "context_overflows": 0,
     "moe_imbalance": 1.1, "moe_tokens_per_expert": {"0": 5}, "eval_accuracy": 0.3,
     "eval_version": 0, "eval_mean@4": 0.3, "eval_pass@4": 0.5, "eval_n": 120,
+    "rollout_fresh_tokens": 60, "rollout_logp_abs_diff": 0.02, "rollout_logp_abs_diff_fresh": 1e-3,
+    "rollout_ratio_p1": 0.9, "rollout_ratio_p99": 1.1, "rollout_ratio_p1_fresh": 0.99,
+    "rollout_ratio_p99_fresh": 1.01,
 }  # fmt: skip
 
 EXPECTED = {
@@ -36,7 +39,10 @@ EXPECTED = {
               "moe_tokens_per_expert/0"},
     "rollout": {"reward_mean", "reward_std", "response_len_mean", "truncated_fraction",
                 "staleness/0", "staleness_hist/0", "staleness_mean", "filtered_groups",
-                "env_errors", "tool_calls", "agent_refused_calls", "instances_per_version/0"},
+                "env_errors", "tool_calls", "agent_refused_calls", "instances_per_version/0",
+                "rollout_fresh_tokens", "rollout_logp_abs_diff", "rollout_logp_abs_diff_fresh",
+                "rollout_ratio_p1", "rollout_ratio_p99", "rollout_ratio_p1_fresh",
+                "rollout_ratio_p99_fresh"},
     "eval": {"eval_accuracy", "eval_mean@4", "eval_pass@4", "eval_version", "eval_n"},
     "system": {"step_time_s", "rollout_only_s", "tokens_per_s", "slot_utilization",
                "overhead_s/load_balance", "pace_train/paced_s", "peak_memory_gb",

@@ -69,6 +69,13 @@ def _steps(trainer: Trainer, batches: list) -> list[tuple[float, float]]:
     return [(m["loss"], m["grad_norm"]) for m in (trainer.train_step(groups) for groups in batches)]
 
 
+def _steps_and_mismatch(trainer: Trainer, batches: list) -> tuple[list, list[dict]]:
+    """`_steps`, and each step's engine/trainer log-prob figures (`rollout_*`)."""
+    metrics = [trainer.train_step(groups) for groups in batches]
+    figures = [{k: v for k, v in m.items() if k.startswith("rollout_")} for m in metrics]
+    return [(m["loss"], m["grad_norm"]) for m in metrics], figures
+
+
 def _sharded_runs(group, folder, micro_batch_tokens, checkpointing, batches):
     """One run per packing mode on the same ranks (one spawn: most of a run's time)."""
     runs = {}
@@ -76,7 +83,8 @@ def _sharded_runs(group, folder, micro_batch_tokens, checkpointing, batches):
         config = _config(micro_batch_tokens, checkpointing, packing)
         trainer = ShardedTrainer.from_pretrained_group(folder, config, group)
         assert trainer.packing == packing
-        runs[packing] = (_steps(trainer, batches), trainer.named_tensors())
+        steps, figures = _steps_and_mismatch(trainer, batches)
+        runs[packing] = (steps, trainer.named_tensors(), figures)
     runs["sent"] = _sent_names(trainer)
     return runs
 
@@ -107,14 +115,23 @@ def test_world_size_two_equals_one_process(tied_model_dir, micro_batch_tokens, c
     sent = runs.pop("sent")
     assert sent == _sent_names(Trainer.from_pretrained(tied_model_dir, _config(10**6)))
     assert "lm_head.weight" not in sent  # gathered once, sent once: the engines tie it
-    for packing, (got, weights) in runs.items():
+    for packing, (got, weights, figures) in runs.items():
         single = Trainer.from_pretrained(
             tied_model_dir, _config(micro_batch_tokens, packing=packing)
         )
-        want = _steps(single, batches)
+        want, want_figures = _steps_and_mismatch(single, batches)
         for (loss, norm), (want_loss, want_norm) in zip(got, want, strict=True):
             assert loss == pytest.approx(want_loss, rel=1e-5), packing
             assert norm == pytest.approx(want_norm, rel=1e-5), packing
+        # every rank's tokens in the step's figures: percentiles as one process takes them
+        assert (
+            want_figures[0]["rollout_fresh_tokens"] > 0
+            and "rollout_ratio_p1_fresh" not in want_figures[1]
+        )
+        for step, want_step in zip(figures, want_figures, strict=True):
+            assert step.keys() == want_step.keys() and "rollout_ratio_p99" in step
+            for key, value in want_step.items():
+                assert step[key] == pytest.approx(value, rel=1e-5), (packing, key)
         assert weights.keys() == single.named_tensors().keys()
         _assert_close(weights, single.named_tensors())
         moved = single.named_tensors()["model.norm.weight"] - 1.0
@@ -142,7 +159,7 @@ def test_world_size_two_equals_one_process_with_segmented_episodes(tied_model_di
     batches = [_with_segments(groups) for groups in _batches()]
     runs = run_ranks(_sharded_runs, 2, tied_model_dir, 22, False, batches)
     runs.pop("sent")
-    for packing, (got, weights) in runs.items():
+    for packing, (got, weights, _) in runs.items():
         single = Trainer.from_pretrained(tied_model_dir, _config(22, packing=packing))
         want = _steps(single, batches)
         for (loss, norm), (want_loss, want_norm) in zip(got, want, strict=True):

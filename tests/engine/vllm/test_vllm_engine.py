@@ -8,7 +8,15 @@ import dataclasses
 import random
 
 import pytest
-from vllm_testlib import BASE_MODEL, hf_greedy, hf_logprobs, hf_model, run_all, start_engine
+from vllm_testlib import (
+    BASE_MODEL,
+    hf_greedy_batch,
+    hf_logprobs,
+    hf_logprobs_batch,
+    hf_model,
+    run_all,
+    start_engine,
+)
 
 from dorarl.engine.config import SamplingParams
 from dorarl.errors import UserInputError
@@ -39,12 +47,13 @@ def test_greedy_equals_hf_generate_and_logprobs_match(engine, hf):
     for i, p in enumerate(batch):
         engine.add_request(f"g{i}", p, GREEDY)
     done = run_all(engine)
+    outs = [done[f"g{i}"] for i in range(len(batch))]
+    greedy = hf_greedy_batch(hf, batch, GREEDY.max_new_tokens, EOS)
+    refs = hf_logprobs_batch(hf, batch, [out.output_ids for out in outs], temperature=0.0)
     same, worst = 0, 0.0
-    for i, p in enumerate(batch):
-        out = done[f"g{i}"]
+    for out, want, ref in zip(outs, greedy, refs, strict=True):
         assert out.versions == [engine.version] * len(out.output_ids)
-        same += out.output_ids == hf_greedy(hf, p, GREEDY.max_new_tokens, EOS)
-        ref = hf_logprobs(hf, p, out.output_ids, temperature=0.0)
+        same += out.output_ids == want
         worst = max(worst, max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)))
     print(f"tiny base: {same}/32 greedy equal to HF generate, max |logprob diff| {worst:.2e}")
     assert same >= 30

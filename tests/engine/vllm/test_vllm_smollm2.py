@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from vllm_testlib import hf_greedy, hf_logprobs, hf_model, run_all, start_engine
+from vllm_testlib import hf_greedy_batch, hf_logprobs_batch, hf_model, run_all, start_engine
 
 from dorarl.engine.config import SamplingParams
 
@@ -53,12 +53,11 @@ def test_greedy_equals_hf_generate_and_logprobs_match(engine, smollm2_dir):
         f"32 requests: {steps} steps, {(time.perf_counter() - started) / steps * 1e3:.0f} ms/step"
     )
     hf = hf_model(smollm2_dir)
-    same, worst = 0, 0.0
-    for i, p in enumerate(prompts):
-        out = done[f"q{i}"]
-        same += out.output_ids == hf_greedy(hf, list(p), GREEDY.max_new_tokens, tok.eos_token_id)
-        ref = hf_logprobs(hf, list(p), out.output_ids, temperature=0.0)
-        worst = max(worst, max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)))
+    prompts = [list(p) for p in prompts]
+    outs = [done[f"q{i}"] for i in range(len(prompts))]
+    greedy = hf_greedy_batch(hf, prompts, GREEDY.max_new_tokens, tok.eos_token_id)
+    same = sum(out.output_ids == want for out, want in zip(outs, greedy, strict=True))
+    worst = _worst_gap(outs, hf_logprobs_batch(hf, prompts, [o.output_ids for o in outs], 0.0))
     print(f"SmolLM2: {same}/32 greedy equal to HF generate, max |logprob diff| {worst:.2e}")
     assert same >= 30
     assert worst < 1e-3
@@ -66,10 +65,17 @@ def test_greedy_equals_hf_generate_and_logprobs_match(engine, smollm2_dir):
     for i, p in enumerate(prompts[:4]):
         engine.add_request(f"t{i}", list(p), sampled)
     done = run_all(engine)
-    worst = 0.0
-    for i, p in enumerate(prompts[:4]):
-        out = done[f"t{i}"]
-        ref = hf_logprobs(hf, list(p), out.output_ids, temperature=0.7, top_k=50)
-        worst = max(worst, max(abs(a - b) for a, b in zip(out.logprobs, ref, strict=True)))
+    outs = [done[f"t{i}"] for i in range(4)]
+    refs = hf_logprobs_batch(hf, prompts[:4], [o.output_ids for o in outs], 0.7, top_k=50)
+    worst = _worst_gap(outs, refs)
     print(f"SmolLM2 at temperature 0.7, top-k 50: max |logprob diff| {worst:.2e}")
     assert worst < 1e-3
+
+
+def _worst_gap(outs: list, refs: list[list[float]]) -> float:
+    """The largest |engine log-prob - HF's| over every output token."""
+    return max(
+        abs(a - b)
+        for out, ref in zip(outs, refs, strict=True)
+        for a, b in zip(out.logprobs, ref, strict=True)
+    )

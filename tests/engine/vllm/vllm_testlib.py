@@ -52,13 +52,57 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: int) -> list[i
 
 
 @torch.no_grad()
+def hf_greedy_batch(
+    model, prompts: list[list[int]], max_new_tokens: int, eos: int
+) -> list[list[int]]:
+    """`hf_greedy` of each prompt from one HF generate over all of them, left-padded with an
+    attention mask. On the SmolLM2 and tiny-base prompts of tests/engine/vllm every output
+    equals its one-prompt generate (padding moves the logits by float rounding only); a
+    prompt set where it did not would need one generate per prompt length instead."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(
+        ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+        pad_token_id=eos, attention_mask=mask,
+    )  # fmt: skip
+    # a row that ended early is padded with EOS while the others go on
+    return [row[: row.index(eos) + 1] if eos in row else row for row in out[:, width:].tolist()]
+
+
+@torch.no_grad()
 def hf_logprobs(
     model, prompt: list[int], output: list[int], temperature: float = 1.0, top_k: int = 0
 ) -> list[float]:
     """Each output token's log-prob under HF's logits, scaled by `temperature` and
     renormalised over the top `top_k` (0: all); temperature 0 gives the raw log-softmax."""
-    ids = torch.tensor([prompt + output])
-    logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    return hf_logprobs_batch(model, [prompt], [output], temperature, top_k)[0]
+
+
+@torch.no_grad()
+def hf_logprobs_batch(
+    model,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    temperature: float = 1.0,
+    top_k: int = 0,
+) -> list[list[float]]:
+    """`hf_logprobs` of each (prompt, output) from one forward: rows right-padded, so the
+    causal mask keeps the padding out of every real position."""
+    width = max(len(p) + len(o) for p, o in zip(prompts, outputs, strict=True))
+    ids = torch.tensor(
+        [p + o + [0] * (width - len(p) - len(o)) for p, o in zip(prompts, outputs, strict=True)]
+    )
+    logits = model(ids).logits.float()
+    return [
+        _processed_logprobs(logits[r, len(p) - 1 : len(p) + len(o) - 1], o, temperature, top_k)
+        for r, (p, o) in enumerate(zip(prompts, outputs, strict=True))
+    ]
+
+
+def _processed_logprobs(
+    logits: torch.Tensor, output: list[int], temperature: float, top_k: int
+) -> list[float]:
     if temperature > 0:
         logits = logits / temperature
     if top_k:
