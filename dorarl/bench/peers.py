@@ -39,7 +39,7 @@ from dorarl.jobs.workload import build_task
 from dorarl.record.evaluations import read_evaluations
 from dorarl.report.console import table_console
 from dorarl.report.run_curve import read_curve
-from dorarl.run_layout import EVALUATIONS_FILE, TRAJECTORIES_FILE
+from dorarl.run_layout import CHECKPOINTS, EVALUATIONS_FILE, TRAJECTORIES_FILE, checkpoint_name
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import evaluate
 
@@ -57,6 +57,8 @@ UNMATCHED = [
     "advantage eps: dorarl adds trainer.loss.adv_eps to the group std, TRL adds 1e-4",
     "dorarl writes its checkpoints (checkpoint_every) inside its run wall; TRL's weight saves "
     "at the evaluated steps are taken out of its",
+    "held-out evaluations lost by dorarl's run are redone from its checkpoints where it "
+    "kept one (checkpoint_every); a version with neither is missing from its curve",
     "process wall: dorarl's includes Ray and its actors starting; TRL's its model loading and "
     "trainer set-up; neither includes the held-out evaluation",
 ]
@@ -112,6 +114,20 @@ def evaluate_folders(train: TrainConfig, task: Task, folders: dict[int, Path]) -
     return scores
 
 
+def fill_held_out(train: TrainConfig, task: Task, run: Path, held_out: dict[int, float]) -> None:
+    """Evaluate, from the run's checkpoints (version 0: the model folder), the versions whose
+    evaluation the run lost (an evaluator killed for memory on a shared machine)."""
+    folders = {0: Path(str(train.model))} | {
+        v: run / CHECKPOINTS / checkpoint_name(v) for v in eval_steps(train)
+    }
+    missing = {
+        v: folders[v] for v in eval_steps(train) if v not in held_out and folders[v].is_dir()
+    }
+    if missing:
+        log.warning("dorarl: versions %s evaluated from checkpoints", sorted(missing))
+        held_out.update(evaluate_folders(train, task, missing))
+
+
 def consumed_prompts(out: Path, steps: int) -> list[list[int]]:
     """The prompt ids each of dorarl's steps trained on, one per group, sorted."""
     by_step: list[set[int]] = [set() for _ in range(steps)]
@@ -162,6 +178,7 @@ def run_bench(train: TrainConfig, out: Path, *, bf16: bool, say=print) -> dict[s
     load_before = machine()
     say(f"dorarl: {train.steps} steps ({train.mode}, K={train.K})")
     dorarl = run_dorarl(train, out / "dorarl")
+    fill_held_out(train, task, out / "dorarl", dorarl["held_out"])
     dorarl_steps = consumed_prompts(out / "dorarl", train.steps)
     say(f"TRL GRPOTrainer: {train.steps} steps ({'bf16 autocast' if bf16 else 'fp32'})")
     trl, record = peers_trl.run_trl(train, task, model_folder, out / "trl", saves, bf16)

@@ -69,3 +69,20 @@ def test_both_sides_on_the_tiny_base(tmp_path: Path, shared_ray):
     assert len(record["rows"]) == 2 and all(
         len(r) == len(record["columns"]) for r in record["rows"]
     )
+
+
+def test_an_evaluation_the_run_lost_is_redone_from_its_checkpoint(tmp_path: Path, monkeypatch):
+    from dorarl.bench import peers
+    from dorarl.config import load_config
+    from dorarl.jobs.config import TrainConfig
+
+    train = load_config(TrainConfig, None, ["steps=4", "eval.every=2", "model=m"])
+    (tmp_path / "checkpoints" / "version_00004").mkdir(parents=True)
+    asked = {}
+    monkeypatch.setattr(
+        peers, "evaluate_folders", lambda t, task, folders: asked.update(folders) or {4: 0.5}
+    )
+    held_out = {0: 0.25}  # versions 2 and 4 lost; only 4 was checkpointed
+    peers.fill_held_out(train, None, tmp_path, held_out)
+    assert asked == {4: tmp_path / "checkpoints" / "version_00004"}
+    assert held_out == {0: 0.25, 4: 0.5}
