@@ -242,7 +242,7 @@ def results_record(result: dict[str, Any], command: str) -> dict[str, Any]:
         "command": command,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "machine": f"{m['cores']} vCPUs ({m['cpu']})",
-        "load": f"1/5/15-min load {load} before, {after} after",
+        "load": f"{load} (1/5/15-min) before, {after} after",
         "columns": COLUMNS,
         "rows": [_row(f"dorarl ({s['mode']} K={s['K']})", result["dorarl"]),
                  _row(f"TRL GRPOTrainer ({s['trl_precision']})", result["trl"])],
