@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench modes": ("dorarl.bench.modes", "the four rollout modes side by side"),
     "bench convergence": ("dorarl.bench.convergence", "accuracy vs steps and wall time per mode"),
+    "bench peers": (
+        "dorarl.bench.peers",
+        "dorarl and TRL's GRPOTrainer on the same model, prompts, reward and held-out set",
+    ),
     "bench weights": (
         "dorarl.bench.weights",
         "weight transports (object store, torch.distributed): trainer to one, to all, peer",
