@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +64,18 @@ def evaluator_engine(engine: EngineConfig) -> EngineConfig:
     return dataclasses.replace(engine, vllm=vllm, max_versions=1)
 
 
+Sent = tuple[ray.ObjectRef, ray.ObjectRef] | None
+"""What an evaluation is of: a version's weights and the manifest they must match, or
+None: what the evaluator holds from its start (the run's first version)."""
+EVALUATOR_RESTARTS = 2
+
+
 class Evaluations:
     """The run's evaluations by version: asked for as versions appear, each appended to
-    `record` (the run's evaluations.jsonl) once seen finished, gathered at the end."""
+    `record` (the run's evaluations.jsonl) once seen finished, gathered at the end. A dead
+    evaluator (its process killed, or by the node's memory monitor) is replaced by
+    `respawn` at most EVALUATOR_RESTARTS times, and every evaluation asked of it is asked
+    of the new one; past that, later versions go unevaluated."""
 
     def __init__(
         self,
@@ -74,17 +85,20 @@ class Evaluations:
         defer: bool,
         record: Path,
         timeout_s: float = 1800.0,
+        respawn: Callable[[], Any] | None = None,
     ) -> None:
         self.evaluator, self.wanted, self.defer, self.record = evaluator, wanted, defer, record
+        self.respawn, self.restarts = respawn, 0
+        self.asked: dict[int, tuple[int, Sent]] = {}  # version -> (restarts then, what was sent)
         self.timeout_s = timeout_s  # how long the run's end waits for the evaluations
         self.recorded: set[int] = set()
         self.running: dict[int, ray.ObjectRef] = {}
         self.told: set[int] = set()  # versions whose results were looked at
         self.gone = False  # the evaluator died: later versions go unevaluated
         # version -> its weights and the manifest they must match (None: what it holds)
-        self.deferred: dict[int, tuple[ray.ObjectRef, ray.ObjectRef] | None] = {start: None}
+        self.deferred: dict[int, Sent] = {start: None}
         if not defer:
-            self.running[start] = evaluator.evaluate.remote(None, start)
+            self.running[start] = self._evaluate(start, None)
 
     def offer(self, version: int, weights: ray.ObjectRef, manifest: ray.ObjectRef) -> None:
         """`version` was published with `weights`, which must match the trainer's `manifest`
@@ -96,11 +110,10 @@ class Evaluations:
         elif version not in self.running:
             self.running[version] = self._evaluate(version, (weights, manifest))
 
-    def _evaluate(
-        self, version: int, sent: tuple[ray.ObjectRef, ray.ObjectRef] | None
-    ) -> ray.ObjectRef:
+    def _evaluate(self, version: int, sent: Sent) -> ray.ObjectRef:
         """Ask for `version`'s evaluation: of its weights checked by their manifest, or
         with None of what the evaluator holds."""
+        self.asked[version] = (self.restarts, sent)
         weights, manifest = sent if sent is not None else (None, None)
         return self.evaluator.evaluate.remote(weights, version, manifest)
 
@@ -118,16 +131,24 @@ class Evaluations:
         it (its checkpoint and summary matter more than one evaluation)."""
         if self.defer and not self.gone:
             self.running = {v: self._evaluate(v, sent) for v, sent in self.deferred.items()}
-        refs = list(self.running.values())
-        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
-        late = sorted(v for v, ref in self.running.items() if ref in set(pending))
+        deadline = time.monotonic() + self.timeout_s
+        results: dict[int, dict[str, Any]] = {}
+        while waiting := [ref for v, ref in self.running.items() if v not in results]:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=max(0.0, left))
+            results |= self._results(set(ready))  # a dead evaluator's are asked again
+            if left <= 0 or len(ready) < len(waiting):
+                self._late(sorted(v for v in self.running if v not in results))
+                break
+        return self._seen(results)
+
+    def _late(self, late: list[int]) -> None:
         if late:
             log.warning(
                 "evaluation of %s not finished after %.0fs (eval.timeout_s): left out",
                 ", ".join(f"v{v}" for v in late),
                 self.timeout_s,
             )
-        return self._seen(self._results(set(ready)))
 
     def _results(self, done: set[ray.ObjectRef]) -> dict[int, dict[str, Any]]:
         """The results of the `done` evaluations; a failed one is told and dropped."""
@@ -145,6 +166,10 @@ class Evaluations:
     def _failed(self, version: int, exc: ray.exceptions.RayError) -> None:
         dead = isinstance(exc, (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError))
         reason = next((line for line in str(exc).splitlines() if line.strip()), "")[:200]
+        asked_of, sent = self.asked[version]
+        if dead and (asked_of < self.restarts or self._restart(version, exc, reason)):
+            self.running[version] = self._evaluate(version, sent)  # of the new evaluator
+            return
         log.warning(
             "evaluation of v%d failed, left out (%s: %s)%s",
             version,
@@ -153,6 +178,20 @@ class Evaluations:
             "; the evaluator is gone, so later versions go unevaluated" if dead else "",
         )
         self.gone = self.gone or dead
+
+    def _restart(self, version: int, exc: ray.exceptions.RayError, reason: str) -> bool:
+        """Replace the dead evaluator, within the budget; False when none is left."""
+        if self.respawn is None or self.restarts >= EVALUATOR_RESTARTS:
+            return False
+        ray.kill(self.evaluator, no_restart=True)
+        self.evaluator = self.respawn()
+        self.restarts += 1
+        log.warning(
+            "the evaluator died evaluating v%d (%s: %s): a new one evaluates it and every "
+            "evaluation in flight again (restart %d of %d)",
+            version, type(exc).__name__, reason, self.restarts, EVALUATOR_RESTARTS,
+        )  # fmt: skip
+        return True
 
     def _seen(self, results: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         """`results`, each new one appended to the record and its failed episodes told."""

@@ -220,7 +220,7 @@ def _run(
     record = RunFolder(out_dir).evaluations
     evals = Evaluations(
         actors.evaluator, eval_versions(config, start), start, defer_eval, record,
-        timeout_s=config.eval.timeout_s,
+        timeout_s=config.eval.timeout_s, respawn=actors.respawn_evaluator,
     )  # fmt: skip
     scalars = ScalarLogger(out_dir, use_wandb=config.wandb, run_name=out_dir.name)
     checkpoints = Checkpoints.of(config, out_dir)

@@ -17,6 +17,7 @@ from dorarl.jobs.resume import ResumePoint
 from dorarl.record.pacing import DeviceModel
 from dorarl.runtime.actors import (
     EngineSpec,
+    EvaluatorSpec,
     TrainerSpec,
     spawn_engine,
     spawn_evaluator,
@@ -40,6 +41,7 @@ class RayActors:
     trainer_spec: TrainerSpec
     pace: DeviceModel | None
     placed: PlacedActors
+    evaluator_spec: EvaluatorSpec
     replacements: list[Any] = field(default_factory=list)  # made by recovery, mid-run
 
     @classmethod
@@ -61,7 +63,9 @@ class RayActors:
         workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
         trainer_actor = spawn_trainer(trainer, pace, placed)
         evaluator_actor = spawn_evaluator(evaluator, placed)
-        return cls(workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed)
+        return cls(
+            workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed, evaluator
+        )
 
     def by_role(self) -> dict[str, list[Any]]:
         return {"engine": self.workers, "trainer": [self.trainer], "evaluator": [self.evaluator]}
@@ -77,6 +81,12 @@ class RayActors:
         trainer = spawn_trainer(spec, self.pace, self.placed)
         self.replacements.append(trainer)
         return trainer
+
+    def respawn_evaluator(self) -> Any:
+        """A new evaluator in the dead one's bundle (it starts on the run's first weights)."""
+        evaluator = spawn_evaluator(self.evaluator_spec, self.placed)
+        self.replacements.append(evaluator)
+        return evaluator
 
     def stop(self) -> None:
         """Kill every actor the run made, replacements included (a trainer group's other

@@ -1,6 +1,7 @@
 """The start-up lines of a run, and its bounded waits on actors: for them to come up at the
 start, for the evaluations at the end."""
 
+import json
 import os
 import time
 
@@ -139,6 +140,35 @@ def test_an_evaluator_that_dies_costs_its_evaluations_not_the_run(local_ray, tmp
     assert evals.gone and "evaluation of v2 failed, left out (ActorDiedError" in caplog.text
     evals.offer(4, None, None)  # nobody left to evaluate it: not asked
     assert list(evals.all()) == [0] and len(record.read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_dead_evaluator_is_replaced_and_what_it_was_asked_is_asked_again(
+    local_ray, tmp_path, caplog
+):
+    """The first evaluator dies on v2 with v4 queued behind it: one new evaluator (restart
+    1 of 2) evaluates both, and every version is recorded once."""
+    marker = tmp_path / "died"
+
+    class Evaluator:  # the first to evaluate v2 takes its process down
+        def evaluate(self, weights, version: int, manifest=None) -> dict:
+            if version == 2 and not marker.exists():
+                marker.touch()
+                os._exit(1)
+            return {"version": version, "accuracy": 0.5, "n": 4}
+
+    def spawn():
+        return local_ray.remote(num_cpus=0, max_restarts=0)(Evaluator).remote()
+
+    record = tmp_path / "evaluations.jsonl"
+    evals = Evaluations(spawn(), {0, 2, 4}, 0, False, record, timeout_s=60, respawn=spawn)
+    evals.offer(2, None, None)
+    evals.offer(4, None, None)
+    results = evals.all()
+    assert sorted(results) == [0, 2, 4] and not evals.gone and evals.restarts == 1
+    assert sorted(json.loads(line)["version"] for line in record.open()) == [0, 2, 4]
+    assert "the evaluator died evaluating v2 (ActorDiedError" in caplog.text
+    assert "(restart 1 of 2)" in caplog.text
 
 
 def test_the_first_step_says_the_start_up_by_phase_and_names_the_slowest():
