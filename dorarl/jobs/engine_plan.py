@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dorarl.engine.backends import refuse_unfit
-from dorarl.engine.model_spec import ModelSpec, read_hf_config, spec_from_hf
+from dorarl.engine.model_spec import ModelSpec, read_hf_config, sizing_spec, spec_from_hf
 from dorarl.errors import UserInputError
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.resume import ResumePoint
@@ -42,16 +42,25 @@ def engines_start_at(config: TrainConfig, point: ResumePoint | None) -> int:
     return point.version if point else 0
 
 
-def model_spec(folder: str) -> tuple[ModelSpec, str]:
+def model_spec(folder: str, backend: str = "dorarl") -> tuple[ModelSpec, str]:
     """The model's spec from its config.json, and where it was read; UserInputError for a
-    model the engine does not run (the trainer, transformers' own class for it, loads
-    anything the engine does)."""
+    model our engine does not run (the trainer, transformers' own class for it, loads
+    anything the engine does), but on backend vllm, whose engines run other families and
+    say so as they start, its sizes alone (`sizing_spec`)."""
     if not Path(folder).is_dir():
         raise UserInputError(f"model: no folder {folder}")
     where = str(Path(folder) / "config.json")
-    return spec_from_hf(read_hf_config(folder), where), where
+    try:
+        return spec_from_hf(read_hf_config(folder), where), where
+    except UserInputError:
+        if backend != "vllm":
+            raise
+        return sizing_spec(folder), where
 
 
 def check_engines(config: TrainConfig, spec: ModelSpec, where: str) -> None:
-    """Refuse, in one line naming the key, an explicit fast path the model's heads rule out."""
+    """Refuse, in one line naming the key, an explicit fast path the model's heads rule out
+    (our engine's: vLLM chooses its own)."""
+    if config.engine.backend == "vllm":
+        return
     refuse_unfit(config.engine, spec.head_dim, spec.num_heads // spec.num_kv_heads, where)

@@ -49,7 +49,7 @@ def rate(value: float) -> str:
     return f"{float(mantissa):g}e{int(exponent)}"
 
 
-def default_lr(folder: str, point: ResumePoint | None) -> DefaultLr:
+def default_lr(folder: str, point: ResumePoint | None, backend: str = "dorarl") -> DefaultLr:
     """The learning rate for a run of the model in `folder` (resuming `point`, if any)."""
     recorded = _checkpoint_lr(point.folder) if point is not None else None
     if recorded is not None:
@@ -57,7 +57,7 @@ def default_lr(folder: str, point: ResumePoint | None) -> DefaultLr:
     shipped = f"the shipped base's is {rate(SHIPPED_BASE_LR)}"
     if is_shipped_base(folder):
         return DefaultLr(SHIPPED_BASE_LR, "the default for the shipped base model")
-    spec, _ = model_spec(folder)
+    spec, _ = model_spec(folder, backend)
     billions = spec.num_parameters() / 1e9
     if spec.num_parameters() < LARGE_MODEL_PARAMETERS:
         why = f"the default for a model folder under 1B parameters, {billions:.2g}B here; {shipped}"
@@ -78,7 +78,7 @@ def with_model_defaults(
     """`config` with its unset model-dependent settings chosen, and a line on each choice."""
     if config.trainer.lr is not None:
         return config, []
-    chosen = default_lr(folder, point)
+    chosen = default_lr(folder, point, config.engine.backend)
     trainer = dataclasses.replace(config.trainer, lr=chosen.value)
     lines = [chosen.line()]
     lora = trainer.lora

@@ -36,7 +36,7 @@ def check_run(config: TrainConfig, point: ResumePoint | None) -> Task:
     problems = Problems()
     problems.check(config.check_response_cap)  # the context as it follows the model
     folder = model_folder(config, point)
-    read = problems.check(model_spec, folder)
+    read = problems.check(model_spec, folder, config.engine.backend)
     tokenizer = None
     if read is not None:
         problems.check(check_engines, config, *read)

@@ -80,7 +80,7 @@ def run_ray(
         check_cluster_auth(config.ray.address)
     task = check_run(config, point)  # every problem, before any file is written
     folder = model_folder(config, point)
-    spec, _ = model_spec(folder)
+    spec, _ = model_spec(folder, config.engine.backend)
     config, chosen = with_model_defaults(config, folder, point)  # config.json holds the choice
     _say_choices(config, task, chosen)
     if stop is not None and stop.requested():

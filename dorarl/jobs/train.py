@@ -75,7 +75,7 @@ def printed_config(config: TrainConfig, point: ResumePoint | None) -> str:
     folder = model_folder(config, point)
     notes = {}
     if config.trainer.lr is None:
-        chosen = default_lr(folder, point)
+        chosen = default_lr(folder, point, config.engine.backend)
         notes["trainer.lr"] = f"by the model: {rate(chosen.value)} here ({chosen.why})"
         lora = config.trainer.lora
         if lora.enabled and lora.lr is None:
@@ -119,7 +119,7 @@ def _placement_lines(config: TrainConfig, point: ResumePoint | None, gpus: float
     from dorarl.jobs.engine_plan import model_spec
     from dorarl.runtime.engine_budget import budget_lines, engine_budgets, gpu_memory
 
-    spec, _ = model_spec(folder_of(config, point))
+    spec, _ = model_spec(folder_of(config, point), config.engine.backend)
     gpu_bytes = gpu_memory(config.ray)
     budgets = engine_budgets(config.instances, config.engine, spec, plan.shares, gpu_bytes)
     return plan.lines() + budget_lines(budgets, gpu_bytes)

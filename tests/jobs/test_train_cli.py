@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 from reward_models import save_classifier, save_judge
-from tiny_model import save_with_head_dim
+from tiny_model import save_mistral_model, save_with_head_dim
 
 from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
+from dorarl.engine.vllm.config import vllm_missing
 from dorarl.jobs.config import TrainConfig
+from dorarl.jobs.engine_plan import model_spec
 from dorarl.jobs.evaluation import eval_versions
 from dorarl.jobs.workload import build_task, eval_sampling
 
@@ -347,6 +349,25 @@ def test_print_config_says_what_the_rate_comes_to_for_the_model(capsys, tiny_mod
     assert load_config(TrainConfig, path) == load_config(
         TrainConfig, None, [f"model={tiny_model_dir}"]
     )
+
+
+@pytest.mark.skipif(vllm_missing() is not None, reason="vllm is not installed here")
+def test_a_family_only_vllm_runs_passes_its_checks_on_backend_vllm_alone(capsys, tmp_path):
+    """A Mistral folder: our engine refuses its model_type in one line; on backend vllm
+    the run reads its sizes alone (placement, the default rate) and starts."""
+    folder = save_mistral_model(tmp_path / "mistral")
+    capsys.readouterr()
+    rc, err = _err(capsys, "--print-config", f"model={folder}")
+    assert rc == 2 and err == [
+        f"dorarl: error: {folder}/config.json: model_type 'mistral' is not supported by the "
+        "engine (supported: llama, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral)"
+    ]
+    assert cli_main(["train", "--print-config", f"model={folder}", "engine.backend=vllm"]) == 0
+    assert "by the model: 1e-5 here" in capsys.readouterr().out
+    spec, _ = model_spec(str(folder), "vllm")
+    assert (spec.model_type, spec.num_layers, spec.head_dim, spec.num_kv_heads) == (
+        "mistral", 2, 32, 1,
+    )  # fmt: skip
 
 
 def _long_prompt_data(tmp_path: Path) -> Path:

@@ -1,7 +1,8 @@
 """Runs on engine.backend=vllm on local Ray (vLLM's CPU build, eager): dora moves requests
 between instances as re-prefills under their version; partial rollout of LoRA versions
 (vLLM adapters) resumes interrupted requests under the new version; an agent task trains through the OpenAI endpoint while an
-engine process is killed, its episodes started again. Every run keeps the audit."""
+engine process is killed, its episodes started again; a model family only vLLM runs (Mistral)
+trains. Every run keeps the audit."""
 
 import json
 import os
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_agent_run import _KILLED
 from test_ray_runtime import _check_invariants
-from tiny_model import save_tiny_model
+from tiny_model import save_mistral_model, save_tiny_model
 
 from dorarl.jobs.train import main as train_main
 
@@ -96,3 +97,15 @@ def test_an_agent_on_vllm_survives_a_killed_engine(tmp_path, chat_model_dir, mon
     _check_invariants(summary, trajectories, k=1)
     for t in trajectories:  # both calls of every episode on one version
         assert isinstance(t["behavior_version"], int), t
+
+
+def test_a_family_our_engine_does_not_run_trains_on_vllm(tmp_path):
+    """A Mistral: vLLM rolls it out, transformers trains it, the run keeps its audit."""
+    folder = save_mistral_model(tmp_path / "mistral")
+    out = tmp_path / "run"
+    rc = _train(out, f"model={folder}", "steps=2", "mode=dora", "K=1", *SMALL,
+                "sampling.max_new_tokens=24", "engine.max_model_len=128")  # fmt: skip
+    assert rc == 0
+    summary, trajectories = _read(out)
+    assert summary["steps"] == 2
+    _check_invariants(summary, trajectories, k=1)
