@@ -7,6 +7,7 @@ does not, so the benches give both, and the load average either side of a run.
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,13 @@ CpuClock = Callable[[], float]
 def process_cpu_s() -> float:
     """This process's CPU seconds so far, all its threads (an actor reports its own)."""
     return time.process_time()
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's finished children so far (a sandbox's whole namespace
+    when it has ended)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def load_average() -> list[float]:

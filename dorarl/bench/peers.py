@@ -29,6 +29,7 @@ from rich.table import Table
 
 from dorarl.bench import peers_trl
 from dorarl.bench.cli_args import write_json
+from dorarl.bench.clock import load_average
 from dorarl.config import load_config
 from dorarl.engine.instance import open_engine
 from dorarl.jobs.config import TrainConfig
@@ -168,7 +169,7 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load": list(os.getloadavg())}
+    return {"cpu": cpu, "cores": os.cpu_count(), "load": load_average()}
 
 
 def run_bench(train: TrainConfig, out: Path, *, bf16: bool, say=print) -> dict[str, Any]:

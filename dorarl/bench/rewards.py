@@ -18,7 +18,6 @@ import argparse
 import os
 import platform
 import random
-import resource
 import statistics
 import subprocess
 import time
@@ -29,7 +28,7 @@ from typing import Any
 from rich.table import Table
 
 from dorarl.bench.cli_args import write_json
-from dorarl.bench.clock import load_window
+from dorarl.bench.clock import children_cpu_s, load_window
 from dorarl.report.console import table_console
 from dorarl.tasks.code_reward import CodeRewards
 from dorarl.tasks.sandbox import BWRAP, UNSAFE, Limits, RunResult, Sandbox, bwrap_problem
@@ -74,19 +73,13 @@ def programs(count: int, seed: int = 0) -> list[RewardInput]:
 
 def chunk_through_pool(rewards: CodeRewards, inputs: list[RewardInput]) -> dict[str, float]:
     """Wall seconds, children's CPU seconds and passes of one chunk through the pool."""
-    cpu, start = _children_cpu(), time.monotonic()
+    cpu, start = children_cpu_s(), time.monotonic()
     scored = rewards.score(inputs)
     return {
-        "wall_s": time.monotonic() - start, "cpu_s": _children_cpu() - cpu,
+        "wall_s": time.monotonic() - start, "cpu_s": children_cpu_s() - cpu,
         "passed": sum(s.reward == 1.0 for s in scored),
         "errors": sum(s.error is not None for s in scored),
     }  # fmt: skip
-
-
-def _children_cpu() -> float:
-    """CPU seconds of this process's finished children (a sandbox's whole namespace)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def measure(named: list[tuple[str, Any]], inputs: list[RewardInput], workers: int) -> dict:

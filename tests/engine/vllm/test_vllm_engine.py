@@ -8,6 +8,7 @@ import dataclasses
 import random
 
 import pytest
+import torch
 from vllm_testlib import (
     BASE_MODEL,
     hf_greedy_batch,
@@ -218,3 +219,15 @@ def test_a_new_segment_is_as_our_engine_makes_it(engine):
     assert got.segments and got.segments == want.segments
     for key in ("prompt_ids", "output_ids", "observed", "versions", "turn_start"):
         assert getattr(got, key) == getattr(want, key), key
+
+
+def test_torch_threads_stay_settable_once_an_engine_started(engine):
+    """vLLM-CPU turns torch.set_num_threads into a no-op as its worker starts; ours keeps
+    it working for the rest of the process (a bench's one-thread timing, later tests)."""
+    before = torch.get_num_threads()
+    try:
+        for wanted in (1, 2):
+            torch.set_num_threads(wanted)
+            assert torch.get_num_threads() == wanted
+    finally:
+        torch.set_num_threads(before)
