@@ -191,10 +191,8 @@ class ModesConfig:
         """The re-balance period, and what the backend's engines cannot carry out left
         unplanned (loads from peers, offloads)."""
         can = self.engine().capabilities
-        return OrchestratorConfig(
-            rebalance_period_s=self.rebalance_period_s, p2p_weights=can.serves_weights,
-            engine_offload=can.offload,
-        )  # fmt: skip
+        orchestrator = OrchestratorConfig(rebalance_period_s=self.rebalance_period_s)
+        return orchestrator.within(can.serves_weights, can.offload)
 
 
 # ---- calibration -------------------------------------------------------------------------

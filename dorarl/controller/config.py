@@ -9,6 +9,7 @@ the knobs a mode overrides.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
@@ -76,6 +77,15 @@ class OrchestratorConfig:
             "ge": 1,
         },
     )
+
+    def within(self, serves_weights: bool, offloads: bool) -> OrchestratorConfig:
+        """These knobs as engines can carry them out: ones that serve no weights get every
+        load from the trainer, ones that offload no KV are relieved by migration only."""
+        return dataclasses.replace(
+            self,
+            p2p_weights=self.p2p_weights and serves_weights,
+            engine_offload=self.engine_offload and offloads,
+        )
 
     def validate(self) -> None:
         if not math.isfinite(self.rebalance_period_s):

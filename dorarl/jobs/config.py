@@ -10,7 +10,6 @@ by `dorarl.jobs.train`, the placement and the weight transport are the runtime's
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -567,11 +566,7 @@ class TrainConfig:
         get every load from the trainer, and ones that offload no KV are relieved by
         migration only (vLLM preempts under pressure on its own)."""
         can = self.engine.capabilities
-        return dataclasses.replace(
-            self.orchestrator,
-            p2p_weights=self.orchestrator.p2p_weights and can.serves_weights,
-            engine_offload=self.orchestrator.engine_offload and can.offload,
-        )
+        return self.orchestrator.within(can.serves_weights, can.offload)
 
     @property
     def versions_per_instance(self) -> int:
