@@ -1,7 +1,9 @@
 """`dorarl bench convergence`: held-out accuracy and reward against step and wall time, for
-sync and dora (K values), trained the same number of steps by `dorarl train`'s machinery.
+sync and dora (K values), or for objectives under dora, trained the same number of steps by
+`dorarl train`'s machinery.
 
     dorarl bench convergence --out DIR [--quick] [--config FILE.yaml] [key=value ...]
+    dorarl bench convergence --out DIR --objectives grpo,gspo,cispo,dr_grpo,rloo steps=60
 
 Built-in task (running_sum), the shipped base model, real sampling (no forced lengths).
 Wall time is on emulated devices: the same calibration and pacing as `dorarl bench modes`,
@@ -46,6 +48,7 @@ from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
 from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
+from dorarl.trainer.objective_presets import check_objectives, objective_loss
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,17 @@ class ConvergenceConfig:
         default=500, metadata={"help": "held-out prompts per evaluation", "ge": 1}
     )
     dora_k: list[int] = field(default_factory=lambda: [1, 3], metadata={"help": "dora K values"})
+    objectives: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "objectives to compare, each a dora run at K = dora_k's first (names in "
+            "dorarl.trainer.objective_presets; empty: sync against dora per K)"
+        },
+    )
+    reach: float = field(
+        default=0.9,
+        metadata={"help": "objectives: the held-out accuracy each should reach", "gt": 0},
+    )
     train: TrainConfig = field(default_factory=TrainConfig)
     pace: PaceRule = field(default_factory=PaceRule)
 
@@ -71,15 +85,23 @@ class ConvergenceConfig:
             raise ConfigError("dora_k: needs K values >= 1")
         if self.train.task.name != "running_sum" or self.train.forced_lengths.enabled:
             raise ConfigError("train.task: the convergence bench trains running_sum, real lengths")
+        check_objectives(self.objectives, "objectives")
 
     def runs(self) -> list[tuple[str, TrainConfig]]:
         """(name, the `dorarl train` config of that run) in run order."""
+        if self.objectives:
+            k = self.dora_k[0]
+            return [(name, self._train_config("dora", k, name)) for name in self.objectives]
         modes = [("sync", "sync", 0)] + [(f"dora_k{k}", "dora", k) for k in self.dora_k]
         return [(name, self._train_config(mode, k)) for name, mode, k in modes]
 
-    def _train_config(self, mode: str, k: int) -> TrainConfig:
+    def _train_config(self, mode: str, k: int, objective: str = "grpo") -> TrainConfig:
+        trainer = dataclasses.replace(
+            self.train.trainer, loss=objective_loss(objective, self.train.trainer.loss)
+        )
         config = dataclasses.replace(
             self.train,
+            trainer=trainer,
             mode=mode,
             K=k if mode == "dora" else self.train.K,
             steps=self.steps,
@@ -156,6 +178,41 @@ def check_bars(curves: dict[str, dict[str, Any]], dora: str = "dora_k1") -> list
     ]  # fmt: skip
 
 
+def version_to_reach(curve: dict[str, Any], accuracy: float) -> int | None:
+    """The first evaluated version with held-out accuracy >= `accuracy`."""
+    for point in curve["eval"]:
+        if point["accuracy"] >= accuracy:
+            return point["version"]
+    return None
+
+
+def check_objective_bars(
+    curves: dict[str, dict[str, Any]], reach: float, steps: int
+) -> list[dict[str, Any]]:
+    """Each objective's held-out accuracy reaches `reach` within the run's `steps`."""
+    bars = []
+    for name, curve in curves.items():
+        version = version_to_reach(curve, reach)
+        bars.append({"bar": f"{name} reaches held-out >= {reach:g}", "value": version,
+                     "target": f"<= {steps} steps", "met": version is not None})  # fmt: skip
+    return bars
+
+
+def _bars(cfg: ConvergenceConfig, curves: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if cfg.objectives:
+        return {"objectives": check_objective_bars(curves, cfg.reach, cfg.steps)}
+    return {f"dora_k{k}": check_bars(curves, f"dora_k{k}") for k in cfg.dora_k}
+
+
+def _with_response_cap(train: TrainConfig, task: Task) -> TrainConfig:
+    """The task's response cap set as sampling.max_new_tokens (what every run samples at),
+    so an objective whose normaliser is the cap (Dr. GRPO) has it."""
+    if train.sampling.max_new_tokens is not None:
+        return train
+    sampling = dataclasses.replace(train.sampling, max_new_tokens=task.max_new_tokens)
+    return dataclasses.replace(train, sampling=sampling)
+
+
 # ---- the bench ---------------------------------------------------------------------------
 def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]:
     model_folder = str(cfg.train.model or shipped_base_model())
@@ -166,6 +223,7 @@ def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]
     for line in chosen:
         say(line)
     task = build_task(cfg.train, model_folder)
+    cfg = dataclasses.replace(cfg, train=_with_response_cap(cfg.train, task))
     out.mkdir(parents=True, exist_ok=True)
     watch = Stopwatch()
     device, emulation = calibrate_pace(cfg, model_folder, task)
@@ -182,7 +240,7 @@ def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]
         "emulation": emulation,
         "curves": curves,
         "summary": {name: _summary(curves[name], summaries[name]) for name in curves},
-        "bars": {f"dora_k{k}": check_bars(curves, f"dora_k{k}") for k in cfg.dora_k},
+        "bars": _bars(cfg, curves),
         "bench_wall_s": watch.wall_s(),
     }
     (out / "convergence.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -217,15 +275,18 @@ def _pace_cells(pace: dict[str, dict[str, float]]) -> list[str]:
 def print_result(result: dict[str, Any], out: Path) -> None:
     console = table_console()
     table = Table(title="convergence (paced wall time; held-out greedy accuracy)")
-    for col in ("mode", "steps", "wall s", "step s", "acc first", "acc final", "reward final",
-                "time to sync's final acc", "to sync's final - 2 pts", "engine step paced/real",
+    reference = next(iter(result["summary"]))
+    for col in ("run", "steps", "wall s", "step s", "acc first", "acc final", "reward final",
+                f"time to {reference}'s final acc", f"to {reference}'s final - 2 pts",
+                "engine step paced/real",
                 "train paced/real",
                 "over pace eng/train"):  # fmt: skip
         table.add_column(col, justify="right")
-    final_sync = result["summary"]["sync"]["final_accuracy"]
+    reference = next(iter(result["summary"]))  # sync, or the first objective
+    final_ref = result["summary"][reference]["final_accuracy"]
     for name, s in result["summary"].items():
-        reach = time_to_reach(result["curves"][name], final_sync)
-        near = time_to_reach(result["curves"][name], final_sync - 0.02)
+        reach = time_to_reach(result["curves"][name], final_ref)
+        near = time_to_reach(result["curves"][name], final_ref - 0.02)
         table.add_row(name, str(result["config"]["steps"]), f"{s['wall_time_s']:.1f}",
                       f"{s['mean_step_time_s']:.2f}", f"{s['first_accuracy']:.3f}",
                       f"{s['final_accuracy']:.3f}", f"{s['final_reward_mean']:.3f}",
@@ -237,7 +298,7 @@ def print_result(result: dict[str, Any], out: Path) -> None:
         bars.add_column(col, justify="right")
     for rows in result["bars"].values():
         for b in rows:
-            value = "-" if b["value"] is None else f"{b['value']:.3f}"
+            value = "-" if b["value"] is None else f"{b['value']:.3f}".rstrip("0").rstrip(".")
             met = {True: "yes", False: "NO", None: b.get("note", "void")}[b["met"]]
             bars.add_row(b["bar"], value, b["target"], met)
     console.print(bars)
@@ -256,7 +317,21 @@ def print_result(result: dict[str, Any], out: Path) -> None:
 
 # ---- command line ------------------------------------------------------------------------
 def _parse(argv: list[str]) -> argparse.Namespace:
+    argv = _objectives_flag(argv)
     return parse_bench_args(argv, "dorarl bench convergence", __doc__, ConvergenceConfig, QUICK)
+
+
+def _objectives_flag(argv: list[str]) -> list[str]:
+    """`--objectives a,b` (or `--objectives=a,b`) as the override `objectives=[a,b]`."""
+    out, args = [], iter(argv)
+    for arg in args:
+        if arg == "--objectives":
+            arg = "--objectives=" + next(args, "")
+        if arg.startswith("--objectives="):
+            names = [n.strip() for n in arg.split("=", 1)[1].split(",") if n.strip()]
+            arg = f"objectives=[{','.join(names)}]"
+        out.append(arg)
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -7,9 +7,12 @@ import pytest
 
 from dorarl.bench.convergence import (
     ConvergenceConfig,
+    _parse,
     check_bars,
+    check_objective_bars,
     main,
     time_to_reach,
+    version_to_reach,
 )
 from dorarl.cli import main as cli_main
 from dorarl.config import ConfigError, load_config
@@ -66,9 +69,33 @@ def test_runs_use_dorarl_train_configs():
     assert (runs["dora_k3"].mode, runs["dora_k3"].K) == ("dora", 3)
 
 
+def test_objectives_are_dora_runs_at_the_first_k_with_their_losses():
+    args = _parse(["--out", "x", "--objectives", "grpo,gspo, cispo,dr_grpo,rloo", "steps=9",
+                   "dora_k=[3,1]", "train.sampling.max_new_tokens=16"])  # fmt: skip
+    cfg = load_config(ConvergenceConfig, None, args.overrides)
+    runs = dict(cfg.runs())
+    assert list(runs) == ["grpo", "gspo", "cispo", "dr_grpo", "rloo"]
+    assert all((c.mode, c.K, c.steps) == ("dora", 3, 9) for c in runs.values())
+    losses = {name: c.trainer.loss for name, c in runs.items()}
+    assert losses["grpo"] == cfg.train.trainer.loss  # the defaults: GRPO/DAPO
+    assert losses["gspo"].ratio == "sequence" and losses["cispo"].kind == "cispo"
+    assert losses["dr_grpo"].aggregation == "seq_sum_norm" and losses["rloo"].advantage == "rloo"
+    assert _parse(["--out", "x", "--objectives=gspo"]).overrides == ["objectives=[gspo]"]
+
+
+def test_objective_bars_name_the_first_version_reaching_the_accuracy():
+    curves = {"grpo": _curve([(0, 0.0, 0.2), (10, 9.0, 0.85), (20, 19.0, 0.93)], 19.0),
+              "gspo": _curve([(0, 0.0, 0.2), (20, 21.0, 0.88)], 21.0)}  # fmt: skip
+    assert version_to_reach(curves["grpo"], 0.9) == 20
+    bars = {b["bar"].split()[0]: b for b in check_objective_bars(curves, 0.9, 20)}
+    assert bars["grpo"]["met"] and bars["grpo"]["value"] == 20
+    assert not bars["gspo"]["met"] and bars["gspo"]["value"] is None
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
+        ("objectives=[grpo,ppo2]", "objectives: unknown objective"),
         ("train.forced_lengths.enabled=true", "running_sum, real lengths"),
         ("dora_k=[]", "dora_k: needs K values"),
         ("eval_every=0", "eval_every"),
