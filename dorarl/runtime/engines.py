@@ -112,6 +112,9 @@ class EngineFleet:
         self._held_back: dict[str, tuple[list[int] | None, str | None]] = {}
         self.max_model_len = max_model_len
         self.capabilities = capabilities
+        # A replacement's loads of the versions its instance held (`restore`), until each
+        # lands: until then it holds none of them, so it serves no peer.
+        self._restoring: dict[int, list[ray.ObjectRef]] = {}
 
     # ---- commands (the driver's Executor, engine part) ----------------------------------
     def dispatch(self, c: Dispatch, requests: list[RequestSpec]) -> None:
@@ -224,7 +227,9 @@ class EngineFleet:
         Full weights replace the old ones; an adapter version (a LoRA run on engines with
         engine.max_versions > 1) goes into a free slot and the engine drops the adapters no
         request there still uses (EngineWorker.load_weights)."""
-        if source == TRAINER:  # the trainer may serve it no more: then a peer that hosts it
+        if source == TRAINER or self.restoring(source):
+            # the trainer may serve it no more (then a peer that hosts it); a replacement
+            # still taking its versions back holds none of them yet
             source = self.holder(version, avoid=iid)
         ref = self._carry(iid, version, source)
         self.calls.submit(LoadCall(iid, version, source, **self._sent(ref)))
@@ -241,15 +246,32 @@ class EngineFleet:
                 f"no copy of version {version} to load on instance {avoid}: the trainer no "
                 "longer holds it and these engines serve no weights"
             )
-        for peer in self.driver.controller.hosts(version):
-            if peer != avoid and (not live or self.alive(peer)):
+        peers = [p for p in self.driver.controller.hosts(version) if p != avoid]
+        for peer in peers:
+            if not self.restoring(peer) and (not live or self.alive(peer)):
+                return peer
+        for peer in peers:  # only replacements hold it: the first once it has it back
+            if self._restored(peer) and (not live or self.alive(peer)):
                 return peer
         raise RuntimeError(f"no live copy of version {version} to load on instance {avoid}")
 
     def restore(self, iid: int, version: int, source: int) -> None:
         """A replacement actor takes its instance's version back, before anything else
         reaches it (no answer: the controller never saw the instance go)."""
-        self._carry(iid, version, source)
+        self._restoring.setdefault(iid, []).append(self._carry(iid, version, source))
+
+    def restoring(self, iid: int) -> bool:
+        """Whether `iid` is a replacement still taking its versions back."""
+        refs = self._restoring.get(iid)
+        if refs and not ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
+            del self._restoring[iid]
+        return iid in self._restoring
+
+    def _restored(self, iid: int) -> bool:
+        """Wait, bounded by the weight transport's timeout, for `iid`'s restoring loads."""
+        refs = self._restoring.get(iid, [])
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.weights.spec.timeout_s)
+        return len(done) == len(refs) and not self.restoring(iid)
 
     def reimport(self, call: MigrateCall) -> None:
         """Land a migration's snapshots (they outlive their source) on the current actor of
@@ -269,6 +291,7 @@ class EngineFleet:
         self.workers[iid] = actor
         self.generations[iid] += 1
         self._running.pop(iid, None)
+        self._restoring.pop(iid, None)
         self._kv_above[iid] = False
 
     def alive(self, iid: int) -> bool:

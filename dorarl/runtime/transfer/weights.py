@@ -49,6 +49,8 @@ class Published:
 
 
 class WeightTransport(Protocol):
+    spec: TransportSpec  # its timeout_s bounds every wait on a load
+
     def start(self, trainer: Any, engines: Sequence[Any]) -> None:
         """Before the first version: whatever the transport sets up once (a group)."""
 

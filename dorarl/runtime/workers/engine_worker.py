@@ -333,12 +333,22 @@ class EngineWorker:
 
     def weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
         """This instance's copy of `version`, to serve a peer that switches to it: its
-        adapter when one is resident (compact CPU copies), else the full weights."""
+        adapter when one is resident (compact CPU copies), else the full weights, refused
+        when it hosts neither (None: whatever it hosts)."""
         if not self.caps.serves_weights:
             raise RuntimeError(
                 f"instance {self.instance_id}: engine.backend={self.config.backend} serves no "
                 "weights to peers (the trainer's copy is the source)"
             )
+        if (
+            version is not None
+            and version not in self._adapters()
+            and version != self.engine.version
+        ):
+            raise WeightsRefused(
+                f"instance {self.instance_id} does not host version {version} "
+                f"(it hosts {self.engine.version})"
+            )  # a replacement still taking its version back serves nothing under its name
         if version is not None and version in self._adapters():
             named, _, _ = self.engine.adapter_tensors(version)
             return {n: t.detach().to("cpu").clone(memory_format=torch.contiguous_format)

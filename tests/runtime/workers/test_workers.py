@@ -57,6 +57,18 @@ def test_engine_reset_restores_base_weights_and_drops_requests(tiny_model_dir):
     assert _generate(worker, "c") == fresh
 
 
+def test_a_peer_serves_only_the_version_it_hosts(tiny_model_dir):
+    """A replacement engine still taking its instance's version back hosts its start-up
+    weights: asked for that version by a peer it refuses, never serving them under its
+    name (the peer would refuse them by fingerprint and the run would stop)."""
+    worker = EngineWorker(0, str(tiny_model_dir), EngineConfig(max_num_seqs=2, max_model_len=64))
+    assert set(worker.weights(0)) == set(worker.weights())
+    with pytest.raises(WeightsRefused, match="instance 0 does not host version 21 .it hosts 0."):
+        worker.weights(21)
+    worker.load_weights(worker.weights(), version=21)
+    assert set(worker.weights(21)) == set(worker.weights())
+
+
 def test_a_version_change_finds_both_kv_pools_empty(tiny_model_dir):
     """Requests free their KV blocks as they leave (export, abort), so loading another
     version frees only the prefix cache's idle blocks (bookkeeping); load_weights refuses
