@@ -71,7 +71,7 @@ def bench_config(args: argparse.Namespace) -> TrainConfig:
     overrides = [*args.overrides, f"model={args.model}"]
     train = load_config(TrainConfig, args.config, overrides)
     train, _ = with_model_defaults(train, str(train.model), None)
-    every = train.eval.every or train.steps
+    every = train.eval.every if train.eval.every not in (0, "off") else train.steps
     return dataclasses.replace(
         train, progress=False, eval=dataclasses.replace(train.eval, every=every)
     )

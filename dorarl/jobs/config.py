@@ -296,8 +296,13 @@ class ForcedLengthsSection:
 
 @dataclass(kw_only=True)
 class EvalSection:
-    every: int = field(
-        default=10, metadata={"help": "evaluate every N versions (0: first/last)", "ge": 0}
+    every: int | Literal["off"] = field(
+        default=10,
+        metadata={
+            "help": "evaluate every N versions (0: first/last; off: none, and no evaluator "
+            "actor is started)",
+            "ge": 0,
+        },
     )
     max_prompts: int = field(
         default=200, metadata={"help": "held-out prompts per evaluation", "ge": 1}

@@ -96,8 +96,8 @@ class Evaluations:
         self.told: set[int] = set()  # versions whose results were looked at
         self.gone = False  # the evaluator died: later versions go unevaluated
         # version -> its weights and the manifest they must match (None: what it holds)
-        self.deferred: dict[int, Sent] = {start: None}
-        if not defer:
+        self.deferred: dict[int, Sent] = {start: None} if start in wanted else {}
+        if not defer and start in wanted:
             self.running[start] = self._evaluate(start, None)
 
     def offer(self, version: int, weights: ray.ObjectRef, manifest: ray.ObjectRef) -> None:

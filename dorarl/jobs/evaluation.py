@@ -20,8 +20,10 @@ from dorarl.run_layout import RunFolder
 
 def eval_versions(config: TrainConfig, start: int = 0) -> set[int]:
     """The starting version, every `eval.every`-th after it (the first row already shows the
-    start), the last."""
+    start), the last; none with `eval.every=off`."""
     every = config.eval.every
+    if every == "off":
+        return set()
     periodic = {v for v in range(start + 2, config.steps + 1) if every and v % every == 0}
     return {start, config.steps} | periodic
 

