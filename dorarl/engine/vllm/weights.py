@@ -58,13 +58,16 @@ def refresh_cpu_experts(model: torch.nn.Module) -> int:
     many. A reload copies the new experts over the packed ones in their plain layout, and
     vLLM repacks an MoE layer only on its first load (`_setup_kernel` in
     unquantized_fused_moe_method.py), so the kernel would read the new weights as packed."""
+    layers = [m for m in model.modules() if hasattr(m, "w13_weight")]
+    if not layers:  # a dense model: no MoE kernel to import
+        return 0
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
 
     refreshed = 0
-    for module in model.modules():
+    for module in layers:
         kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
         experts = getattr(kernel, "fused_experts", None)
-        if isinstance(experts, CPUUnquantizedExperts) and hasattr(module, "w13_weight"):
+        if isinstance(experts, CPUUnquantizedExperts):
             experts.process_weights_after_loading(module)
             refreshed += 1
     return refreshed
