@@ -16,7 +16,13 @@ from typing import Literal
 from dorarl.config import ConfigError, check_fields
 from dorarl.engine.capabilities import DORARL_CAPABILITIES, Capabilities
 from dorarl.engine.token_ids import checked_token_ids
-from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs, vllm_missing
+from dorarl.engine.vllm.config import (
+    ROUTES_NEED_EAGER,
+    ROUTES_ON_CUDA,
+    VLLM_CAPABILITIES,
+    VllmArgs,
+    vllm_missing,
+)
 from dorarl.errors import UserInputError
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -223,6 +229,12 @@ class EngineConfig:
                     f"engine.{key}: {getattr(self, key)} is not served by engine.backend=vllm "
                     "(use engine.backend=dorarl)"
                 )
+        if self.record_routes and self.device.startswith("cuda"):
+            raise ConfigError(
+                f"engine.record_routes: true {ROUTES_ON_CUDA} (use engine.backend=dorarl)"
+            )
+        if self.record_routes and not self.vllm.enforce_eager:
+            raise ConfigError(f"engine.record_routes: true {ROUTES_NEED_EAGER}")
 
     def _check_versions(self) -> None:
         """What several resident versions cannot share yet on this engine, refused up front

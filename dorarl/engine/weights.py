@@ -294,6 +294,30 @@ def _stack_experts(
             named[dst + name[len(src) :]] = named.pop(name)
 
 
+def to_checkpoint(model_type: str, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`named` in the in-memory names (the trainer's) as a checkpoint lays them out, one
+    module per expert under the family's block: `from_checkpoint` undone, with views of the
+    stacked tensors. A dense model, or a family this engine does not know, passes unchanged."""
+    family = FAMILIES.get(model_type)
+    experts = family.experts if family else None
+    stacked = "mlp.experts.gate_up_proj"
+    layers = [n[: -len(stacked)] for n in named if n.endswith(stacked)]
+    if experts is None or not layers:
+        return named
+    out = dict(named)
+    for p in layers:
+        gate_up, down = out.pop(f"{p}{stacked}"), out.pop(f"{p}mlp.experts.down_proj")
+        for name in [n for n in out if n.startswith(f"{p}mlp.")]:  # the router, a shared expert
+            out[f"{p}{experts.block}.{name[len(p) + 4 :]}"] = out.pop(name)
+        width = gate_up.shape[1] // 2
+        for j, (g, u, d) in enumerate(
+            zip(gate_up[:, :width], gate_up[:, width:], down, strict=True)
+        ):
+            for key, tensor in zip(experts.names, (g, u, d), strict=True):
+                out[f"{p}{experts.block}.experts.{j}.{key}.weight"] = tensor
+    return out
+
+
 def weight_files(folder: str | Path) -> list[Path]:
     """The model's safetensors files, by the Hugging Face layout: the shards an index names,
     else model.safetensors, else model-*.safetensors. Other safetensors files in the folder

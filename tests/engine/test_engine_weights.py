@@ -4,9 +4,20 @@ import json
 
 import pytest
 import torch
-from engine_testlib import greedy, make_engine, prompts, run_all, run_alone, tiny_config, tiny_model
+from engine_testlib import (
+    MOE_ARCHS,
+    greedy,
+    make_engine,
+    prompts,
+    run_all,
+    run_alone,
+    tiny_config,
+    tiny_model,
+)
 
 from dorarl.engine import Engine, EngineConfig
+from dorarl.engine.model_spec import spec_from_hf
+from dorarl.engine.weights import from_checkpoint, load_folder, to_checkpoint
 from dorarl.errors import UserInputError
 
 
@@ -166,3 +177,21 @@ def test_a_wrong_shaped_tensor_is_refused_in_one_line_leaving_the_weights_whole(
     assert all(torch.equal(t, kept[n]) for n, t in engine.state_dict().items())
     engine.add_request("after", prompt, greedy(10))
     assert run_all(engine)["after"].output_ids == want
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_weights_in_a_checkpoints_layout_are_what_save_pretrained_writes(tmp_path, arch):
+    """`to_checkpoint`: the in-memory (trainer's) names as a folder holds them, one module
+    per expert (what vLLM reloads), and `from_checkpoint` takes them back."""
+    model = tiny_model(arch)
+    model.save_pretrained(str(tmp_path))
+    saved = load_folder(tmp_path)
+    named = dict(model.state_dict())
+    laid_out = to_checkpoint(model.config.model_type, named)
+    assert sorted(laid_out) == sorted(saved)
+    assert all(torch.equal(laid_out[n], saved[n]) for n in saved)
+    spec = spec_from_hf(model.config)
+    back = from_checkpoint(spec, laid_out)
+    assert sorted(back) == sorted(named) and all(torch.equal(back[n], named[n]) for n in named)
+    dense = dict(tiny_model("llama").state_dict())
+    assert to_checkpoint("llama", dense) is dense

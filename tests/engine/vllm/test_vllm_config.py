@@ -65,6 +65,12 @@ def test_backend_vllm_is_refused_without_vllm_and_where_it_cannot_serve(monkeypa
     assert config.vllm.tensor_parallel_size == 2
     for key, value in (("host_blocks", 4), ("record_routes", True)):
         with pytest.raises(ConfigError, match=rf"^engine.{key}: .*engine.backend=vllm"):
-            EngineConfig(backend="vllm", **{key: value})
+            EngineConfig(backend="vllm", device="cuda", **{key: value})
+    with pytest.raises(ConfigError, match=r"^engine.record_routes: .* on the cpu only: .*CUDA"):
+        EngineConfig(backend="vllm", device="cuda", record_routes=True)
+    with pytest.raises(ConfigError, match=r"^engine.record_routes: .*enforce_eager=true: .*"):
+        EngineConfig(backend="vllm", record_routes=True)  # a compiled forward calls no hook
+    eager = VllmArgs(enforce_eager=True)
+    assert EngineConfig(backend="vllm", record_routes=True, vllm=eager).record_routes
     # LoRA versions are vLLM adapters, whose prefix cache is keyed by adapter and salt
     assert EngineConfig(backend="vllm", max_versions=3).max_versions == 3
