@@ -22,6 +22,7 @@ from dorarl.jobs.resume import ResumePoint
 from dorarl.runtime.ray_config import RayConfig
 from dorarl.runtime.transfer.weights_config import WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
+from dorarl.trainer.autocast import check_autocast
 
 
 @dataclass(kw_only=True)
@@ -446,6 +447,7 @@ class TrainConfig:
             self._check_routes,
             self._check_lengths,
             self._check_schedule,
+            self._check_autocast,
         ):
             problems.check(check)
         problems.raise_any()
@@ -515,6 +517,15 @@ class TrainConfig:
         """The decay's horizon against warmup, once it follows `steps`."""
         try:
             self.trainer.check_schedule()
+        except ConfigError as exc:
+            raise ConfigError(f"trainer.{exc}") from None
+
+    def _check_autocast(self) -> None:
+        """bf16 products where the trainer's CPU computes them (this machine's: a remote
+        trainer node checks its own as the trainer starts)."""
+        trainer = self.trainer
+        try:
+            check_autocast(trainer.autocast, trainer.device, trainer.dtype)
         except ConfigError as exc:
             raise ConfigError(f"trainer.{exc}") from None
 
