@@ -521,11 +521,9 @@ class TrainConfig:
             raise ConfigError(f"trainer.{exc}") from None
 
     def _check_autocast(self) -> None:
-        """bf16 products where the trainer's CPU computes them (this machine's: a remote
-        trainer node checks its own as the trainer starts)."""
-        trainer = self.trainer
+        """On this machine's CPU (a trainer on another node checks its own as it starts)."""
         try:
-            check_autocast(trainer.autocast, trainer.device, trainer.dtype)
+            check_autocast(self.trainer.autocast, self.trainer.device, self.trainer.dtype)
         except ConfigError as exc:
             raise ConfigError(f"trainer.{exc}") from None
 
