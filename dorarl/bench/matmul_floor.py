@@ -108,16 +108,23 @@ def attention_ms(shape: AttentionShape, repeats: int, dtype: torch.dtype = torch
 
 
 def floor_ms(
-    config: PretrainedConfig, micro: list[MicroShape], repeats: int = 3
+    config: PretrainedConfig,
+    micro: list[MicroShape],
+    repeats: int = 3,
+    body_dtype: torch.dtype = torch.float32,
 ) -> dict[str, float]:
-    """Milliseconds of the step's matrix multiplications: linear layers, attention, output."""
+    """Milliseconds of the step's matrix multiplications: linear layers, attention, output.
+
+    The decoder's products run in `body_dtype` (bfloat16 under trainer.autocast=bf16), the
+    output layer's in float32 as the trainer's do in either case."""
     linears, attention = step_shapes(config, micro)
     body = head = 0.0
     for shape, count in linears.items():
-        ms = linear_ms(shape, repeats) * count
         if shape.fan_out == config.vocab_size:
-            head += ms
+            head += linear_ms(shape, repeats) * count
         else:
-            body += ms
-    attn = sum(attention_ms(shape, repeats) * count for shape, count in attention.items())
+            body += linear_ms(shape, repeats, body_dtype) * count
+    attn = sum(
+        attention_ms(shape, repeats, body_dtype) * count for shape, count in attention.items()
+    )
     return {"total": body + attn + head, "linear": body, "attention": attn, "output_layer": head}

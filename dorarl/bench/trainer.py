@@ -42,6 +42,7 @@ from dorarl.errors import UserInputError
 from dorarl.report.console import table_console
 from dorarl.trainer import Trainer, TrainerConfig, load_model
 from dorarl.trainer.allocator import release_free_heap
+from dorarl.trainer.autocast import autocast_context
 from dorarl.trainer.batch import build_sequences, collate, plan_micro_batches
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.packing import Packing, micro_batches
@@ -145,7 +146,9 @@ def hf_forward_backward(model: PreTrainedModel, trainer: Trainer, groups: list[G
         batch = collate([seqs[i] for i in indices], trainer.pad_id, trainer.device)
         labels = torch.full_like(batch.input_ids, -100)
         labels[:, 1:][batch.mask] = batch.targets[batch.mask]
-        model(input_ids=batch.input_ids, labels=labels, use_cache=False).loss.backward()
+        with autocast_context(trainer.config.autocast, trainer.device):  # as the trainer's
+            loss = model(input_ids=batch.input_ids, labels=labels, use_cache=False).loss
+        loss.backward()
     model.zero_grad(set_to_none=True)
 
 
@@ -189,7 +192,8 @@ def run(
         report = _header(model, config, work, groups, shapes, trainer.micro_batch_tokens)
         timings, step_metrics = _take_turns(model, trainer, groups, work.repeats, console)
         console.log("floor: the packed step's matrix multiplications")
-        floor = floor_ms(model.config, shapes["shared_prompt"])
+        body_dtype = torch.bfloat16 if config.autocast == "bf16" else torch.float32
+        floor = floor_ms(model.config, shapes["shared_prompt"], body_dtype=body_dtype)
         console.log("two full train_steps (AdamW included) for their peak memory")
         steps = _full_steps(trainer, groups)
         report.update(_results(report["workload"]["tokens"], timings, floor, steps))
@@ -270,6 +274,7 @@ def _header(
             "packing": config.packing,
             "logits_chunk_tokens": config.logits_chunk_tokens,
             "activation_checkpointing": config.activation_checkpointing,
+            "autocast": config.autocast,
         },
         "threads": torch.get_num_threads(),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
@@ -440,10 +445,19 @@ def main(argv: list[str]) -> int:
         help="trainer.activation_checkpointing=true (on the shared model: every contender "
         "recomputes)",
     )
+    parser.add_argument(
+        "--autocast",
+        choices=("none", "bf16"),
+        default="none",
+        help="trainer.autocast (bf16: every contender's decoder products in bfloat16, and "
+        "the floor's)",
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    config = TrainerConfig(activation_checkpointing=args.activation_checkpointing)
+    config = TrainerConfig(
+        activation_checkpointing=args.activation_checkpointing, autocast=args.autocast
+    )
     if args.micro_batch_tokens:
         config.micro_batch_tokens = args.micro_batch_tokens
     model = build_model(args.shape, args.model)

@@ -120,6 +120,15 @@ def chunked_head_logprobs(
     """
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
-    return ChunkedHeadLogprobs.apply(
-        hidden, head.weight, head.bias, targets, float(temperature), int(chunk_tokens)
-    )
+    # Under autocast (trainer.autocast) the logits stay in the head's dtype: bfloat16 logits
+    # would shift log-probs by their rounding, and backward (run outside autocast) recomputes
+    # them in that dtype anyway.
+    with torch.autocast(hidden.device.type, enabled=False):
+        return ChunkedHeadLogprobs.apply(
+            hidden.to(head.weight.dtype),
+            head.weight,
+            head.bias,
+            targets,
+            float(temperature),
+            int(chunk_tokens),
+        )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dorarl.config import ConfigError, check_fields
+from dorarl.trainer.autocast import Autocast, check_autocast
 from dorarl.trainer.schedule import LrSchedule
 
 
@@ -394,6 +395,14 @@ class TrainerConfig:
     device: str = field(
         default="cpu", metadata={"help": "torch device: cpu, or cuda (the GPU Ray assigns)"}
     )
+    autocast: Autocast = field(
+        default="none",
+        metadata={
+            "help": "bf16: the policy's matrix products in bfloat16 (torch.autocast) on a CPU "
+            "with avx512_bf16 or amx_bf16, float32 weights, AdamW state, output layer, "
+            "log-probs and loss; none: all float32 (trainer.dtype)"
+        },
+    )
     reference_path: str | None = field(
         default=None,
         metadata={"help": "frozen reference for the KL (default: the initial model)", "path": True},
@@ -417,6 +426,7 @@ class TrainerConfig:
                 section.validate()
             except ConfigError as exc:
                 raise ConfigError(f"{name}.{exc}") from None
+        check_autocast(self.autocast, self.device, self.dtype)
         if (self.teacher is None) != (self.loss.distill_coef == 0):
             raise ConfigError(
                 "teacher: on-policy distillation needs both trainer.teacher and "

@@ -24,6 +24,7 @@ from dorarl.errors import UserInputError
 from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer import lora, shards
 from dorarl.trainer.allocator import map_large_blocks, release_free_heap
+from dorarl.trainer.autocast import autocast_context
 from dorarl.trainer.batch import MicroBatch, TrainSequence, build_sequences
 from dorarl.trainer.config import LossConfig, TrainerConfig
 from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_head
@@ -313,10 +314,11 @@ class Trainer:
 
     def _loss_step(self, batch: MicroBatch | PackedBatch, totals: StepTotals) -> None:
         cfg = self.config.loss
-        logp, entropy = self._policy_logprobs(batch)
-        aux = self.routing.forward_done() if self.routing is not None else None
-        ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
-        teacher_logp = self._teacher_logprobs(batch) if self.teacher is not None else None
+        with autocast_context(self.config.autocast, self.device):
+            logp, entropy = self._policy_logprobs(batch)
+            aux = self.routing.forward_done() if self.routing is not None else None
+            ref_logp = self._reference_logprobs(batch) if self.reference is not None else None
+            teacher_logp = self._teacher_logprobs(batch) if self.teacher is not None else None
         loss, terms = objective(
             logp,
             batch.behavior_logp,
