@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from dorarl.config import ConfigError
+
+if TYPE_CHECKING:  # the config checks run in `dorarl train --help`, which imports no torch
+    import torch
 
 Autocast = Literal["none", "bf16"]
 # Without one of these a CPU emulates bfloat16 products, slower than float32 ones.
@@ -33,7 +34,7 @@ def check_autocast(autocast: Autocast, device: str, dtype: str) -> None:
     """ConfigError naming `autocast` where bf16 cannot speed up this trainer."""
     if autocast == "none":
         return
-    if torch.device(device).type != "cpu":
+    if device.partition(":")[0] != "cpu":
         raise ConfigError(f"autocast: bf16 is for trainer.device=cpu, not {device}")
     if dtype != "float32":
         raise ConfigError(
@@ -62,4 +63,6 @@ def autocast_context(
     """
     if autocast == "none":
         return contextlib.nullcontext()
+    import torch
+
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
