@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from scripts_dir import load_script
 
 from dorarl.errors import UserInputError
 from dorarl.tasks import make_task
@@ -166,3 +167,12 @@ def test_the_demonstration_is_solved_and_no_shipped_problem(tmp_path):
         {"stdin": i, "stdout": o} for i, o in tests]},))  # fmt: skip
     assert _scored(solved, [(0, _block(program))])[0].reward == 1.0
     assert user["content"] not in {row["prompt"] for _, row in read_rows(CODE_PROBLEMS)}
+
+
+def test_the_shipped_problems_are_the_scripts_and_mix_their_families_from_the_first_rows():
+    rows = [row for _, row in read_rows(CODE_PROBLEMS)]
+    written = load_script("make_code_problems").problems(0)
+    assert [{k: v for k, v in r.items() if k != "id"} for r in rows] == written
+    # a run takes its training problems in file order: its first steps see both kinds
+    first = {r["prompt"][: len("Write a Python program")] for r in rows[:12]}
+    assert first == {"Write a Python program", "Write a Python functio"}
