@@ -1,6 +1,7 @@
 """Write the code task's shipped problems, assets/code/problems.jsonl: about 200 short Python
 problems in families (stdin/stdout programs and functions checked by asserts), each test's
-expected output computed by a reference solution here, seeded so the file is reproducible.
+expected output computed by a reference solution here, the families' rows shuffled
+together, seeded so the file is reproducible.
 
     python scripts/make_code_problems.py [--out assets/code/problems.jsonl] [--seed 0]
 """
@@ -363,13 +364,6 @@ def _digits(n: int, base: int) -> int:
     return count
 
 
-def _digits(n: int, base: int) -> int:
-    count = 0
-    while n:
-        n, count = n // base, count + 1
-    return count
-
-
 def _running(xs: list[int]) -> list[int]:
     out, total = [], 0
     for x in xs:
@@ -385,7 +379,11 @@ def _max_gap(xs: list[int]) -> int:
 def problems(seed: int) -> list[Problem]:
     rng = random.Random(seed)
     families = (arithmetic, list_problems, string_problems, loop_problems, function_problems)
-    return [p for family in families for p in family(rng)]
+    rows = [p for family in families for p in family(rng)]
+    # A run takes its training problems in the file's order: shuffled, its first steps see
+    # every family (in family order a short run saw nothing but arithmetic).
+    rng.shuffle(rows)
+    return rows
 
 
 def main() -> None:

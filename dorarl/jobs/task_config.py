@@ -145,7 +145,7 @@ class TaskSection:
         default=True,
         metadata={
             "help": "calculator: one worked exchange (a call, its result, the answer) "
-            "before the question"
+            "before the question; code with chat_template: one solved problem before it"
         },
     )
     system_prompt: str | None = field(

@@ -147,6 +147,7 @@ def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
             "reward": section.reward,
             "sandbox": section.sandbox,
             "test_timeout_s": section.test_timeout_s,
+            "demonstration": section.demonstration,
         }
     return section.name, options
 

@@ -2,7 +2,8 @@
 ```python block runs in the sandbox on each test (`dorarl.tasks.code_reward`).
 
 Rows: {"prompt": TEXT, "language": "python", "tests": [...]} (`dorarl.tasks.code_tests`),
-any other field kept. Invariant: loading checks every row's tests (a bad one raises
+any other field kept; with the chat template one solved problem (`DEMONSTRATION`) comes
+before the prompt. Invariant: loading checks every row's tests (a bad one raises
 `UserInputError` naming its line) and the sandbox (refused where it cannot hold).
 """
 
@@ -24,6 +25,22 @@ from dorarl.tasks.sandbox import BWRAP, Limits, Sandbox
 from dorarl.tasks.user_rewards import RewardInput
 
 CODE_REWARDS = ("tests", "all_tests")
+# One worked exchange before the problem, with the chat template: a 135M model imitates a
+# dialogue far more readily than it follows the prompt's words (SmolLM2-135M-Instruct asked
+# bare prints "Enter a number: " prompts and prose around the answer). Not a shipped problem.
+DEMONSTRATION: list[dict[str, str]] = [
+    {
+        "role": "user",
+        "content": "Write a Python program that reads a line of words from standard input and "
+        "prints how many of the words are longer than three letters. Read with input() and "
+        "print only the answer, with no other text. Give your whole program in one ```python "
+        "code block.",
+    },
+    {
+        "role": "assistant",
+        "content": "```python\nwords = input().split()\nprint(sum(len(w) > 3 for w in words))\n```",
+    },
+]
 
 
 class CodeTask(JsonlTask):
@@ -36,6 +53,7 @@ class CodeTask(JsonlTask):
         sandbox: str = BWRAP,
         test_timeout_s: float = 6.0,
         workers: int | None = None,
+        demonstration: bool = True,
         **options: Any,
     ):
         if reward not in (None, *CODE_REWARDS):
@@ -44,6 +62,7 @@ class CodeTask(JsonlTask):
             )
         limits = Limits(cpu_s=max(1, math.ceil(test_timeout_s)), wall_s=test_timeout_s)
         workers = workers or os.cpu_count() or 1
+        self.demonstration = demonstration
         self.user_rewards = CodeRewards(
             Sandbox(sandbox, limits, workers), reward == "all_tests", workers
         )
@@ -54,6 +73,17 @@ class CodeTask(JsonlTask):
             prompt.fields(), self.answer_text(response_ids, prompt), response_ids, prompt.answer
         )
         return self.user_rewards.score([given])[0].reward
+
+    def _encode(self, text: str) -> list[int]:
+        if not (self.chat_template and self.demonstration):
+            return super()._encode(text)
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages = [*system, *DEMONSTRATION, {"role": "user", "content": text}]
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
 
     def _load(self, source: DataSource, first_id: int) -> list[Prompt]:
         prompts: list[Prompt] = []

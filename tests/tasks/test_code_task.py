@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
+from scripts_dir import load_script
 
 from dorarl.errors import UserInputError
 from dorarl.tasks import make_task
 from dorarl.tasks.assets import CODE_PROBLEMS
 from dorarl.tasks.chartok import build_char_tokenizer
+from dorarl.tasks.code import DEMONSTRATION
+from dorarl.tasks.code_blocks import final_code_block
 from dorarl.tasks.code_reward import NO_CODE, PART
 from dorarl.tasks.data_files import read_rows
 from dorarl.tasks.sandbox import SandboxFailure, bwrap_problem
@@ -140,3 +143,36 @@ def test_the_shipped_problems_load_and_each_has_tests():
     assert len(task.train_prompts()) + len(task.eval_prompts()) == len(rows)
     first = task.train_prompts()[0]
     assert first.row["tests"] and first.text.endswith("```python code block.")
+
+
+def test_with_the_chat_template_one_solved_problem_comes_before_the_prompt(
+    tmp_path, chat_tokenizer
+):
+    task = _task(tmp_path, tokenizer=chat_tokenizer, chat_template=True)
+    text = chat_tokenizer.decode(task.train_prompts()[0].prompt_ids)
+    shown = text.split("<|im_start|>assistant\n")
+    assert len(shown) == 3 and shown[2] == ""
+    solved = shown[1].split("<|im_end|>")[0]
+    assert solved.startswith("```python\n") and solved.endswith("\n```")
+    assert text.endswith(f"<|im_start|>user\n{DOUBLE['prompt']}<|im_end|>\n<|im_start|>assistant\n")
+    bare = _task(tmp_path, tokenizer=chat_tokenizer, chat_template=True, demonstration=False)
+    assert chat_tokenizer.decode(bare.train_prompts()[0].prompt_ids).count("assistant\n") == 1
+
+
+def test_the_demonstration_is_solved_and_no_shipped_problem(tmp_path):
+    user, assistant = DEMONSTRATION
+    program = final_code_block(assistant["content"])
+    tests = [("the quick brown fox\n", "2\n"), ("a an apple\n", "1\n"), ("\n", "0\n")]
+    solved = _task(tmp_path, rows=({"prompt": user["content"], "tests": [
+        {"stdin": i, "stdout": o} for i, o in tests]},))  # fmt: skip
+    assert _scored(solved, [(0, _block(program))])[0].reward == 1.0
+    assert user["content"] not in {row["prompt"] for _, row in read_rows(CODE_PROBLEMS)}
+
+
+def test_the_shipped_problems_are_the_scripts_and_mix_their_families_from_the_first_rows():
+    rows = [row for _, row in read_rows(CODE_PROBLEMS)]
+    written = load_script("make_code_problems").problems(0)
+    assert [{k: v for k, v in r.items() if k != "id"} for r in rows] == written
+    # a run takes its training problems in file order: its first steps see both kinds
+    first = {r["prompt"][: len("Write a Python program")] for r in rows[:12]}
+    assert first == {"Write a Python program", "Write a Python functio"}
