@@ -3,6 +3,7 @@ start, for the evaluations at the end."""
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -167,7 +168,9 @@ def test_a_dead_evaluator_is_replaced_and_what_it_was_asked_is_asked_again(
     results = evals.all()
     assert sorted(results) == [0, 2, 4] and not evals.gone and evals.restarts == 1
     assert sorted(json.loads(line)["version"] for line in record.open()) == [0, 2, 4]
-    assert "the evaluator died evaluating v2 (ActorDiedError" in caplog.text
+    # v0's answer may still be on its way out of the process os._exit ends: then the line
+    # names v0, which is asked again like v2 (the record above holds each version once)
+    assert re.search(r"the evaluator died evaluating v[02] \(ActorDiedError", caplog.text)
     assert "(restart 1 of 2)" in caplog.text
 
 
