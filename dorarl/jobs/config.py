@@ -23,7 +23,6 @@ from dorarl.jobs.task_config import TaskSection
 from dorarl.runtime.ray_config import RayConfig
 from dorarl.runtime.transfer.weights_config import WeightsConfig
 from dorarl.trainer import LossConfig, TrainerConfig
-from dorarl.trainer.autocast import check_autocast
 
 
 @dataclass(kw_only=True)
@@ -231,7 +230,6 @@ class TrainConfig:
             self._check_routes,
             self._check_lengths,
             self._check_schedule,
-            self._check_autocast,
         ):
             problems.check(check)
         problems.raise_any()
@@ -301,13 +299,6 @@ class TrainConfig:
         """The decay's horizon against warmup, once it follows `steps`."""
         try:
             self.trainer.check_schedule()
-        except ConfigError as exc:
-            raise ConfigError(f"trainer.{exc}") from None
-
-    def _check_autocast(self) -> None:
-        """On this machine's CPU (a trainer on another node checks its own as it starts)."""
-        try:
-            check_autocast(self.trainer.autocast, self.trainer.device, self.trainer.dtype)
         except ConfigError as exc:
             raise ConfigError(f"trainer.{exc}") from None
 
