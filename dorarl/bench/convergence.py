@@ -275,14 +275,13 @@ def _pace_cells(pace: dict[str, dict[str, float]]) -> list[str]:
 def print_result(result: dict[str, Any], out: Path) -> None:
     console = table_console()
     table = Table(title="convergence (paced wall time; held-out greedy accuracy)")
-    reference = next(iter(result["summary"]))
+    reference = next(iter(result["summary"]))  # sync, or the first objective
     for col in ("run", "steps", "wall s", "step s", "acc first", "acc final", "reward final",
                 f"time to {reference}'s final acc", f"to {reference}'s final - 2 pts",
                 "engine step paced/real",
                 "train paced/real",
                 "over pace eng/train"):  # fmt: skip
         table.add_column(col, justify="right")
-    reference = next(iter(result["summary"]))  # sync, or the first objective
     final_ref = result["summary"][reference]["final_accuracy"]
     for name, s in result["summary"].items():
         reach = time_to_reach(result["curves"][name], final_ref)
