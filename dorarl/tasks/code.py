@@ -74,16 +74,8 @@ class CodeTask(JsonlTask):
         )
         return self.user_rewards.score([given])[0].reward
 
-    def _encode(self, text: str) -> list[int]:
-        if not (self.chat_template and self.demonstration):
-            return super()._encode(text)
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        messages = [*system, *DEMONSTRATION, {"role": "user", "content": text}]
-        return list(
-            self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        )
+    def _before_prompt(self) -> list[dict[str, str]]:
+        return DEMONSTRATION if self.demonstration else []
 
     def _load(self, source: DataSource, first_id: int) -> list[Prompt]:
         prompts: list[Prompt] = []

@@ -107,12 +107,17 @@ class JsonlTask(Task):
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return list(
             self.tokenizer.apply_chat_template(
-                [*system, {"role": "user", "content": text}],
+                [*system, *self._before_prompt(), {"role": "user", "content": text}],
                 add_generation_prompt=True,
                 tokenize=True,
                 return_dict=False,
             )
         )
+
+    def _before_prompt(self) -> list[dict[str, str]]:
+        """Chat messages between the system prompt and each prompt (a task's worked
+        example); none here."""
+        return []
 
 
 def source_rows(source: DataSource) -> Iterator[tuple[str, Any]]:
