@@ -1,14 +1,16 @@
 """`dorarl bench peers`: dorarl and TRL's GRPOTrainer on the same work, one after the other.
 
-    dorarl bench peers --model DIR --out DIR [--config FILE.yaml] [--trl-bf16]
+    dorarl bench peers --model DIR --out DIR [--config FILE.yaml] [--trl-precision fp32,bf16]
                        [--record FILE.json] [key=value ...]
 
 The workload is a `dorarl train` config (default: configs/smollm2-arith.yaml), key=value
 overrides applied. Both sides get the same model, prompts (TRL's data set is our task's
 prompts in our dispatch order, its tokenization checked against our ids), reward (our
 task's scorer), group size, batch, learning rate, clip, token-mean loss and held-out set:
-TRL's weights at the evaluated versions are scored by our evaluator, greedy. Writes
-DIR/peers.json (with a results record, also to --record) and prints a table.
+TRL's weights at the evaluated versions are scored by our evaluator, greedy. TRL runs once
+per precision asked; its figure is the fastest run that converges (its last held-out within
+`CONVERGED_WITHIN` of the best TRL run's). Writes DIR/peers.json (with a results record, also
+to --record) and prints a table.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ from dorarl.tasks.evaluate import evaluate
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2-arith.yaml"
+PRECISIONS = {"fp32": False, "bf16": True}
+"""TRL precision name -> GRPOConfig's bf16 (autocast on CPU; fp32 master weights)."""
+CONVERGED_WITHIN = 0.03
+"""A TRL run converges when its last held-out accuracy is at most this far below the best
+TRL run's: the fastest of those is TRL's figure (its best settings that keep accuracy)."""
 
 UNMATCHED = [
     "behaviour policy: dorarl (dora, K=1) trains on samples up to one version old, with the "
@@ -172,25 +179,46 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "cores": os.cpu_count(), "load": load_average()}
 
 
-def run_bench(train: TrainConfig, out: Path, *, bf16: bool, say=print) -> dict[str, Any]:
+def trl_figure(runs: dict[str, dict[str, Any]]) -> str:
+    """The precision whose TRL run is TRL's figure: the fastest of those that converge."""
+    last = {p: side["held_out"][max(side["held_out"])] for p, side in runs.items()}
+    best = max(last.values())
+    converged = [p for p in runs if last[p] >= best - CONVERGED_WITHIN - 1e-9]
+    return min(converged, key=lambda p: runs[p]["run_wall_s"])
+
+
+def run_trl_side(train, task, model_folder: str, out: Path, precision: str, say=print):
+    """One TRL run at `precision`, its held-out curve scored by our evaluator."""
+    saves = eval_steps(train)
+    say(f"TRL GRPOTrainer: {train.steps} steps ({precision})")
+    trl, record = peers_trl.run_trl(train, task, model_folder, out, saves, PRECISIONS[precision])
+    say("our evaluator on TRL's weights at steps " + ", ".join(map(str, saves)))
+    folders = {s: peers_trl.step_folder(out, s) for s in saves}
+    trl["held_out"] = evaluate_folders(train, task, folders)
+    return trl, record
+
+
+def run_bench(train: TrainConfig, out: Path, *, precisions: list[str], say=print) -> dict[str, Any]:
     model_folder = str(train.model)
     task = build_task(train, model_folder)
-    saves = eval_steps(train)
     load_before = machine()
     say(f"dorarl: {train.steps} steps ({train.mode}, K={train.K})")
     dorarl = run_dorarl(train, out / "dorarl")
     fill_held_out(train, task, out / "dorarl", dorarl["held_out"])
     dorarl_steps = consumed_prompts(out / "dorarl", train.steps)
-    say(f"TRL GRPOTrainer: {train.steps} steps ({'bf16 autocast' if bf16 else 'fp32'})")
-    trl, record = peers_trl.run_trl(train, task, model_folder, out / "trl", saves, bf16)
-    say("our evaluator on TRL's weights at steps " + ", ".join(map(str, saves)))
-    folders = {s: peers_trl.step_folder(out / "trl", s) for s in saves}
-    trl["held_out"] = evaluate_folders(train, task, folders)
+    runs, records = {}, {}
+    for precision in precisions:
+        folder = out / ("trl" if precision == "fp32" else f"trl-{precision}")
+        runs[precision], records[precision] = run_trl_side(
+            train, task, model_folder, folder, precision, say
+        )
+    figure = trl_figure(runs)
     result = {
-        "settings": _settings(train, bf16),
+        "settings": _settings(train, figure),
         "dorarl": dorarl,
-        "trl": trl,
-        "prompts": prompt_check(train, task, record.prompt_ids, dorarl_steps),
+        "trl": runs[figure],
+        "trl_runs": runs,
+        "prompts": prompt_check(train, task, records[figure].prompt_ids, dorarl_steps),
         "machine_before": load_before,
         "machine_after": machine(),
         "unmatched": UNMATCHED,
@@ -198,7 +226,7 @@ def run_bench(train: TrainConfig, out: Path, *, bf16: bool, say=print) -> dict[s
     return result
 
 
-def _settings(train: TrainConfig, bf16: bool) -> dict[str, Any]:
+def _settings(train: TrainConfig, trl_precision: str) -> dict[str, Any]:
     """The settings both sides share, as the table's notes name them."""
     loss, s = train.trainer.loss, train.sampling
     return {
@@ -210,7 +238,8 @@ def _settings(train: TrainConfig, bf16: bool) -> dict[str, Any]:
         "max_grad_norm": train.trainer.max_grad_norm, "temperature": s.temperature,
         "top_p": s.top_p, "top_k": s.top_k, "max_new_tokens": s.max_new_tokens,
         "eval_prompts": train.eval.max_prompts, "eval_steps": eval_steps(train),
-        "seed": train.seed, "trl_precision": "bf16 autocast" if bf16 else "fp32",
+        "seed": train.seed, "trl_precision": trl_precision,
+        "dorarl_autocast": train.trainer.autocast,
     }  # fmt: skip
 
 
@@ -245,18 +274,26 @@ def results_record(result: dict[str, Any], command: str) -> dict[str, Any]:
         "machine": f"{m['cores']} vCPUs ({m['cpu']})",
         "load": f"{load} (1/5/15-min) before, {after} after",
         "columns": COLUMNS,
-        "rows": [_row(f"dorarl ({s['mode']} K={s['K']})", result["dorarl"]),
-                 _row(f"TRL GRPOTrainer ({s['trl_precision']})", result["trl"])],
+        "rows": [_row(f"dorarl ({s['mode']} K={s['K']}, {_precision(s['dorarl_autocast'])})",
+                      result["dorarl"]),
+                 *(_row(f"TRL GRPOTrainer ({_precision(p)})", side)
+                   for p, side in result["trl_runs"].items())],
         "notes": [
             f"{s['model']}; G={s['group_size']}, {s['tbs']} groups a step, lr {s['lr']}, "
             f"clip {s['eps_low']}/{s['eps_high']}, token-mean loss (TRL loss_type dapo), "
             f"KL {s['kl_coef']}, temperature {s['temperature']}, {s['max_new_tokens']} new "
             f"tokens; held-out: {s['eval_prompts']} prompts, greedy, our evaluator on both.",
+            f"TRL's figure: its {_precision(s['trl_precision'])} run (the fastest that "
+            f"converges: last held-out within {CONVERGED_WITHIN:.2f} of its best run's). "
             f"TRL's run wall over dorarl's: {ratio:.2f}x. Prompt ids equal in dispatch order: "
             f"{result['prompts']['same_prompt_ids']}.",
             *("Not matched: " + u for u in result["unmatched"]),
         ],
     }  # fmt: skip
+
+
+def _precision(name: str) -> str:
+    return "fp32" if name in ("fp32", "none") else f"{name} autocast"
 
 
 def print_result(result: dict[str, Any], path: Path) -> None:
@@ -283,7 +320,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--config", default=str(DEFAULT_CONFIG), help="a `dorarl train` YAML (the workload)"
     )
-    parser.add_argument("--trl-bf16", action="store_true", help="TRL under bf16 autocast")
+    parser.add_argument(
+        "--trl-precision",
+        default="fp32",
+        help="TRL's precisions, comma-separated (fp32, bf16: autocast): one run each",
+    )
     parser.add_argument("--record", type=Path, help="also write the results record here")
     parser.add_argument("overrides", nargs="*", help="dotted key=value `dorarl train` keys")
     return parser.parse_args(argv)
@@ -295,9 +336,15 @@ def main(argv: list[str]) -> int:
         print(missing, file=sys.stderr)
         return 2
     args = _parse(argv)
+    precisions = [p.strip() for p in args.trl_precision.split(",") if p.strip()]
+    unknown = sorted(set(precisions) - set(PRECISIONS)) or ([] if precisions else ["(none)"])
+    if unknown:
+        print(f"--trl-precision: unknown {unknown}; choose from {sorted(PRECISIONS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     train = bench_config(args)
-    result = run_bench(train, args.out, bf16=args.trl_bf16)
+    result = run_bench(train, args.out, precisions=list(dict.fromkeys(precisions)))
     result["record"] = results_record(result, shlex.join(["dorarl", "bench", "peers", *argv]))
     path = write_json(args.out, "peers.json", result)
     if args.record is not None:

@@ -50,14 +50,16 @@ def test_both_sides_on_the_tiny_base(tmp_path: Path, shared_ray):
     config.write_text(TINY)
     out = tmp_path / "out"
     argv = ["bench", "peers", "--model", str(shipped_base_model()), "--out", str(out),
-            "--config", str(config), "--record", str(tmp_path / "record.json")]  # fmt: skip
+            "--config", str(config), "--record", str(tmp_path / "record.json"),
+            "--trl-precision", "fp32,bf16"]  # fmt: skip
     assert cli_main(argv) == 0
     result = json.loads((out / "peers.json").read_text())
     assert result["prompts"]["same_prompt_ids"] is True
     assert result["prompts"]["trl_batches"] == 2
     assert result["prompts"]["dorarl_prompts_also_in_trl"] > 0
-    for side in ("dorarl", "trl"):
-        got = result[side]
+    assert set(result["trl_runs"]) == {"fp32", "bf16"}
+    assert result["trl"] == result["trl_runs"][result["settings"]["trl_precision"]]
+    for got in (result["dorarl"], *result["trl_runs"].values()):
         assert got["run_wall_s"] > 0 and got["process_wall_s"] >= got["run_wall_s"]
         assert len(got["step_s"]) == 2 and got["tokens"] > 0 and got["tokens_per_s"] > 0
         assert set(got["held_out"]) == {"0", "2"}  # the versions `dorarl train` evaluates
@@ -66,7 +68,7 @@ def test_both_sides_on_the_tiny_base(tmp_path: Path, shared_ray):
     assert result["settings"]["trl_loss_type"] == "dapo" and result["unmatched"]
     record = json.loads((tmp_path / "record.json").read_text())
     assert record == result["record"] and record["bench"] == "peers"
-    assert len(record["rows"]) == 2 and all(
+    assert len(record["rows"]) == 3 and all(
         len(r) == len(record["columns"]) for r in record["rows"]
     )
 
@@ -86,3 +88,26 @@ def test_an_evaluation_the_run_lost_is_redone_from_its_checkpoint(tmp_path: Path
     peers.fill_held_out(train, None, tmp_path, held_out)
     assert asked == {4: tmp_path / "checkpoints" / "version_00004"}
     assert held_out == {0: 0.25, 4: 0.5}
+
+
+def test_trl_figure_is_the_fastest_run_that_converges():
+    from dorarl.bench.peers import trl_figure
+
+    def side(wall, last):
+        return {"run_wall_s": wall, "held_out": {0: 0.2, 30: last}}
+
+    # bf16 is faster and within 0.03 of fp32's accuracy: its figure
+    assert trl_figure({"fp32": side(100, 0.72), "bf16": side(70, 0.70)}) == "bf16"
+    # bf16 is faster but lost 5 points: fp32's
+    assert trl_figure({"fp32": side(100, 0.72), "bf16": side(70, 0.67)}) == "fp32"
+    assert trl_figure({"fp32": side(100, 0.60), "bf16": side(120, 0.70)}) == "bf16"
+    assert trl_figure({"fp32": side(100, 0.60)}) == "fp32"
+
+
+@pytest.mark.parametrize("value", ["fp16", "", "fp32,tf32"])
+def test_an_unknown_trl_precision_exits_2_on_one_line(value, capsys):
+    pytest.importorskip("trl")
+    argv = ["bench", "peers", "--model", "m", "--out", "o", "--trl-precision", value]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("--trl-precision:")
