@@ -123,6 +123,11 @@ class TaskSection:
     chat_template: bool = field(
         default=False, metadata={"help": "jsonl: render prompts through the chat template"}
     )
+    shuffle: bool = field(
+        default=True,
+        metadata={"help": "jsonl, code: train on the rows in an order drawn from seed (false: "
+                  "the file's order)"},
+    )  # fmt: skip
     min_value: int | None = field(
         default=None,
         metadata={"help": "arith, calculator: smallest operand (None: arith 1, calculator 100)"},

@@ -141,6 +141,7 @@ def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
             "eval_path": section.eval_path,
             "max_new_tokens": cap or config.engine.max_model_len // 2,
             "chat_template": section.chat_template,
+            "shuffle": section.shuffle,
         }
     if section.name == "code":
         options |= {

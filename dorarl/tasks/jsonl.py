@@ -8,7 +8,8 @@ Formats (`dorarl.tasks.formats`): `prompt_answer` {"prompt", "answer"}, `gsm8k`
 Invariants: loading either returns well-formed prompts that fit the context or raises a
 `UserInputError` naming the file and its line (or Parquet or data set row); blank lines are skipped
 and every field is kept (`Prompt.row`, what a user's reward reads). The held-out set is
-`eval_path` if given, else a seeded `eval_fraction` of the rows.
+`eval_path` if given, else a seeded `eval_fraction` of the rows; the training rows are
+dispatched in a seeded order (`shuffle`), else in the file's.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class JsonlTask(Task):
         format: str = "prompt_answer",
         prompt_template: str | None = None,
         system_prompt: str | None = None,
+        shuffle: bool = True,
     ):
         try:
             self.reward_fn = get_reward(reward)
@@ -70,6 +72,8 @@ class JsonlTask(Task):
             self._train, self._eval = rows, self._load(held, first_id=len(rows))
         else:
             self._train, self._eval = _split(rows, eval_fraction, seed)
+        if shuffle:  # a file sorted by topic or difficulty would otherwise be trained in blocks
+            random.Random(f"jsonl/train-order/{seed}").shuffle(self._train)
 
     def train_prompts(self) -> list[Prompt]:
         return self._train

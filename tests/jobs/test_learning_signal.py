@@ -49,7 +49,8 @@ def test_record_text_writes_prompt_answer_and_response(tmp_path, tiny_model_dir)
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": i + 1}) + "\n"
                             for i in range(5)))  # fmt: skip
-    task = JsonlTask(data, tokenizer=tiny_model_dir, eval_fraction=0.0, max_new_tokens=8)
+    task = JsonlTask(data, tokenizer=tiny_model_dir, eval_fraction=0.0, max_new_tokens=8,
+                     shuffle=False)  # fmt: skip
     prompt = task.train_prompts()[2]
     response = task.tokenizer(prompt.answer, add_special_tokens=False)["input_ids"]
     sample = Sample(0, 0, prompt_id=prompt.prompt_id, prompt_ids=prompt.prompt_ids,
@@ -83,7 +84,8 @@ def test_record_text_writes_an_episodes_prompt_as_seen_and_every_turn_and_its_er
 ):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": "2+1=", "answer": 3}) + "\n")
-    task = JsonlTask(data, tokenizer=tiny_model_dir, eval_fraction=0.0, max_new_tokens=8)
+    task = JsonlTask(data, tokenizer=tiny_model_dir, eval_fraction=0.0, max_new_tokens=8,
+                     shuffle=False)  # fmt: skip
     (prompt,) = task.train_prompts()
     sample = _episode(task, prompt, error="step raised KeyError: 'x'")
     rec = Recorder(tmp_path / "run", mode="dora", k=1, num_instances=1, slots_per_instance=1,
@@ -103,7 +105,8 @@ def test_record_text_writes_an_episodes_prompt_as_seen_and_every_turn_and_its_er
 def test_a_step_whose_every_episode_failed_stops_the_run_naming_the_error(tmp_path, tiny_model_dir):
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"prompt": "2+1=", "answer": 3}) + "\n")
-    task = JsonlTask(data, tokenizer=tiny_model_dir, eval_fraction=0.0, max_new_tokens=8)
+    task = JsonlTask(data, tokenizer=tiny_model_dir, eval_fraction=0.0, max_new_tokens=8,
+                     shuffle=False)  # fmt: skip
     (prompt,) = task.train_prompts()
     failed = [Group(g, 0, 0, [_episode(task, prompt, "reset raised OSError: down", g)])
               for g in range(2)]  # fmt: skip

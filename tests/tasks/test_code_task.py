@@ -35,7 +35,8 @@ def _task(tmp_path, rows=(DOUBLE, SQUARE), **kw):
     path = tmp_path / "code.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     kw = {"tokenizer": build_char_tokenizer(), "max_model_len": 2048, "max_new_tokens": 256,
-          "eval_fraction": 0.0, "sandbox": SANDBOX, "test_timeout_s": 20.0, **kw}  # fmt: skip
+          "eval_fraction": 0.0, "sandbox": SANDBOX, "test_timeout_s": 20.0, "shuffle": False,
+          **kw}  # fmt: skip
     return make_task("code", path=path, **kw)
 
 
@@ -139,7 +140,7 @@ def test_the_shipped_problems_load_and_each_has_tests():
     rows = [row for _, row in read_rows(CODE_PROBLEMS)]
     assert len(rows) >= 150 and len({r["prompt"] for r in rows}) == len(rows)
     task = make_task("code", tokenizer=build_char_tokenizer(), max_model_len=2048,
-                     max_new_tokens=256, sandbox=SANDBOX)  # fmt: skip
+                     max_new_tokens=256, sandbox=SANDBOX, shuffle=False)  # fmt: skip
     assert len(task.train_prompts()) + len(task.eval_prompts()) == len(rows)
     first = task.train_prompts()[0]
     assert first.row["tests"] and first.text.endswith("```python code block.")

@@ -37,6 +37,24 @@ def test_loads_rows_splits_a_seeded_held_out_set(tmp_path):
     assert train[0].prompt_ids[0] == task.tokenizer.bos_token_id
 
 
+def test_training_rows_come_in_an_order_drawn_from_the_seed(tmp_path):
+    path = _write(tmp_path / "d.jsonl", _rows(40))
+    texts = [f"q{i}?" for i in range(40)]
+
+    def order(**kw):
+        return [p.text for p in _task(path, eval_fraction=0.0, **kw).train_prompts()]
+
+    assert order(shuffle=False) == texts  # the file's order
+    seed_0 = order(seed=0)
+    assert sorted(seed_0) == sorted(texts) and seed_0 != texts  # every row once, reordered
+    assert order(seed=0) == seed_0 and order(seed=1) != seed_0  # a function of the seed
+    # the held-out set is the split's, whatever the training order
+    kept = [p.text for p in _task(path, eval_fraction=0.25, seed=3).eval_prompts()]
+    assert kept == [
+        p.text for p in _task(path, eval_fraction=0.25, seed=3, shuffle=False).eval_prompts()
+    ]
+
+
 def test_separate_eval_file_and_numeric_answers(tmp_path):
     train = _write(tmp_path / "t.jsonl", _rows(3))
     held = _write(tmp_path / "e.jsonl", [json.dumps({"prompt": "2+2", "answer": 4})])
@@ -97,7 +115,8 @@ def test_math_reward_through_the_task_and_a_bad_reference_is_a_counted_error(tmp
         json.dumps({"prompt": "half?", "answer": "\\frac{1}{2}"}),
         json.dumps({"prompt": "bad", "answer": "@@@"}),
     ]
-    task = _task(_write(tmp_path / "m.jsonl", rows), reward="math", eval_fraction=0.0)
+    task = _task(_write(tmp_path / "m.jsonl", rows), reward="math", eval_fraction=0.0,
+                 shuffle=False)  # fmt: skip
     half, bad = task.train_prompts()
     ids = task.tokenizer("0.5", add_special_tokens=False)["input_ids"] + task.stop_token_ids
     assert score(task, half, ids) == (1.0, None)

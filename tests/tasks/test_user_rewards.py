@@ -35,7 +35,7 @@ def _task(workdir):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return make_task(
         "jsonl", path=path, tokenizer=build_char_tokenizer(), max_model_len=64,
-        max_new_tokens=16, eval_fraction=0.0,
+        max_new_tokens=16, eval_fraction=0.0, shuffle=False,
     )  # fmt: skip
 
 
