@@ -87,8 +87,9 @@ def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, worl
     killer = Killer(out, kills)
     killer.start()
     try:
-        interrupted = train_main([f"model={tiny_model_dir}", *COMMON, "mode=dora", "K=1",
-                                  f"steps={STEPS}", "checkpoint_every=4",
+        # two engines: one serves while the other is replaced
+        interrupted = train_main([f"model={tiny_model_dir}", *COMMON, "instances=2",
+                                  "mode=dora", "K=1", f"steps={STEPS}", "checkpoint_every=4",
                                   f"trainer.world_size={world_size}",
                                   "ray.max_trainer_restarts=2", "--out", str(out)])  # fmt: skip
     finally:
