@@ -118,9 +118,10 @@ def _tensorboard_tags(run_dir) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")  # both runs on one Ray
 def test_end_to_end_tiny(tmp_path, tiny_model_dir, capsys):
     args = ["--out", str(tmp_path), "steps=2", "eval_every=1", "eval_prompts=8", "dora_k=[1]",
-            f"train.model={tiny_model_dir}", "train.instances=2", "train.tbs=2", "train.rbs=4",
+            f"train.model={tiny_model_dir}", "train.instances=1", "train.tbs=2", "train.rbs=4",
             "train.group_size=2", "train.engine.max_num_seqs=4", "train.sampling.max_new_tokens=12",
             "train.trainer.micro_batch_tokens=256"]  # fmt: skip
     assert main(args) == 0

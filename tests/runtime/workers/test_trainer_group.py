@@ -93,6 +93,7 @@ def test_dorarl_train_with_two_trainer_ranks(tmp_path):
     out, summary, trajectories, metrics, trace = _run(
         tmp_path,
         BASE_MODEL_DIR,
+        "instances=2",  # loads from the trainer group or from the other engine
         "mode=dora",
         "K=1",
         "steps=8",
