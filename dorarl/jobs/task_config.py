@@ -39,6 +39,11 @@ class TaskSection:
         default=None,
         metadata={"help": "jsonl: the split of a data set in task.eval_path (None: its only one)"},
     )
+    eval_fraction: float = field(
+        default=0.1,
+        metadata={"help": "jsonl, code: the share of the rows held out (drawn from seed) when "
+                  "task.eval_path is not given", "ge": 0, "lt": 1},
+    )  # fmt: skip
     format: Literal["prompt_answer", "gsm8k", "math"] = field(
         default="prompt_answer",
         metadata={

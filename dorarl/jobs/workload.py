@@ -139,6 +139,7 @@ def task_options(config: TrainConfig) -> tuple[str, dict[str, Any]]:
         options |= {
             "path": section.path,
             "eval_path": section.eval_path,
+            "eval_fraction": section.eval_fraction,
             "max_new_tokens": cap or config.engine.max_model_len // 2,
             "chat_template": section.chat_template,
             "shuffle": section.shuffle,
