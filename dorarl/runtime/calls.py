@@ -120,6 +120,17 @@ class LoadCall(EngineCall):
 
 
 @dataclass(frozen=True)
+class RestoreCall(LoadCall):
+    """A replacement actor takes back `version`, which its instance held: nothing the
+    controller reads answers it (it never saw the instance go); a failure leaves the actor
+    on weights it was never meant to serve."""
+
+    @property
+    def worker(self) -> str:
+        return f"engine instance {self.iid} (taking version {self.version} back)"
+
+
+@dataclass(frozen=True)
 class MigrateCall(EngineCall):
     """Requests `request_ids` move from `src` to `dst`: the source's export gives the ids it
     exported (`exported`) and their `snapshots`, which the destination imports; with

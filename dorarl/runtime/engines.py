@@ -59,10 +59,12 @@ from dorarl.driver import Driver, RequestSpec
 from dorarl.engine.capabilities import DORARL_CAPABILITIES, Capabilities
 from dorarl.record.pacing import PaceTally
 from dorarl.runtime.calls import (
+    ANSWER_WAIT_S,
     CallTable,
     EngineCall,
     LoadCall,
     MigrateCall,
+    RestoreCall,
     RunCall,
     SendCall,
     lives,
@@ -257,21 +259,28 @@ class EngineFleet:
 
     def restore(self, iid: int, version: int, source: int) -> None:
         """A replacement actor takes its instance's version back, before anything else
-        reaches it (no answer: the controller never saw the instance go)."""
-        self._restoring.setdefault(iid, []).append(self._carry(iid, version, source))
+        reaches it; its answer only tells a failure (recovery's `on_restore_failed`)."""
+        ref = self._carry(iid, version, source)
+        self._restoring.setdefault(iid, []).append(ref)
+        self.calls.submit(RestoreCall(iid, version, source, **self._sent(ref)))
 
     def restoring(self, iid: int) -> bool:
-        """Whether `iid` is a replacement still taking its versions back."""
+        """Whether `iid` is a replacement not yet holding its versions again: loads still
+        running, or one that failed (the replacement is then replaced in turn)."""
         refs = self._restoring.get(iid)
-        if refs and not ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
+        if refs and _all_loaded(refs, timeout_s=0):
             del self._restoring[iid]
         return iid in self._restoring
 
     def _restored(self, iid: int) -> bool:
         """Wait, bounded by the weight transport's timeout, for `iid`'s restoring loads."""
         refs = self._restoring.get(iid, [])
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.weights.spec.timeout_s)
-        return len(done) == len(refs) and not self.restoring(iid)
+        if refs and _all_loaded(refs, timeout_s=self.weights.spec.timeout_s):
+            del self._restoring[iid]
+        return iid not in self._restoring
+
+    def on_restored(self, report: WeightsReport, call: RestoreCall) -> None:
+        """A replacement holds a version of its instance again: nothing to tell."""
 
     def reimport(self, call: MigrateCall) -> None:
         """Land a migration's snapshots (they outlive their source) on the current actor of
@@ -495,6 +504,18 @@ class EngineFleet:
     def _sent(self, ref: ray.ObjectRef) -> dict[str, Any]:
         """What every engine call records: its answer, now, each instance's incarnation."""
         return {"ref": ref, "started": self.now(), "generations": tuple(self.generations)}
+
+
+def _all_loaded(refs: list[ray.ObjectRef], timeout_s: float) -> bool:
+    """Whether every load of `refs` ended, within `timeout_s`, and none failed."""
+    done, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        return False
+    try:
+        ray.get(done, timeout=ANSWER_WAIT_S)  # ended: their answers (or errors) are there
+    except ray.exceptions.RayError:
+        return False
+    return True
 
 
 def _tokens(output, ids: list[int]) -> int:

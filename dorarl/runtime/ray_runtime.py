@@ -48,6 +48,7 @@ from dorarl.runtime.calls import (
     LoadCall,
     MigrateCall,
     ReplayCall,
+    RestoreCall,
     RunCall,
     SendCall,
     StepCall,
@@ -291,6 +292,8 @@ class RayRuntime:
         return self.calls.ready(timeout)
 
     def _failed(self, call: Call, exc: Exception) -> None:
+        if isinstance(call, RestoreCall) and self._restore_redone(call, exc):
+            return
         if isinstance(call, LoadCall) and self._trainer_died_serving(call, exc):
             self._recover_trainer_then_load(call, exc)
             return
@@ -305,6 +308,13 @@ class RayRuntime:
             if cause:
                 self.recorder.died(call.worker, cause, self.now())
             raise WorkerFailed(call.worker, _describe(exc)) from exc
+
+    def _restore_redone(self, call: RestoreCall, exc: Exception) -> bool:
+        """A replacement's restore refused or timed out: the replacement is replaced (a
+        death goes the way of every engine call's)."""
+        if _a_death(exc) or self.recovery is None:
+            return False
+        return self.recovery.on_restore_failed(call, _describe(exc).split("\n")[0])
 
     def _trainer_died_serving(self, call: LoadCall, exc: Exception) -> bool:
         """A load from the trainer that failed because the trainer is gone. Over the
@@ -331,6 +341,7 @@ class RayRuntime:
         answers: dict[type[Call], Callable[[Any, Any], None]] = {
             RunCall: engines.on_run,
             LoadCall: engines.on_loaded,
+            RestoreCall: engines.on_restored,
             MigrateCall: engines.on_migrated,
             SendCall: engines.on_sent,
             StepCall: trainer.on_trained,

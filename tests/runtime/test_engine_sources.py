@@ -58,6 +58,24 @@ def test_a_restoring_replacement_is_no_source_while_another_copy_lives():
         ray.cancel(stuck, force=True)
 
 
+@ray.remote(num_cpus=0)
+def _refuse() -> None:
+    raise RuntimeError("WeightsRefused: fingerprint mismatch")
+
+
+def test_a_replacement_whose_restore_failed_is_no_source():
+    """Its load ended, in failure: it still holds its start-up weights (it is replaced in
+    turn by recovery), so neither a peer load nor the bounded wait takes it."""
+    fleet = _fleet(_Controller({21: [1, 2]}), _Weights(kept=set()))
+    fleet._restoring[1] = [ray.put(None), _refuse.remote()]
+    assert fleet.restoring(1)
+    assert fleet.holder(21, avoid=0) == 2
+    fleet.driver.controller.hosting[21] = [1]
+    with pytest.raises(RuntimeError, match="no live copy of version 21"):
+        fleet.holder(21, avoid=0)
+    assert fleet.restoring(1)
+
+
 def test_a_replacement_that_is_the_only_copy_serves_once_it_has_it_back():
     fleet = _fleet(_Controller({21: [1]}), _Weights(kept=set()))
     fleet._restoring[1] = [ray.put(None), _pause.remote(0.5)]

@@ -41,6 +41,7 @@ from dorarl.runtime.calls import (
     EngineCall,
     LoadCall,
     MigrateCall,
+    RestoreCall,
     RunCall,
     SendCall,
 )
@@ -81,6 +82,18 @@ class InstanceRecovery:
         self.redo(call)
         return True
 
+    def on_restore_failed(self, call: RestoreCall, why: str) -> bool:
+        """A replacement could not take a version back: it holds weights it was not meant to
+        serve, and requests started on it may already run on them, so it is replaced in
+        turn (its restart counted); False when the restart budget is spent."""
+        if call.generations[call.iid] != self.fleet.generations[call.iid]:
+            return True  # replaced since: the new actor takes its versions back itself
+        if self.restarts >= self.max_restarts:
+            return False
+        ray.kill(self.fleet.workers[call.iid], no_restart=True)
+        self._restart(call.iid, f"taking version {call.version} back failed: {why}")
+        return True
+
     def redo(self, call: EngineCall) -> None:
         """Redo the effect of `call`, which failed or was answered by a replaced actor."""
         match call:
@@ -88,6 +101,9 @@ class InstanceRecovery:
                 self.fleet.run_ended(call)
             case SendCall():  # the replacement started the instance's requests again
                 pass
+            case RestoreCall():  # its source died: the replacement is replaced as for any failure
+                if not self.on_restore_failed(call, "its source died"):
+                    raise RuntimeError(f"{call.worker}: its source died, no restart left")
             case LoadCall(iid=iid, version=version):
                 self.fleet.load(iid, version, self._source(version, avoid=iid))
             case MigrateCall() if _exported(call):

@@ -110,3 +110,42 @@ def test_an_import_that_landed_on_an_engine_replaced_since(tmp_path, tiny_model_
     assert _refused(caplog) == []
     summary, trajectories, _, _ = _read(out)
     _check_invariants(summary, trajectories, k=1)
+
+
+@ray.remote(num_cpus=0)
+def _refused_load() -> None:
+    raise RuntimeError("WeightsRefused: the load was refused")
+
+
+def test_a_replacement_that_cannot_take_its_version_back_is_replaced(tmp_path, tiny_model_dir):
+    """The first replacement's restore fails: it holds the weights it started on, which it
+    would serve under the hosted version's name. It is replaced in turn (two restarts),
+    and the run finishes with its audit intact."""
+    out = tmp_path / "run"
+    start_local_ray(num_cpus=2)
+    try:
+        runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *SHORT)
+        fleet, failed = runtime.engines, []
+        restore = fleet.restore
+
+        def restore_failing_once(iid, version, source):
+            carry = fleet._carry
+            if not failed:  # the first restore's load is refused, as a bad copy's would be
+                fleet._carry = lambda *args: failed.append(args) or _refused_load.remote()
+            try:
+                restore(iid, version, source)
+            finally:
+                fleet._carry = carry
+
+        fleet.restore = restore_failing_once
+        runtime.start()
+        _kill(fleet.workers[1])
+        summary = runtime.run()
+    finally:
+        ray.shutdown()
+    assert failed and failed[0][0] == 1  # instance 1's restore was the one refused
+    assert summary["engine_restarts"] == 2 and summary["steps"] == 8
+    causes = [d["cause"] for d in summary["deaths"]]
+    assert any("taking version" in c and "WeightsRefused" in c for c in causes), causes
+    summary, trajectories, _, _ = _read(out)
+    _check_invariants(summary, trajectories, k=1)
