@@ -29,6 +29,9 @@ OPTIONS_WITH_VALUE = {"--config", "--out", "--preset", "--modes", "--bench", "--
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(:\d+)?")
 """A value that stands for the reader's own (DIR, N, RUN_DIR, HOST:6379)."""
 UNSHIPPED_KEYS = {"resume"}
+STAND_INS = {"trainer.teacher": "assets"}
+"""Keys whose placeholder is given a shipped folder, so the loader's checks that pair the key
+with others (trainer.teacher with loss.distill_coef) run as for a literal value."""
 """Keys whose value names a folder of the reader's (a run to resume), never shipped."""
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -88,6 +91,8 @@ def _parse(page: str, number: int, command: str, rest: str) -> CommandLine:
         elif "=" in token and not token.startswith("-"):
             key, value = token.split("=", 1)
             placeholder = PLACEHOLDER.fullmatch(value) or key in UNSHIPPED_KEYS
+            if placeholder and key in STAND_INS:
+                token, placeholder = f"{key}={ROOT / STAND_INS[key]}", False
             (parsed.keys_only if placeholder else parsed.overrides).append(token)
     return parsed
 
