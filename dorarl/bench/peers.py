@@ -337,9 +337,10 @@ def main(argv: list[str]) -> int:
         return 2
     args = _parse(argv)
     precisions = [p.strip() for p in args.trl_precision.split(",") if p.strip()]
-    unknown = sorted(set(precisions) - set(PRECISIONS)) or ([] if precisions else ["(none)"])
-    if unknown:
-        print(f"--trl-precision: unknown {unknown}; choose from {sorted(PRECISIONS)}",
+    unknown = sorted(set(precisions) - set(PRECISIONS))
+    if unknown or not precisions:
+        given = unknown or ["(none)"]
+        print(f"--trl-precision: unknown {given}; choose from {sorted(PRECISIONS)}",
               file=sys.stderr)  # fmt: skip
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -264,20 +264,18 @@ class EngineFleet:
         self._restoring.setdefault(iid, []).append(ref)
         self.calls.submit(RestoreCall(iid, version, source, **self._sent(ref)))
 
-    def restoring(self, iid: int) -> bool:
-        """Whether `iid` is a replacement not yet holding its versions again: loads still
-        running, or one that failed (the replacement is then replaced in turn)."""
+    def restoring(self, iid: int, wait_s: float = 0.0) -> bool:
+        """Whether `iid` is a replacement not yet holding its versions again (after waiting
+        up to `wait_s` for its loads): loads still running, or one that failed (the
+        replacement is then replaced in turn)."""
         refs = self._restoring.get(iid)
-        if refs and _all_loaded(refs, timeout_s=0):
+        if refs and _all_loaded(refs, timeout_s=wait_s):
             del self._restoring[iid]
         return iid in self._restoring
 
     def _restored(self, iid: int) -> bool:
         """Wait, bounded by the weight transport's timeout, for `iid`'s restoring loads."""
-        refs = self._restoring.get(iid, [])
-        if refs and _all_loaded(refs, timeout_s=self.weights.spec.timeout_s):
-            del self._restoring[iid]
-        return iid not in self._restoring
+        return not self.restoring(iid, wait_s=self.weights.spec.timeout_s)
 
     def on_restored(self, report: WeightsReport, call: RestoreCall) -> None:
         """A replacement holds a version of its instance again: nothing to tell."""
