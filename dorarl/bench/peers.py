@@ -43,6 +43,7 @@ from dorarl.record.evaluations import read_evaluations
 from dorarl.report.console import table_console
 from dorarl.report.run_curve import read_curve
 from dorarl.run_layout import CHECKPOINTS, EVALUATIONS_FILE, TRAJECTORIES_FILE, checkpoint_name
+from dorarl.runtime.malloc import preload_library, reexec_on
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import evaluate
 
@@ -240,6 +241,7 @@ def _settings(train: TrainConfig, trl_precision: str) -> dict[str, Any]:
         "eval_prompts": train.eval.max_prompts, "eval_steps": eval_steps(train),
         "seed": train.seed, "trl_precision": trl_precision,
         "dorarl_autocast": train.trainer.autocast,
+        "allocator": preload_library(train.ray.allocator) or "glibc malloc",
     }  # fmt: skip
 
 
@@ -282,7 +284,8 @@ def results_record(result: dict[str, Any], command: str) -> dict[str, Any]:
             f"{s['model']}; G={s['group_size']}, {s['tbs']} groups a step, lr {s['lr']}, "
             f"clip {s['eps_low']}/{s['eps_high']}, token-mean loss (TRL loss_type dapo), "
             f"KL {s['kl_coef']}, temperature {s['temperature']}, {s['max_new_tokens']} new "
-            f"tokens; held-out: {s['eval_prompts']} prompts, greedy, our evaluator on both.",
+            f"tokens; held-out: {s['eval_prompts']} prompts, greedy, our evaluator on both; "
+            f"malloc of both: {s['allocator']}.",
             f"TRL's figure: its {_precision(s['trl_precision'])} run (the fastest that "
             f"converges: last held-out within {CONVERGED_WITHIN:.2f} of its best run's). "
             f"TRL's run wall over dorarl's: {ratio:.2f}x. Prompt ids equal in dispatch order: "
@@ -345,6 +348,9 @@ def main(argv: list[str]) -> int:
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     train = bench_config(args)
+    # TRL trains in this process: it starts again on the malloc dorarl's actors get, so
+    # neither side has an allocator the other lacks.
+    reexec_on(preload_library(train.ray.allocator))
     result = run_bench(train, args.out, precisions=list(dict.fromkeys(precisions)))
     result["record"] = results_record(result, shlex.join(["dorarl", "bench", "peers", *argv]))
     path = write_json(args.out, "peers.json", result)

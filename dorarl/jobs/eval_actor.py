@@ -39,10 +39,11 @@ def evaluator_spec(
     task: Task,
     threads: ThreadPlan,
     point: ResumePoint | None = None,
+    preload: str | None = None,
 ) -> EvaluatorSpec:
     """The evaluator of a run: an engine like the rollout engines (greedy decoding); in a
     LoRA run whose versions travel as adapters it merges each into the base
-    (`model_folder`), the checkpoint's adapter (`point`) first."""
+    (`model_folder`), the checkpoint's adapter (`point`) first; on malloc `preload`."""
     sampling = eval_sampling(config)
     adapters = None
     if config.adapter_versions:
@@ -50,7 +51,7 @@ def evaluator_spec(
         adapters = EvalAdapters(lora.alpha, lora.rank, str(point.folder) if point else None)
     return EvaluatorSpec(
         model_folder, evaluator_engine(config.engine), task, config.eval.max_prompts, sampling,
-        threads.evaluator, threads.evaluator_nice, adapters,
+        threads.evaluator, threads.evaluator_nice, adapters, preload,
     )  # fmt: skip
 
 

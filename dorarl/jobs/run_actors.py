@@ -23,6 +23,7 @@ from dorarl.runtime.actors import (
     spawn_evaluator,
     spawn_trainer,
 )
+from dorarl.runtime.malloc import preload_library
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.ray_runtime import Restarts
 from dorarl.runtime.threads import share_threads
@@ -56,10 +57,13 @@ class RayActors:
     ) -> RayActors:
         start = engines_start_at(config, point)
         threads = share_threads(config.ray.threads_per_actor, config.instances)
-        evaluator = evaluator_spec(config, model_folder, task, threads, point)
-        engine = EngineSpec(model_folder, config.engine, threads.engine, start, threads.engine_nice)
+        preload = preload_library(config.ray.allocator)
+        evaluator = evaluator_spec(config, model_folder, task, threads, point, preload)
+        engine = EngineSpec(
+            model_folder, config.engine, threads.engine, start, threads.engine_nice, preload
+        )
         resume_from = str(point.folder) if point else None
-        trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from)
+        trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from, preload)
         workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
         trainer_actor = spawn_trainer(trainer, pace, placed)
         evaluating = config.eval.every != "off"

@@ -17,6 +17,7 @@ import ray
 
 from dorarl.engine import EngineConfig
 from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.malloc import preload_env
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
 from dorarl.runtime.workers.engine_worker import EngineWorker
@@ -30,13 +31,15 @@ from dorarl.trainer import TrainerConfig
 @dataclass(frozen=True)
 class EngineSpec:
     """An engine actor: `model_folder`'s weights hosted as `version`, `threads` torch
-    threads at niceness `nice` (dorarl.runtime.threads)."""
+    threads at niceness `nice` (dorarl.runtime.threads), on malloc `preload` on the CPU
+    (dorarl.runtime.malloc; None: glibc's)."""
 
     model_folder: str
     config: EngineConfig
     threads: int = 1
     version: int = 0
     nice: int = 0
+    preload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class TrainerSpec:
     config: TrainerConfig
     threads: int = 1
     resume_from: str | None = None
+    preload: str | None = None
 
     def restored(self, checkpoint: str | None) -> TrainerSpec:
         """The same trainer restored from `checkpoint` (None: from where this one starts)."""
@@ -68,6 +72,7 @@ class EvaluatorSpec:
     threads: int = 1
     nice: int = 0
     adapters: EvalAdapters | None = None
+    preload: str | None = None
 
 
 def start_workers(
@@ -88,6 +93,7 @@ def spawn_trainer(
     """The trainer actor (at start, or replacing a dead one in the same bundle); with
     trainer.world_size > 1, rank 0 of a trainer group, which starts the other ranks."""
     options = actor_options("trainer", spec.config.device, placed)
+    options["runtime_env"] = actor_env(spec.config.device, spec.preload)
     worker, ranks = TrainerWorker, {}
     if spec.config.world_size > 1:
         from dorarl.runtime.workers.trainer_group import TrainerGroupWorker  # torch.distributed
@@ -107,7 +113,7 @@ def spawn_engine(
 ) -> Any:
     """One engine actor (at start, or replacing a dead one in the same bundle)."""
     options = actor_options(f"engine{instance_id}", spec.config.device, placed)
-    options["runtime_env"] = threads_env(spec.threads)
+    options["runtime_env"] = actor_env(spec.config.device, spec.preload, spec.threads)
     return ray.remote(**options)(EngineWorker).remote(
         instance_id, spec.model_folder, spec.config, spec.threads, pace, spec.version, spec.nice
     )
@@ -116,19 +122,24 @@ def spawn_engine(
 def spawn_evaluator(spec: EvaluatorSpec, placed: PlacedActors | None = None) -> Any:
     """The evaluator actor."""
     options = actor_options("evaluator", spec.config.device, placed)
-    options["runtime_env"] = threads_env(spec.threads)
+    options["runtime_env"] = actor_env(spec.config.device, spec.preload, spec.threads)
     return ray.remote(**options)(EvalWorker).remote(
         spec.model_folder, spec.config, spec.task, spec.max_prompts, spec.threads, spec.nice,
         spec.sampling, spec.adapters,
     )  # fmt: skip
 
 
-def threads_env(threads: int) -> dict[str, Any]:
-    """An engine actor's process starts with OpenMP's thread count at its share: every
-    thread of it then computes on as many (Ray runs an actor's calls on threads other than
-    the one it was made on, whose torch.set_num_threads binds that thread alone), which
-    vLLM-CPU's attention checks (its metadata's thread count must be the kernel's)."""
-    return {"env_vars": {"OMP_NUM_THREADS": str(threads)}}
+def actor_env(device: str, preload: str | None, threads: int | None = None) -> dict[str, Any]:
+    """An actor's runtime env. On the CPU its process starts on malloc `preload`
+    (dorarl.runtime.malloc). An engine's starts with OpenMP's thread count at its share
+    (`threads`): every thread of it then computes on as many (Ray runs an actor's calls on
+    threads other than the one it was made on, whose torch.set_num_threads binds that
+    thread alone), which vLLM-CPU's attention checks (its metadata's thread count must be
+    the kernel's)."""
+    env = preload_env(preload) if device.partition(":")[0] == "cpu" else {}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return {"env_vars": env}
 
 
 def actor_options(actor: str, device: str, placed: PlacedActors | None) -> dict[str, Any]:

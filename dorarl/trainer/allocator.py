@@ -6,8 +6,10 @@ to the OS only when it lies at the heap's top. The threshold is dynamic (it clim
 micro-batch lives on a heap, and the holes they leave between long-lived tensors (AdamW
 state, gradients) keep the process gigabytes above what it uses. A fixed 1 MiB
 threshold maps every tensor of that size or more on its own, so freeing it unmaps it:
-the resident size follows the memory in use, for a few page faults per allocation
-(under 1% of a CPU training step on a 135M model). Elsewhere than glibc, nothing changes.
+the resident size follows the memory in use, at the price of page faults on every step
+(SmolLM2-135M's arith step: 11.7 s against 9.9 s at glibc's own threshold, 4.6 GB peak
+against 4.9). The actors preload tcmalloc where the machine has it (dorarl.runtime.malloc),
+which has neither cost (8.7 s, 4.6 GB); there these calls are no-ops.
 """
 
 from __future__ import annotations
