@@ -15,6 +15,7 @@ import sys
 
 from dorarl.config import ConfigError
 from dorarl.errors import RunComplete, RunFailed, UserInputError
+from dorarl.runtime.malloc import own_process
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
@@ -121,6 +122,8 @@ workers inherit it."""
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    if argv is None:  # the program itself, not a caller: a command may start it again
+        own_process()
     try:
         code = _dispatch(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # a pipe's reader that left fails this flush, not the exit's

@@ -43,7 +43,7 @@ from dorarl.record.evaluations import read_evaluations
 from dorarl.report.console import table_console
 from dorarl.report.run_curve import read_curve
 from dorarl.run_layout import CHECKPOINTS, EVALUATIONS_FILE, TRAJECTORIES_FILE, checkpoint_name
-from dorarl.runtime.malloc import preload_library, reexec_on
+from dorarl.runtime.malloc import describe, find_tcmalloc, preload_library, reexec_on
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import evaluate
 
@@ -227,6 +227,13 @@ def run_bench(train: TrainConfig, out: Path, *, precisions: list[str], say=print
     return result
 
 
+def _allocators(train: TrainConfig) -> str:
+    """The malloc of both sides: dorarl's actors', and this process's, where TRL trains."""
+    ours = preload_library(train.ray.allocator) or "glibc malloc"
+    here = describe(find_tcmalloc())
+    return ours if ours == here else f"{ours} (dorarl's actors), {here} (TRL)"
+
+
 def _settings(train: TrainConfig, trl_precision: str) -> dict[str, Any]:
     """The settings both sides share, as the table's notes name them."""
     loss, s = train.trainer.loss, train.sampling
@@ -241,7 +248,7 @@ def _settings(train: TrainConfig, trl_precision: str) -> dict[str, Any]:
         "eval_prompts": train.eval.max_prompts, "eval_steps": eval_steps(train),
         "seed": train.seed, "trl_precision": trl_precision,
         "dorarl_autocast": train.trainer.autocast,
-        "allocator": preload_library(train.ray.allocator) or "glibc malloc",
+        "allocator": _allocators(train),
     }  # fmt: skip
 
 

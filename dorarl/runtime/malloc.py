@@ -28,6 +28,7 @@ Allocator = Literal["auto", "tcmalloc", "system"]
 TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # the minimal one has no heap profiler
 INSTALL = "apt install libtcmalloc-minimal4 (Debian, Ubuntu) or dnf install gperftools-libs"
 REEXEC_MARK = "DORARL_PRELOADED"
+_own_process = False  # whether `dorarl` runs as this process's program (see own_process)
 
 
 def find_tcmalloc() -> str | None:
@@ -61,6 +62,11 @@ def preload_env(library: str | None) -> dict[str, str]:
     return {"LD_PRELOAD": " ".join([library, *(p for p in inherited if p != library)])}
 
 
+def describe(library: str | None) -> str:
+    """The malloc this process runs on, for a bench's record: `library` if it is loaded."""
+    return library if library is not None and loaded(library) else "glibc malloc"
+
+
 def loaded(library: str, maps: Path = Path("/proc/self/maps")) -> bool:
     """Whether `library` is mapped into this process (False where there is no /proc)."""
     stem = library.split(".so")[0]
@@ -71,11 +77,19 @@ def loaded(library: str, maps: Path = Path("/proc/self/maps")) -> bool:
     return any(Path(line.split()[-1]).name.startswith(stem) for line in text.splitlines())
 
 
+def own_process() -> None:
+    """Declare this process the `dorarl` program's own (the command line's entry point), so
+    `reexec_on` may replace it; a caller's process (a test, a notebook) never is."""
+    global _own_process
+    _own_process = True
+
+
 def reexec_on(library: str | None) -> None:
     """Start this command again on `library` (once; it does not return when it does), so
     work run in this very process gets the actors' allocator: a no-op when there is no
-    library, it is already loaded, or this process is that second start."""
-    if library is None or loaded(library) or os.environ.get(REEXEC_MARK):
+    library, it is already loaded, this process is that second start, or it is not the
+    program's own (`own_process`)."""
+    if library is None or loaded(library) or os.environ.get(REEXEC_MARK) or not _own_process:
         return
     env = {**os.environ, **preload_env(library), REEXEC_MARK: "1"}
     sys.stdout.flush()

@@ -72,23 +72,36 @@ def test_an_actor_started_with_the_env_runs_on_tcmalloc():
         ray.kill(off)
 
 
-@pytest.mark.skipif(TCMALLOC is None, reason="no tcmalloc on this machine (.ci/run installs it)")
-def test_a_command_starts_again_on_the_library_once():
-    """What `dorarl bench peers` does so that TRL, in its process, gets the actors' malloc."""
+def _run_python(code: str) -> list[str]:
     import os
     import subprocess
     import sys
 
-    code = (
-        "import os\n"
-        "from dorarl.runtime.malloc import loaded, reexec_on\n"
-        "print('start', flush=True)\n"
-        f"reexec_on({TCMALLOC!r})\n"
-        f"print(loaded({TCMALLOC!r}), os.environ.get('DORARL_PRELOADED'))\n"
-    )
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "DORARL_PRELOADED")}
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["start", "start", "True", "1"]
+    return done.stdout.split()
+
+
+def _reexec_code(own: bool) -> str:
+    return (
+        "from dorarl.runtime import malloc\n"
+        "print('start', flush=True)\n"
+        + ("malloc.own_process()\n" if own else "")
+        + f"malloc.reexec_on({TCMALLOC!r})\n"
+        f"print(malloc.loaded({TCMALLOC!r}), malloc.describe({TCMALLOC!r}))\n"
+    )
+
+
+@pytest.mark.skipif(TCMALLOC is None, reason="no tcmalloc on this machine (.ci/run installs it)")
+def test_the_program_starts_again_on_the_library_once():
+    """What `dorarl bench peers` does so that TRL, in its process, gets the actors' malloc."""
+    assert _run_python(_reexec_code(own=True)) == ["start", "start", "True", TCMALLOC]
+
+
+@pytest.mark.skipif(TCMALLOC is None, reason="no tcmalloc on this machine (.ci/run installs it)")
+def test_a_callers_process_is_never_replaced():
+    """Called from a test or a notebook (not `dorarl` itself), the command runs where it is."""
+    assert _run_python(_reexec_code(own=False)) == ["start", "False", "glibc", "malloc"]
