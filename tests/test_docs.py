@@ -29,10 +29,10 @@ OPTIONS_WITH_VALUE = {"--config", "--out", "--preset", "--modes", "--bench", "--
 PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(:\d+)?")
 """A value that stands for the reader's own (DIR, N, RUN_DIR, HOST:6379)."""
 UNSHIPPED_KEYS = {"resume"}
+"""Keys whose value names a folder of the reader's (a run to resume), never shipped."""
 STAND_INS = {"trainer.teacher": "assets"}
 """Keys whose placeholder is given a shipped folder, so the loader's checks that pair the key
 with others (trainer.teacher with loss.distill_coef) run as for a literal value."""
-"""Keys whose value names a folder of the reader's (a run to resume), never shipped."""
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 
 
