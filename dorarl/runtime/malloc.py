@@ -14,6 +14,7 @@ without it starts the process on glibc's malloc (ld.so says so on stderr).
 from __future__ import annotations
 
 import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -31,6 +32,7 @@ REEXEC_MARK = "DORARL_PRELOADED"
 _own_process = False  # whether `dorarl` runs as this process's program (see own_process)
 
 
+@functools.cache  # each look-up runs ldconfig; a run asks at start, the peers bench thrice
 def find_tcmalloc() -> str | None:
     """tcmalloc's soname on this machine's library path, or None."""
     for name in TCMALLOC_NAMES:
