@@ -161,14 +161,13 @@ def test_a_dora_run_across_two_nodes(two_nodes, tiny_model_dir, tmp_path):
     exposed = sorted(a for a in watcher.listening if not is_loopback(a[0]))
     assert len(watcher.listening) >= 8 and not exposed, watcher.listening
 
-    # before the engine died every engine was in the weight group: what moved then moved
-    # over it, the trainer's weights from the head to the second node among them
+    # before the engine died every engine was in the weight group: the trainer's weights
+    # crossed from the head to the second node over it (whether a KV migration also happened
+    # then depends on the machine's load, so it is not asserted here)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     (died,) = [e["ts"] for e in events if e.get("name", "").startswith("instance restarted")]
     before = [e["name"] for e in events if e.get("ph") == "X" and e["ts"] < died]
     assert any(name.startswith("load v") and name.endswith("from trainer") for name in before)
-    assert any(name.startswith("migrate ") for name in before), before
-    assert summary["migrations"] > 0
 
 
 def test_a_sharded_trainers_ranks_ask_for_the_trainers_resources(two_nodes, tiny_model_dir):
