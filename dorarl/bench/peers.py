@@ -1,7 +1,7 @@
 """`dorarl bench peers`: dorarl and TRL's GRPOTrainer on the same work, one after the other.
 
     dorarl bench peers --model DIR --out DIR [--config FILE.yaml] [--trl-precision fp32,bf16]
-                       [--record FILE.json] [key=value ...]
+                       [--seeds 0,1,2] [--record FILE.json] [key=value ...]
 
 The workload is a `dorarl train` config (default: configs/smollm2-arith.yaml), key=value
 overrides applied. Both sides get the same model, prompts (TRL's data set is our task's
@@ -27,11 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
-from dorarl.bench import peers_trl
+from dorarl.bench import peers_seeds, peers_trl
 from dorarl.bench.cli_args import write_json
 from dorarl.bench.clock import load_average
+from dorarl.bench.peers_record import CONVERGED_WITHIN, load_span, print_result, results_record
 from dorarl.config import load_config
 from dorarl.engine.instance import open_engine
 from dorarl.jobs.config import TrainConfig
@@ -40,7 +39,6 @@ from dorarl.jobs.model_defaults import with_model_defaults
 from dorarl.jobs.ray_run import run_ray
 from dorarl.jobs.workload import build_task
 from dorarl.record.evaluations import read_evaluations
-from dorarl.report.console import table_console
 from dorarl.report.run_curve import read_curve
 from dorarl.run_layout import CHECKPOINTS, EVALUATIONS_FILE, TRAJECTORIES_FILE, checkpoint_name
 from dorarl.runtime.malloc import describe, find_tcmalloc, preload_library, reexec_on
@@ -52,9 +50,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "smollm2-arith.yaml"
 PRECISIONS = {"fp32": False, "bf16": True}
 """TRL precision name -> GRPOConfig's bf16 (autocast on CPU; fp32 master weights)."""
-CONVERGED_WITHIN = 0.03
-"""A TRL run converges when its last held-out accuracy is at most this far below the best
-TRL run's: the fastest of those is TRL's figure (its best settings that keep accuracy)."""
 
 UNMATCHED = [
     "behaviour policy: dorarl (dora, K=1) trains on samples up to one version old, with the "
@@ -252,75 +247,6 @@ def _settings(train: TrainConfig, trl_precision: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-COLUMNS = [
-    "framework",
-    {"name": "process wall s", "fmt": "{:,.0f}"},
-    {"name": "run wall s", "fmt": "{:,.0f}"},
-    {"name": "s/step", "fmt": "{:.1f}"},
-    {"name": "tokens/s", "fmt": "{:.1f}"},
-    "held-out by step",
-]
-
-
-def _row(name: str, side: dict[str, Any]) -> list[Any]:
-    curve = " / ".join(f"{v}: {a:.2f}" for v, a in sorted(side["held_out"].items()))
-    return [name, side["process_wall_s"], side["run_wall_s"], side["s_per_step"],
-            side["tokens_per_s"], curve]  # fmt: skip
-
-
-def results_record(result: dict[str, Any], command: str) -> dict[str, Any]:
-    """The run as a docs/results record (`dorarl report results` renders it)."""
-    s, m = result["settings"], result["machine_before"]
-    load = ", ".join(f"{x:.1f}" for x in m["load"])
-    after = ", ".join(f"{x:.1f}" for x in result["machine_after"]["load"])
-    ratio = result["trl"]["run_wall_s"] / max(result["dorarl"]["run_wall_s"], 1e-9)
-    return {
-        "section": "learning",
-        "title": f"dorarl against TRL's GRPOTrainer: {s['task']}, {s['steps']} steps",
-        "bench": "peers",
-        "command": command,
-        "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "machine": f"{m['cores']} vCPUs ({m['cpu']})",
-        "load": f"{load} (1/5/15-min) before, {after} after",
-        "columns": COLUMNS,
-        "rows": [_row(f"dorarl ({s['mode']} K={s['K']}, {_precision(s['dorarl_autocast'])})",
-                      result["dorarl"]),
-                 *(_row(f"TRL GRPOTrainer ({_precision(p)})", side)
-                   for p, side in result["trl_runs"].items())],
-        "notes": [
-            f"{s['model']}; G={s['group_size']}, {s['tbs']} groups a step, lr {s['lr']}, "
-            f"clip {s['eps_low']}/{s['eps_high']}, token-mean loss (TRL loss_type dapo), "
-            f"KL {s['kl_coef']}, temperature {s['temperature']}, {s['max_new_tokens']} new "
-            f"tokens; held-out: {s['eval_prompts']} prompts, greedy, our evaluator on both; "
-            f"malloc of both: {s['allocator']}.",
-            f"TRL's figure: its {_precision(s['trl_precision'])} run (the fastest that "
-            f"converges: last held-out within {CONVERGED_WITHIN:.2f} of its best run's). "
-            f"TRL's run wall over dorarl's: {ratio:.2f}x. Prompt ids equal in dispatch order: "
-            f"{result['prompts']['same_prompt_ids']}.",
-            *("Not matched: " + u for u in result["unmatched"]),
-        ],
-    }  # fmt: skip
-
-
-def _precision(name: str) -> str:
-    return "fp32" if name in ("fp32", "none") else f"{name} autocast"
-
-
-def print_result(result: dict[str, Any], path: Path) -> None:
-    console = table_console()
-    record = result["record"]
-    table = Table(title=record["title"])
-    for col in COLUMNS:
-        table.add_column(col if isinstance(col, str) else col["name"], justify="right")
-    for row in record["rows"]:
-        cells = [c if isinstance(c, str) else f"{c:,.1f}" for c in row]
-        table.add_row(*cells)
-    console.print(table)
-    for note in record["notes"]:
-        console.print(f"- {note}")
-    console.print(f"wrote {path}")
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="dorarl bench peers", description=__doc__.split("\n\n")[0]
@@ -334,6 +260,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--trl-precision",
         default="fp32",
         help="TRL's precisions, comma-separated (fp32, bf16: autocast): one run each",
+    )
+    parser.add_argument(
+        "--seeds",
+        help="several seeds, comma-separated (train.seed on both sides): the whole bench once "
+        "each, in DIR/seed-N, and the mean and spread of both sides",
     )
     parser.add_argument("--record", type=Path, help="also write the results record here")
     parser.add_argument("overrides", nargs="*", help="dotted key=value `dorarl train` keys")
@@ -353,15 +284,46 @@ def main(argv: list[str]) -> int:
         print(f"--trl-precision: unknown {given}; choose from {sorted(PRECISIONS)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    try:
+        seeds = None if args.seeds is None else peers_seeds.parse_seeds(args.seeds)
+    except ValueError as refused:
+        print(refused, file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     train = bench_config(args)
     # TRL trains in this process: it starts again on the malloc dorarl's actors get, so
     # neither side has an allocator the other lacks.
     reexec_on(preload_library(train.ray.allocator))
-    result = run_bench(train, args.out, precisions=list(dict.fromkeys(precisions)))
-    result["record"] = results_record(result, shlex.join(["dorarl", "bench", "peers", *argv]))
+    command = shlex.join(["dorarl", "bench", "peers", *argv])
+    precisions = list(dict.fromkeys(precisions))
+    if seeds is None:
+        result = run_seed(train, args.out, precisions, command)
+    else:
+        result = run_seeds(train, args.out, precisions, seeds, command)
     path = write_json(args.out, "peers.json", result)
     if args.record is not None:
         args.record.write_text(json.dumps(result["record"], indent=1) + "\n")
     print_result(result, path)
     return 0
+
+
+def run_seed(train: TrainConfig, out: Path, precisions: list[str], command: str):
+    """The bench on train.seed, its record inside."""
+    result = run_bench(train, out, precisions=precisions)
+    result["record"] = results_record(result, command)
+    return result
+
+
+def run_seeds(train, out: Path, precisions: list[str], seeds: list[int], command: str):
+    """The bench once per seed (each in out/seed-N, with its own peers.json), then both
+    sides' mean and spread and one record of them all."""
+    by_seed = {}
+    for seed in seeds:
+        folder = out / f"seed-{seed}"
+        by_seed[seed] = run_seed(dataclasses.replace(train, seed=seed), folder, precisions, command)
+        write_json(folder, "peers.json", by_seed[seed])
+    summary = peers_seeds.summarize(by_seed)
+    record = peers_seeds.seeds_record(by_seed, summary, command)
+    first, last = by_seed[seeds[0]], by_seed[seeds[-1]]
+    record["load"] = load_span(first["machine_before"], last["machine_after"])
+    return {"summary": summary, "by_seed": by_seed, "record": record}

@@ -111,3 +111,25 @@ def test_an_unknown_trl_precision_exits_2_on_one_line(value, capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("--trl-precision:")
+
+
+@pytest.mark.slow
+def test_several_seeds_run_the_whole_bench_once_each(tmp_path: Path, shared_ray):
+    pytest.importorskip("trl")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY)
+    out = tmp_path / "out"
+    argv = ["bench", "peers", "--model", str(shipped_base_model()), "--out", str(out),
+            "--config", str(config), "--trl-precision", "bf16", "--seeds", "1,0"]  # fmt: skip
+    assert cli_main(argv) == 0
+    result = json.loads((out / "peers.json").read_text())
+    assert result["summary"]["seeds"] == [0, 1] and set(result["by_seed"]) == {"0", "1"}
+    for seed in (0, 1):
+        alone = json.loads((out / f"seed-{seed}" / "peers.json").read_text())
+        assert alone == result["by_seed"][str(seed)]
+        assert alone["settings"]["seed"] == seed and alone["prompts"]["same_prompt_ids"]
+        run = json.loads((out / f"seed-{seed}" / "dorarl" / "config.json").read_text())
+        assert run["seed"] == seed  # the run dorarl wrote, not only the bench's settings
+    walls = [result["by_seed"][s]["dorarl"]["run_wall_s"] for s in ("0", "1")]
+    assert result["summary"]["dorarl"]["run_wall_s"]["mean"] == pytest.approx(sum(walls) / 2)
+    assert len(result["record"]["rows"]) == 6

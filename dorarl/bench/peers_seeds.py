@@ -1,0 +1,111 @@
+"""`dorarl bench peers --seeds`: both sides over several seeds, and the mean and spread of
+their run wall times, of TRL's over dorarl's, and of their held-out accuracy at the last step.
+
+One seed decides little on a 30-step run: the seed moves how long the answers get, so the wall
+time, and the held-out gain by as much as the objectives differ. Each seed runs the whole bench
+(dorarl, then TRL at every precision asked) in its own folder, `seed-N/peers.json`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from dorarl.bench.peers_record import COLUMNS, precision_name, results_record, side_row
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds 0,1,2` -> [0, 1, 2]; an empty or bad list raises ValueError naming it."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds: integers separated by commas, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--seeds: distinct integers >= 0, got {text!r}")
+    return seeds
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Mean, least, most and (two or more values) the sample standard deviation."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "sd": sd}
+
+
+def last_held_out(side: dict[str, Any]) -> float:
+    curve = {int(v): a for v, a in side["held_out"].items()}
+    return curve[max(curve)]
+
+
+def held_out_gain(side: dict[str, Any]) -> float:
+    curve = {int(v): a for v, a in side["held_out"].items()}
+    return curve[max(curve)] - curve[min(curve)]
+
+
+def summarize(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Both sides' figures over the seeds (TRL: each seed's figure run)."""
+    seeds = sorted(by_seed)
+    pairs = [(by_seed[s]["dorarl"], by_seed[s]["trl"]) for s in seeds]
+    sides = {"dorarl": [d for d, _ in pairs], "trl": [t for _, t in pairs]}
+    summary: dict[str, Any] = {"seeds": seeds}
+    for name, runs in sides.items():
+        summary[name] = {
+            "run_wall_s": spread([r["run_wall_s"] for r in runs]),
+            "s_per_step": spread([r["s_per_step"] for r in runs]),
+            "last_held_out": spread([last_held_out(r) for r in runs]),
+            "held_out_gain": spread([held_out_gain(r) for r in runs]),
+        }
+    ratios = [t["run_wall_s"] / max(d["run_wall_s"], 1e-9) for d, t in pairs]
+    summary["trl_over_dorarl_per_seed"] = ratios
+    summary["trl_over_dorarl"] = spread(ratios)
+    walls = summary["trl"]["run_wall_s"]["mean"], summary["dorarl"]["run_wall_s"]["mean"]
+    summary["trl_over_dorarl_of_means"] = walls[0] / max(walls[1], 1e-9)
+    summary["held_out_lead"] = spread([last_held_out(d) - last_held_out(t) for d, t in pairs])
+    summary["trl_precision_per_seed"] = [by_seed[s]["settings"]["trl_precision"] for s in seeds]
+    return summary
+
+
+def _mean_row(name: str, runs: list[dict[str, Any]]) -> list[Any]:
+    curves = [{int(v): a for v, a in r["held_out"].items()} for r in runs]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    curve = " / ".join(f"{v}: {statistics.fmean(c[v] for c in curves):.2f}" for v in steps)
+    mean = statistics.fmean
+    return [name, mean(r["process_wall_s"] for r in runs), mean(r["run_wall_s"] for r in runs),
+            mean(r["s_per_step"] for r in runs), mean(r["tokens_per_s"] for r in runs),
+            curve]  # fmt: skip
+
+
+def seeds_record(by_seed: dict[int, dict[str, Any]], summary: dict[str, Any], command: str):
+    """One results record: a row per side and seed (TRL: each seed's figure run), the means,
+    and the ratio's and accuracy's spread in the notes."""
+    seeds = summary["seeds"]
+    first = results_record(by_seed[seeds[0]], command)
+    s = by_seed[seeds[0]]["settings"]
+    dorarl_name = f"dorarl ({s['mode']} K={s['K']}, {precision_name(s['dorarl_autocast'])})"
+    rows = []
+    for seed in seeds:
+        result = by_seed[seed]
+        trl_name = f"TRL GRPOTrainer ({precision_name(result['settings']['trl_precision'])})"
+        rows.append(side_row(f"{dorarl_name}, seed {seed}", result["dorarl"]))
+        rows.append(side_row(f"{trl_name}, seed {seed}", result["trl"]))
+    rows.append(_mean_row(f"dorarl, mean of {len(seeds)}", [by_seed[x]["dorarl"] for x in seeds]))
+    rows.append(_mean_row(f"TRL, mean of {len(seeds)}", [by_seed[x]["trl"] for x in seeds]))
+    ratio, lead = summary["trl_over_dorarl"], summary["held_out_lead"]
+    per_seed = ", ".join(f"{r:.2f}x" for r in summary["trl_over_dorarl_per_seed"])
+    notes = [
+        f"Seeds {', '.join(map(str, seeds))} (train.seed on both sides: prompts order, "
+        f"sampling, TRL's seed). TRL's run wall over dorarl's: {per_seed} by seed; mean "
+        f"{ratio['mean']:.2f}x (sd {ratio['sd']:.2f}), ratio of mean walls "
+        f"{summary['trl_over_dorarl_of_means']:.2f}x.",
+        f"Held-out at the last step, dorarl minus TRL: mean {lead['mean']:+.2f} (from "
+        f"{lead['min']:+.2f} to {lead['max']:+.2f}); gains over step 0: dorarl "
+        f"{summary['dorarl']['held_out_gain']['mean']:+.2f}, TRL "
+        f"{summary['trl']['held_out_gain']['mean']:+.2f} on the mean.",
+        *first["notes"][:1],
+        *(n for n in first["notes"] if n.startswith("Not matched")),
+    ]
+    return first | {
+        "title": f"{first['title']}, {len(seeds)} seeds",
+        "columns": COLUMNS,
+        "rows": rows,
+        "notes": notes,
+    }
