@@ -43,17 +43,23 @@ def test_prompt_text_gives_back_the_ids_with_the_tokenizers_own_prefix():
     assert tokenizer(text)["input_ids"] == ids
 
 
-@pytest.mark.slow
-def test_both_sides_on_the_tiny_base(tmp_path: Path, shared_ray):
+def _bench_tiny(tmp_path: Path, *options: str) -> tuple[Path, dict]:
+    """`dorarl bench peers` on the shipped tiny base with the TINY workload: its folder and
+    peers.json."""
     pytest.importorskip("trl")
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY)
     out = tmp_path / "out"
     argv = ["bench", "peers", "--model", str(shipped_base_model()), "--out", str(out),
-            "--config", str(config), "--record", str(tmp_path / "record.json"),
-            "--trl-precision", "fp32,bf16"]  # fmt: skip
+            "--config", str(config), *options]  # fmt: skip
     assert cli_main(argv) == 0
-    result = json.loads((out / "peers.json").read_text())
+    return out, json.loads((out / "peers.json").read_text())
+
+
+@pytest.mark.slow
+def test_both_sides_on_the_tiny_base(tmp_path: Path, shared_ray):
+    options = ["--record", str(tmp_path / "record.json"), "--trl-precision", "fp32,bf16"]
+    _, result = _bench_tiny(tmp_path, *options)
     assert result["prompts"]["same_prompt_ids"] is True
     assert result["prompts"]["trl_batches"] == 2
     assert result["prompts"]["dorarl_prompts_also_in_trl"] > 0
@@ -115,14 +121,7 @@ def test_an_unknown_trl_precision_exits_2_on_one_line(value, capsys):
 
 @pytest.mark.slow
 def test_several_seeds_run_the_whole_bench_once_each(tmp_path: Path, shared_ray):
-    pytest.importorskip("trl")
-    config = tmp_path / "tiny.yaml"
-    config.write_text(TINY)
-    out = tmp_path / "out"
-    argv = ["bench", "peers", "--model", str(shipped_base_model()), "--out", str(out),
-            "--config", str(config), "--trl-precision", "bf16", "--seeds", "1,0"]  # fmt: skip
-    assert cli_main(argv) == 0
-    result = json.loads((out / "peers.json").read_text())
+    out, result = _bench_tiny(tmp_path, "--trl-precision", "bf16", "--seeds", "1,0")
     assert result["summary"]["seeds"] == [0, 1] and set(result["by_seed"]) == {"0", "1"}
     for seed in (0, 1):
         alone = json.loads((out / f"seed-{seed}" / "peers.json").read_text())
