@@ -30,7 +30,7 @@ from typing import Any
 from dorarl.bench import peers_seeds, peers_trl
 from dorarl.bench.cli_args import write_json
 from dorarl.bench.clock import load_average
-from dorarl.bench.peers_record import CONVERGED_WITHIN, load_span, print_result, results_record
+from dorarl.bench.peers_record import CONVERGED_WITHIN, print_result, results_record
 from dorarl.config import load_config
 from dorarl.engine.instance import open_engine
 from dorarl.jobs.config import TrainConfig
@@ -266,6 +266,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="several seeds, comma-separated (train.seed on both sides): the whole bench once "
         "each, in DIR/seed-N, and the mean and spread of both sides",
     )
+    parser.add_argument(
+        "--seed-timeout-s",
+        type=float,
+        default=peers_seeds.SEED_TIMEOUT_S,
+        help="--seeds: the most one seed's bench may take (its process is stopped after)",
+    )
     parser.add_argument("--record", type=Path, help="also write the results record here")
     parser.add_argument("overrides", nargs="*", help="dotted key=value `dorarl train` keys")
     return parser.parse_args(argv)
@@ -286,20 +292,25 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         seeds = None if args.seeds is None else peers_seeds.parse_seeds(args.seeds)
+        if not args.seed_timeout_s > 0:
+            raise ValueError(f"--seed-timeout-s: must be > 0, got {args.seed_timeout_s:g}")
     except ValueError as refused:
         print(refused, file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     train = bench_config(args)
     # TRL trains in this process: it starts again on the malloc dorarl's actors get, so
-    # neither side has an allocator the other lacks.
-    reexec_on(preload_library(train.ray.allocator))
+    # neither side has an allocator the other lacks. Several seeds run one process each.
     command = shlex.join(["dorarl", "bench", "peers", *argv])
-    precisions = list(dict.fromkeys(precisions))
     if seeds is None:
-        result = run_seed(train, args.out, precisions, command)
+        reexec_on(preload_library(train.ray.allocator))
+        result = run_seed(train, args.out, list(dict.fromkeys(precisions)), command)
     else:
-        result = run_seeds(train, args.out, precisions, seeds, command)
+        try:
+            result = peers_seeds.run_seeds(args, seeds, command)
+        except peers_seeds.SeedFailed as failed:
+            print(failed, file=sys.stderr)
+            return 1
     path = write_json(args.out, "peers.json", result)
     if args.record is not None:
         args.record.write_text(json.dumps(result["record"], indent=1) + "\n")
@@ -312,18 +323,3 @@ def run_seed(train: TrainConfig, out: Path, precisions: list[str], command: str)
     result = run_bench(train, out, precisions=precisions)
     result["record"] = results_record(result, command)
     return result
-
-
-def run_seeds(train, out: Path, precisions: list[str], seeds: list[int], command: str):
-    """The bench once per seed (each in out/seed-N, with its own peers.json), then both
-    sides' mean and spread and one record of them all."""
-    by_seed = {}
-    for seed in seeds:
-        folder = out / f"seed-{seed}"
-        by_seed[seed] = run_seed(dataclasses.replace(train, seed=seed), folder, precisions, command)
-        write_json(folder, "peers.json", by_seed[seed])
-    summary = peers_seeds.summarize(by_seed)
-    record = peers_seeds.seeds_record(by_seed, summary, command)
-    first, last = by_seed[seeds[0]], by_seed[seeds[-1]]
-    record["load"] = load_span(first["machine_before"], last["machine_after"])
-    return {"summary": summary, "by_seed": by_seed, "record": record}

@@ -3,15 +3,92 @@ their run wall times, of TRL's over dorarl's, and of their held-out accuracy at 
 
 One seed decides little on a 30-step run: the seed moves how long the answers get, so the wall
 time, and the held-out gain by as much as the objectives differ. Each seed runs the whole bench
-(dorarl, then TRL at every precision asked) in its own folder, `seed-N/peers.json`.
+(dorarl, then TRL at every precision asked) in a process of its own, so no seed starts with
+what an earlier one's TRL run left in memory, and writes `seed-N/peers.json`.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import signal
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-from dorarl.bench.peers_record import COLUMNS, precision_name, results_record, side_row
+from dorarl.bench.peers_record import (
+    COLUMNS,
+    load_span,
+    precision_name,
+    results_record,
+    side_row,
+)
+
+SEED_TIMEOUT_S = 6 * 3600.0
+"""The most one seed's bench may take by default: the 30-step SmolLM2 workload takes about
+20 minutes a seed on two CPU cores (both sides)."""
+STOP_GRACE_S = 30.0
+"""After a seed's time is up: how long its process group has to stop on SIGTERM."""
+
+
+class SeedFailed(RuntimeError):
+    """A seed's bench exited with an error or ran past its time."""
+
+
+def run_seeds(args: argparse.Namespace, seeds: list[int], command: str) -> dict[str, Any]:
+    """The bench once per seed, each in its own process and out/seed-N, then both sides'
+    mean and spread and one record of them all."""
+    by_seed = {}
+    for seed in seeds:
+        folder = Path(args.out) / f"seed-{seed}"
+        print(f"seed {seed}: dorarl bench peers --out {folder}", flush=True)
+        run_one(seed_command(args, folder, seed), args.seed_timeout_s, f"seed {seed}")
+        by_seed[seed] = json.loads((folder / "peers.json").read_text())
+    summary = summarize(by_seed)
+    record = seeds_record(by_seed, summary, command)
+    first, last = by_seed[seeds[0]], by_seed[seeds[-1]]
+    record["load"] = load_span(first["machine_before"], last["machine_after"])
+    return {"summary": summary, "by_seed": by_seed, "record": record}
+
+
+def seed_command(args: argparse.Namespace, folder: Path, seed: int) -> list[str]:
+    """The one-seed bench: the same model, workload and precisions, `seed=N` last."""
+    return [sys.executable, "-m", "dorarl", "bench", "peers", "--model", str(args.model),
+            "--out", str(folder), "--config", str(args.config),
+            "--trl-precision", args.trl_precision, *args.overrides, f"seed={seed}"]  # fmt: skip
+
+
+def run_one(cmd: list[str], timeout_s: float, name: str) -> None:
+    """Run `cmd` in a process group of its own (its Ray with it), its output on ours; stop
+    the group when its time is up or this process is interrupted."""
+    child = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        code = child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_group(child)
+        raise SeedFailed(f"{name}: the bench ran past --seed-timeout-s={timeout_s:g}") from None
+    except BaseException:
+        stop_group(child)
+        raise
+    if code != 0:
+        raise SeedFailed(f"{name}: the bench exited {code} (its output is above)")
+
+
+def stop_group(child: subprocess.Popen) -> None:
+    """SIGTERM to the child's process group, SIGKILL after STOP_GRACE_S."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, STOP_GRACE_S)):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def parse_seeds(text: str) -> list[int]:

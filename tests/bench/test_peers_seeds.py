@@ -1,12 +1,23 @@
 """`dorarl bench peers --seeds`: the seeds list, both sides' mean and spread over the seeds,
 and the record's rows (one per side and seed, then the means)."""
 
+import argparse
 import math
+import sys
+import time
 
+import psutil
 import pytest
 
 from dorarl.bench.peers_record import COLUMNS
-from dorarl.bench.peers_seeds import parse_seeds, seeds_record, summarize
+from dorarl.bench.peers_seeds import (
+    SeedFailed,
+    parse_seeds,
+    run_one,
+    seed_command,
+    seeds_record,
+    summarize,
+)
 from dorarl.cli import main as cli_main
 
 
@@ -86,3 +97,31 @@ def test_a_bad_seeds_list_exits_2_on_one_line(capsys):
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("--seeds:")
+
+
+def test_a_seed_runs_the_one_seed_bench_with_its_seed_last(tmp_path):
+    args = argparse.Namespace(model="M", config="C.yaml", trl_precision="bf16",
+                              overrides=["seed=7", "steps=3"])  # fmt: skip
+    cmd = seed_command(args, tmp_path / "seed-2", 2)
+    assert cmd[1:5] == ["-m", "dorarl", "bench", "peers"] and "--seeds" not in cmd
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "seed-2")
+    assert cmd[-3:] == ["seed=7", "steps=3", "seed=2"]  # the last key=value wins
+
+
+def test_a_seed_that_fails_or_runs_too_long_is_named_and_its_group_stopped(tmp_path):
+    with pytest.raises(SeedFailed, match="seed 1: the bench exited 3"):
+        run_one([sys.executable, "-c", "raise SystemExit(3)"], 30, "seed 1")
+    pid_file = tmp_path / "grandchild"
+    # the child starts a grandchild in its group, then both sleep past the time allowed
+    script = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    )
+    with pytest.raises(SeedFailed, match="ran past --seed-timeout-s=2"):
+        run_one([sys.executable, "-c", script], 2, "seed 0")
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != "zombie":
+        assert time.monotonic() < deadline, "the seed's process group outlived its time"
+        time.sleep(0.1)
