@@ -178,6 +178,8 @@ def seeds_record(by_seed: dict[int, dict[str, Any]], summary: dict[str, Any], co
         f"{summary['dorarl']['held_out_gain']['mean']:+.2f}, TRL "
         f"{summary['trl']['held_out_gain']['mean']:+.2f} on the mean.",
         *first["notes"][:1],
+        "Prompt ids equal in dispatch order on every seed: "
+        f"{all(by_seed[x]['prompts']['same_prompt_ids'] for x in seeds)}.",
         *(n for n in first["notes"] if n.startswith("Not matched")),
     ]
     return first | {

@@ -79,6 +79,7 @@ def test_the_record_has_a_row_per_side_and_seed_then_the_means():
     assert all(len(row) == len(COLUMNS) for row in record["rows"])
     assert record["bench"] == "peers" and record["title"].endswith("2 seeds")
     assert "2.00x, 3.00x" in record["notes"][0] and "Not matched: one thing" in record["notes"]
+    assert "Prompt ids equal in dispatch order on every seed: True." in record["notes"]
 
 
 @pytest.mark.parametrize("text", ["", "0,0", "a,1", "-1", "1.5"])
