@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("driver",),
     ("runtime", "sim"),
     ("jobs", "bench", "models", "simulate"),
-    ("cli",),
+    ("cli", "__main__"),
 ]
 """Bottom to top: a module may import its own layer (without a cycle) and those below."""
 
