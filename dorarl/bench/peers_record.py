@@ -44,23 +44,41 @@ def results_record(result: dict[str, Any], command: str) -> dict[str, Any]:
         "machine": f"{m['cores']} vCPUs ({m['cpu']})",
         "load": load_span(m, result["machine_after"]),
         "columns": COLUMNS,
-        "rows": [side_row(f"dorarl ({s['mode']} K={s['K']}, {precision_name(s['dorarl_autocast'])})",
-                      result["dorarl"]),
-                 *(side_row(f"TRL GRPOTrainer ({precision_name(p)})", side)
-                   for p, side in result["trl_runs"].items())],
+        "rows": [side_row(dorarl_label(s), result["dorarl"]),
+                 *(side_row(trl_label(p), side) for p, side in result["trl_runs"].items())],
         "notes": [
-            f"{s['model']}; G={s['group_size']}, {s['tbs']} groups a step, lr {s['lr']}, "
-            f"clip {s['eps_low']}/{s['eps_high']}, token-mean loss (TRL loss_type dapo), "
-            f"KL {s['kl_coef']}, temperature {s['temperature']}, {s['max_new_tokens']} new "
-            f"tokens; held-out: {s['eval_prompts']} prompts, greedy, our evaluator on both; "
-            f"malloc of both: {s['allocator']}.",
+            settings_note(s),
             f"TRL's figure: its {precision_name(s['trl_precision'])} run (the fastest that "
             f"converges: last held-out within {CONVERGED_WITHIN:.2f} of its best run's). "
             f"TRL's run wall over dorarl's: {ratio:.2f}x. Prompt ids equal in dispatch order: "
             f"{result['prompts']['same_prompt_ids']}.",
-            *("Not matched: " + u for u in result["unmatched"]),
+            *unmatched_notes(result),
         ],
     }  # fmt: skip
+
+
+def dorarl_label(settings: dict[str, Any]) -> str:
+    s = settings
+    return f"dorarl ({s['mode']} K={s['K']}, {precision_name(s['dorarl_autocast'])})"
+
+
+def trl_label(precision: str) -> str:
+    return f"TRL GRPOTrainer ({precision_name(precision)})"
+
+
+def settings_note(s: dict[str, Any]) -> str:
+    """What both sides were given, as one note."""
+    return (
+        f"{s['model']}; G={s['group_size']}, {s['tbs']} groups a step, lr {s['lr']}, "
+        f"clip {s['eps_low']}/{s['eps_high']}, token-mean loss (TRL loss_type dapo), "
+        f"KL {s['kl_coef']}, temperature {s['temperature']}, {s['max_new_tokens']} new "
+        f"tokens; held-out: {s['eval_prompts']} prompts, greedy, our evaluator on both; "
+        f"malloc of both: {s['allocator']}."
+    )
+
+
+def unmatched_notes(result: dict[str, Any]) -> list[str]:
+    return ["Not matched: " + u for u in result["unmatched"]]
 
 
 def load_span(before: dict[str, Any], after: dict[str, Any]) -> str:

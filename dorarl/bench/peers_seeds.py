@@ -21,10 +21,13 @@ from typing import Any
 
 from dorarl.bench.peers_record import (
     COLUMNS,
+    dorarl_label,
     load_span,
-    precision_name,
     results_record,
+    settings_note,
     side_row,
+    trl_label,
+    unmatched_notes,
 )
 
 SEED_TIMEOUT_S = 6 * 3600.0
@@ -48,10 +51,11 @@ def run_seeds(args: argparse.Namespace, seeds: list[int], command: str) -> dict[
         run_one(seed_command(args, folder, seed), args.seed_timeout_s, f"seed {seed}")
         by_seed[seed] = json.loads((folder / "peers.json").read_text())
     summary = summarize(by_seed)
-    record = seeds_record(by_seed, summary, command)
-    first, last = by_seed[seeds[0]], by_seed[seeds[-1]]
-    record["load"] = load_span(first["machine_before"], last["machine_after"])
-    return {"summary": summary, "by_seed": by_seed, "record": record}
+    return {
+        "summary": summary,
+        "by_seed": by_seed,
+        "record": seeds_record(by_seed, summary, command),
+    }
 
 
 def seed_command(args: argparse.Namespace, folder: Path, seed: int) -> list[str]:
@@ -108,13 +112,18 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "sd": sd}
 
 
+def held_out_curve(side: dict[str, Any]) -> dict[int, float]:
+    """A side's held-out accuracy by version (JSON gives the versions as strings)."""
+    return {int(v): a for v, a in side["held_out"].items()}
+
+
 def last_held_out(side: dict[str, Any]) -> float:
-    curve = {int(v): a for v, a in side["held_out"].items()}
+    curve = held_out_curve(side)
     return curve[max(curve)]
 
 
 def held_out_gain(side: dict[str, Any]) -> float:
-    curve = {int(v): a for v, a in side["held_out"].items()}
+    curve = held_out_curve(side)
     return curve[max(curve)] - curve[min(curve)]
 
 
@@ -142,7 +151,7 @@ def summarize(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _mean_row(name: str, runs: list[dict[str, Any]]) -> list[Any]:
-    curves = [{int(v): a for v, a in r["held_out"].items()} for r in runs]
+    curves = [held_out_curve(r) for r in runs]
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     curve = " / ".join(f"{v}: {statistics.fmean(c[v] for c in curves):.2f}" for v in steps)
     mean = statistics.fmean
@@ -153,16 +162,17 @@ def _mean_row(name: str, runs: list[dict[str, Any]]) -> list[Any]:
 
 def seeds_record(by_seed: dict[int, dict[str, Any]], summary: dict[str, Any], command: str):
     """One results record: a row per side and seed (TRL: each seed's figure run), the means,
-    and the ratio's and accuracy's spread in the notes."""
+    and the ratio's and accuracy's spread in the notes; its load from before the first seed
+    run (`by_seed` is in run order) to after the last."""
     seeds = summary["seeds"]
+    ran = list(by_seed)
     first = results_record(by_seed[seeds[0]], command)
     s = by_seed[seeds[0]]["settings"]
-    dorarl_name = f"dorarl ({s['mode']} K={s['K']}, {precision_name(s['dorarl_autocast'])})"
     rows = []
     for seed in seeds:
         result = by_seed[seed]
-        trl_name = f"TRL GRPOTrainer ({precision_name(result['settings']['trl_precision'])})"
-        rows.append(side_row(f"{dorarl_name}, seed {seed}", result["dorarl"]))
+        trl_name = trl_label(result["settings"]["trl_precision"])
+        rows.append(side_row(f"{dorarl_label(s)}, seed {seed}", result["dorarl"]))
         rows.append(side_row(f"{trl_name}, seed {seed}", result["trl"]))
     rows.append(_mean_row(f"dorarl, mean of {len(seeds)}", [by_seed[x]["dorarl"] for x in seeds]))
     rows.append(_mean_row(f"TRL, mean of {len(seeds)}", [by_seed[x]["trl"] for x in seeds]))
@@ -177,13 +187,14 @@ def seeds_record(by_seed: dict[int, dict[str, Any]], summary: dict[str, Any], co
         f"{lead['min']:+.2f} to {lead['max']:+.2f}); gains over step 0: dorarl "
         f"{summary['dorarl']['held_out_gain']['mean']:+.2f}, TRL "
         f"{summary['trl']['held_out_gain']['mean']:+.2f} on the mean.",
-        *first["notes"][:1],
+        settings_note(s),
         "Prompt ids equal in dispatch order on every seed: "
         f"{all(by_seed[x]['prompts']['same_prompt_ids'] for x in seeds)}.",
-        *(n for n in first["notes"] if n.startswith("Not matched")),
+        *unmatched_notes(by_seed[seeds[0]]),
     ]
     return first | {
         "title": f"{first['title']}, {len(seeds)} seeds",
+        "load": load_span(by_seed[ran[0]]["machine_before"], by_seed[ran[-1]]["machine_after"]),
         "columns": COLUMNS,
         "rows": rows,
         "notes": notes,
