@@ -403,6 +403,17 @@ class TrainerConfig:
             "log-probs and loss; none: all float32 (trainer.dtype)"
         },
     )
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={
+            "help": "leave the sequences whose advantage is 0 (a group with equal rewards) out "
+            "of the forward and backward when nothing else gives them a gradient (no KL, "
+            "entropy bonus, teacher or MoE load-balancing loss): the same gradient and "
+            "update, less compute; their tokens still count in the loss's normaliser, and "
+            "the trainer's per-token metrics (entropy, ratios, mismatch) cover the tokens "
+            "it computed"
+        },
+    )
     reference_path: str | None = field(
         default=None,
         metadata={"help": "frozen reference for the KL (default: the initial model)", "path": True},

@@ -37,7 +37,7 @@ from dorarl.trainer.forward import HeadSplit, micro_batch_logprobs
 from dorarl.trainer.moe import RouteStats
 from dorarl.trainer.packing import PackedBatch, collate_planned, micro_batches, plan_step
 from dorarl.trainer.totals import StepTotals
-from dorarl.trainer.trainer import Trainer, _jsonable_extra, trainable_sequences
+from dorarl.trainer.trainer import Trainer, _jsonable_extra, with_skipped
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class ShardedTrainer(Trainer):
         return metrics
 
     def accumulate_gradients(self, groups: list[Group]) -> dict[str, float]:
-        seqs = trainable_sequences(groups, self.config.loss)
+        seqs, skipped = self.step_sequences(groups)
         budget, packing = self.micro_batch_tokens, self.packing
         shares = rank_shares(seqs, self.group.world_size, packing, budget)
         plans = [plan_step(share, budget, packing, self.model.config) for share in shares]
@@ -162,7 +162,8 @@ class ShardedTrainer(Trainer):
                 self._micro_step(self._filler(), StepTotals(), counted=False)
         summary = self._reduce(totals).summary()
         summary["micro_batches"] = float(sum(len(p) for p in plans))
-        return summary | self._routing_metrics(self._reduce_routes)
+        # every rank saw the whole batch: `skipped` is the step's, not this rank's
+        return with_skipped(summary, skipped) | self._routing_metrics(self._reduce_routes)
 
     def _reduce_routes(self, stats: RouteStats) -> RouteStats:
         summed = reduce_over_ranks(stats.as_floats(), self.group)

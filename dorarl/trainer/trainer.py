@@ -66,6 +66,14 @@ def trainable_sequences(groups: list[Group], cfg: LossConfig) -> list[TrainSeque
     return [s for s in build_sequences(groups, cfg) if s.response_ids]
 
 
+def with_skipped(summary: dict[str, float], skipped: int) -> dict[str, float]:
+    """A step's loss metrics with the tokens of the sequences it skipped: `tokens` counts
+    every trained token (the loss's), per-token means cover the computed ones."""
+    summary["tokens"] += skipped
+    summary["zero_advantage_tokens"] = float(skipped)
+    return summary
+
+
 class Trainer:
     """Owns the policy (and the frozen reference), its AdamW state and the version counter."""
 
@@ -247,6 +255,11 @@ class Trainer:
         metrics: dict[str, float | dict] = batch_metrics(groups, self.version)
         lr = self._lr()  # this step's, before the update moves the schedule on
         loss_metrics = self.accumulate_gradients(groups)
+        if (
+            loss_metrics["tokens"] > 0
+            and loss_metrics["tokens"] == loss_metrics["zero_advantage_tokens"]
+        ):
+            self._zero_gradients()  # every sequence skipped: the update a zero gradient makes
         if loss_metrics["tokens"] > 0:
             grad_norm, applied = self._optimizer_step()
         else:
@@ -271,7 +284,7 @@ class Trainer:
     def accumulate_gradients(self, groups: list[Group]) -> dict[str, float]:
         """Forward/backward over token-budget micro-batches; leaves the full-batch gradient
         in `.grad` (no optimizer step) and returns the loss metrics."""
-        seqs = trainable_sequences(groups, self.config.loss)
+        seqs, skipped = self.step_sequences(groups)
         totals = StepTotals()
         batches = micro_batches(
             seqs, self.micro_batch_tokens, self.packing, self.pad_id, self.device, self.model.config
@@ -279,7 +292,31 @@ class Trainer:
         for batch in batches:
             self._micro_step(batch, totals)
         summary = {**totals.summary(), "micro_batches": float(len(batches))}
-        return summary | self._routing_metrics(lambda stats: stats)
+        return with_skipped(summary, skipped) | self._routing_metrics(lambda stats: stats)
+
+    def step_sequences(self, groups: list[Group]) -> tuple[list[TrainSequence], int]:
+        """The batch's sequences this step computes, and the trained tokens of those it
+        leaves out: with `skip_zero_advantage`, a sequence whose advantage is 0 adds exactly
+        nothing to the loss or its gradient unless another term reads its tokens. Weights
+        are assigned before, over the whole batch, so the loss's normaliser keeps them."""
+        seqs = trainable_sequences(groups, self.config.loss)
+        if not self._skips_zero_advantage():
+            return seqs, 0
+        kept = [s for s in seqs if s.advantage != 0.0]
+        return kept, sum(s.trained_tokens for s in seqs if s.advantage == 0.0)
+
+    def _skips_zero_advantage(self) -> bool:
+        loss = self.config.loss
+        balancing = self.routing is not None and self.config.moe.aux_loss_coef > 0
+        other_terms = loss.kl_coef != 0 or loss.entropy_coef != 0 or self.teacher is not None
+        return self.config.skip_zero_advantage and not (other_terms or balancing)
+
+    def _zero_gradients(self) -> None:
+        """Zero gradients where backward left none, so AdamW steps as after a backward that
+        gave zeros (its moments still move the weights)."""
+        for param in self.model.parameters():
+            if param.requires_grad and param.grad is None:
+                param.grad = torch.zeros_like(param)
 
     def _routing_metrics(self, reduce) -> dict[str, float | dict[str, float]]:
         """The step's expert load and route agreement (MoE), after `reduce` over ranks."""

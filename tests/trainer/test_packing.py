@@ -155,6 +155,7 @@ def _tiny_model(family: str, seed: int = 0, **extra):
 
 
 def _trainer(family: str, tmp_path, config: TrainerConfig, **extra) -> Trainer:
+    config.skip_zero_advantage = False  # packing is checked on every sequence of a batch
     if config.loss.kl_coef > 0:
         _tiny_model(family, seed=1, **extra).save_pretrained(tmp_path / "reference")
         config.reference_path = str(tmp_path / "reference")
@@ -248,6 +249,7 @@ def test_packed_step_equals_padded_step(tmp_path, single_thread, family, case, h
 
 
 def _shared_trainer(tiny_model_dir, **config) -> Trainer:
+    config.setdefault("skip_zero_advantage", False)
     return Trainer.from_pretrained(tiny_model_dir, TrainerConfig(**config))
 
 

@@ -37,10 +37,12 @@ def test_equal_reward_groups_give_zero_policy_gradient(tiny_model_dir, make_grou
     for g in groups:
         for s in g.samples:
             s.reward = 1.0
-    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig())
+    # computed, not skipped: trainer.skip_zero_advantage rests on this gradient being 0
+    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(skip_zero_advantage=False))
     metrics = trainer.accumulate_gradients(groups)
-    assert metrics["pg_loss"] == 0.0
-    assert all(float(g.abs().max()) == 0.0 for g in _grads(trainer).values())
+    assert metrics["pg_loss"] == 0.0 and metrics["tokens"] > 0
+    grads = _grads(trainer)
+    assert grads and all(float(g.abs().max()) == 0.0 for g in grads.values())
 
 
 def test_train_step_bumps_version_changes_weights_and_reports_metrics(tiny_model_dir, make_groups):
@@ -123,7 +125,9 @@ def test_empty_batch_still_bumps_the_version_without_update(tiny_model_dir, make
 
 def test_mixed_version_samples_train_on_their_per_token_logprobs(tiny_model_dir, make_groups):
     # A partial-rollout sample: its first tokens from version 1, the rest from version 3.
-    trainer = Trainer.from_pretrained(tiny_model_dir, TrainerConfig(), version=3)
+    # (Every token computed, whatever its group's rewards: the ratio is checked over all.)
+    config = TrainerConfig(skip_zero_advantage=False)
+    trainer = Trainer.from_pretrained(tiny_model_dir, config, version=3)
     groups = make_groups(seed=8, version=3)
     _fill_true_logprobs(trainer, groups)
     mixed = groups[0].samples[0]
