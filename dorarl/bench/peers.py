@@ -217,9 +217,19 @@ def run_bench(train: TrainConfig, out: Path, *, precisions: list[str], say=print
         "prompts": prompt_check(train, task, records[figure].prompt_ids, dorarl_steps),
         "machine_before": load_before,
         "machine_after": machine(),
-        "unmatched": UNMATCHED,
+        "unmatched": unmatched(train),
     }
     return result
+
+
+def unmatched(train: TrainConfig) -> list[str]:
+    """What differs between the two sides under `train`."""
+    skipped = (
+        ["dorarl's trainer computes no sequence whose advantage is 0 (trainer."
+         "skip_zero_advantage: the same gradient and update); TRL computes every completion"]
+        if train.trainer.skip_zero_advantage else []
+    )  # fmt: skip
+    return UNMATCHED + skipped
 
 
 def _allocators(train: TrainConfig) -> str:

@@ -133,3 +133,18 @@ def test_a_seed_runs_the_whole_bench_in_a_process_of_its_own(tmp_path: Path, sha
     walls = result["summary"]["dorarl"]["run_wall_s"]
     assert walls["mean"] == pytest.approx(alone["dorarl"]["run_wall_s"]) and walls["sd"] == 0
     assert len(result["record"]["rows"]) == 4
+
+
+def test_the_notes_name_the_sequences_only_dorarl_leaves_uncomputed():
+    import dataclasses
+
+    from dorarl.bench import peers
+    from dorarl.jobs.config import TrainConfig
+
+    train = TrainConfig()
+    skipping = peers.unmatched(train)
+    assert any("skip_zero_advantage" in note for note in skipping)
+    computing = dataclasses.replace(
+        train, trainer=dataclasses.replace(train.trainer, skip_zero_advantage=False)
+    )
+    assert peers.unmatched(computing) == peers.UNMATCHED
