@@ -407,8 +407,8 @@ class TrainerConfig:
         default=True,
         metadata={
             "help": "leave the sequences whose advantage is 0 (a group with equal rewards) out "
-            "of the forward and backward when nothing else gives them a gradient (no KL, "
-            "entropy bonus, teacher or MoE load-balancing loss): the same gradient and "
+            "of the forward and backward when nothing else reads them (no KL, entropy "
+            "bonus, teacher, nor an MoE model's expert figures): the same gradient and "
             "update, less compute; their tokens still count in the loss's normaliser, and "
             "the trainer's per-token metrics (entropy, ratios, mismatch) cover the tokens "
             "it computed"

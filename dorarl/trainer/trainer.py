@@ -306,10 +306,10 @@ class Trainer:
         return kept, sum(s.trained_tokens for s in seqs if s.advantage == 0.0)
 
     def _skips_zero_advantage(self) -> bool:
+        # An MoE model's expert load, balancing loss and route-replay checks read every token.
         loss = self.config.loss
-        balancing = self.routing is not None and self.config.moe.aux_loss_coef > 0
         other_terms = loss.kl_coef != 0 or loss.entropy_coef != 0 or self.teacher is not None
-        return self.config.skip_zero_advantage and not (other_terms or balancing)
+        return self.config.skip_zero_advantage and not (other_terms or self.routing is not None)
 
     def _zero_gradients(self) -> None:
         """Zero gradients where backward left none, so AdamW steps as after a backward that
