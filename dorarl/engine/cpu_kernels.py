@@ -11,6 +11,8 @@ per-user extension cache (`TORCH_EXTENSIONS_DIR`, else ~/.cache/torch_extensions
 name that carries the CPU's vector ISA and a hash of the source, so later processes only load
 it. Where they cannot be built (no compiler, no ninja, a build error), `load_kernels` says so in
 one log line and returns None: `engine.attention=auto` then runs torch ops (attention.py).
+`load_library` builds and loads any such op library the same way (the weights' fingerprint
+has one, runtime/transfer/csrc).
 """
 
 from __future__ import annotations
@@ -65,21 +67,32 @@ def supports(head_dim: int, queries_per_kv: int, dtype: torch.dtype) -> bool:
 @functools.cache
 def load_kernels() -> CpuKernels | None:
     """The kernels, built or loaded from the cache; None where they cannot be (logged once)."""
+    if not load_library(
+        SOURCE, "dorarl_cpu_kernels", "fused CPU kernels", "the engine runs torch ops"
+    ):
+        return None
+    ops = torch.ops.dorarl_cpu
+    return CpuKernels(decode=ops.paged_decode, rms_norm=ops.rms_norm, rope=ops.rope)
+
+
+def load_library(source: Path, prefix: str, what: str, otherwise: str) -> bool:
+    """Build (once per machine, under `prefix` in the extension cache) and load the C++ op
+    library `source` into this process; False where it cannot be, in one log line naming
+    `what` and what happens `otherwise`."""
     try:
         missing = _missing_tools()
     except ImportError as err:  # cpp_extension needs setuptools, which a slim env may lack
         missing = f"torch.utils.cpp_extension: {err}"
     if missing:
-        logger.warning("fused CPU kernels unavailable (%s): the engine runs torch ops", missing)
-        return None
+        logger.warning("%s unavailable (%s): %s", what, missing, otherwise)
+        return False
     try:
-        _build()
+        _build(source, prefix)
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        logger.warning("fused CPU kernels did not build (%s): the engine runs torch ops", first)
-        return None
-    ops = torch.ops.dorarl_cpu
-    return CpuKernels(decode=ops.paged_decode, rms_norm=ops.rms_norm, rope=ops.rope)
+        logger.warning("%s did not build (%s): %s", what, first, otherwise)
+        return False
+    return True
 
 
 def _missing_tools() -> str:
@@ -93,24 +106,24 @@ def _missing_tools() -> str:
     return ""
 
 
-def _build() -> None:
+def _build(source_path: Path, prefix: str) -> None:
     from torch.utils.cpp_extension import get_default_build_root, load
 
     capability = torch.backends.cpu.get_cpu_capability()
     flags = ["-O3", "-ffp-contract=fast", *_ISA_FLAGS.get(capability, [])]
     # One folder per source, flags and torch (its ABI): builds never overwrite each other.
     key = f"{' '.join(flags)} {torch.__version__}".encode()
-    source = SOURCE.read_bytes()
+    source = source_path.read_bytes()
     digest = hashlib.sha256(source + key).hexdigest()[:12]
-    name = f"dorarl_cpu_kernels_{capability.lower()}_{digest}"
+    name = f"{prefix}_{capability.lower()}_{digest}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     build_dir = Path(root) / name
     if not any(build_dir.glob("*.so")):
-        logger.info("building the fused CPU kernels once, into %s (16-40 s)", build_dir)
+        logger.info("building %s once, into %s (16-40 s)", source_path.name, build_dir)
     with _exclusive(build_dir):
         load(
             name,
-            [str(_source_copy(build_dir, source))],
+            [str(_source_copy(build_dir, source_path.name, source))],
             extra_cflags=flags,
             build_directory=str(build_dir),
             is_python_module=False,
@@ -118,11 +131,11 @@ def _build() -> None:
         )
 
 
-def _source_copy(build_dir: Path, source: bytes) -> Path:
+def _source_copy(build_dir: Path, name: str, source: bytes) -> Path:
     """The source, copied into its build folder (made and locked by `_exclusive`): torch's
     build file records the source's path, so building from the checkout's own path would
     rebuild whenever another checkout (a second clone, a worktree) loaded the same kernels."""
-    copy = build_dir / SOURCE.name
+    copy = build_dir / name
     if not copy.is_file() or copy.read_bytes() != source:
         copy.write_bytes(source)
     return copy

@@ -16,7 +16,9 @@ import torch
 
 from dorarl.config import ConfigError
 
-ENGINE_NICE = 10  # CFS weight 110 against the trainer's 1024: ~90% of a contended core
+# Added to the niceness Ray starts workers at (15 by default, so engines stop at 19: CFS
+# weight 15 against the trainer's 36, ~70% of a contended core to the trainer; from 0, 90%)
+ENGINE_NICE = 10
 EVALUATOR_NICE = 19
 
 

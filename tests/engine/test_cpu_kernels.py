@@ -170,7 +170,7 @@ def test_without_a_compiler_auto_runs_attention_py_after_one_log_line(no_compile
 
 
 def test_a_failed_build_falls_back_with_its_first_line(monkeypatch, caplog):
-    def broken():
+    def broken(*_):
         raise RuntimeError("Error building extension 'x': c++ exited 1\nmore detail")
 
     monkeypatch.setattr(cpu_kernels, "_build", broken)
@@ -250,8 +250,7 @@ def test_two_checkouts_build_from_one_source_path(monkeypatch, tmp_path):
         source = tmp_path / checkout / "cpu_kernels.cpp"
         source.parent.mkdir()
         source.write_bytes(cpu_kernels.SOURCE.read_bytes())
-        monkeypatch.setattr(cpu_kernels, "SOURCE", source)
-        cpu_kernels._build()
+        cpu_kernels._build(source, "dorarl_cpu_kernels")
     assert built[0] == built[1] and len(built[0]) == 1
     used = Path(built[0][0])
     assert used.is_relative_to(tmp_path / "extensions")

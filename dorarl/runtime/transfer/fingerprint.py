@@ -28,10 +28,16 @@ moved lanes (a swap) are seen too.
 
 Integer sums wrap identically on every device and in any order, so the CPU and the GPU
 give the same value (unlike a float reduction). Rows are mixed a chunk at a time in one
-reused int64 buffer: a large tensor never has an int64 copy of itself.
+reused int64 buffer: a large tensor never has an int64 copy of itself. On the CPU the row
+sums run in one C++ loop where it builds (csrc/fingerprint.cpp: each lane read once, against
+seven passes of torch ops), the same value.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -58,6 +64,20 @@ _M1 = _signed(0xBF58476D1CE4E5B9)
 _M2 = _signed(0x94D049BB133111EB)
 
 _COLUMN_OFFSETS: dict[torch.device, torch.Tensor] = {}
+_KERNEL_SOURCE = Path(__file__).with_name("csrc") / "fingerprint.cpp"
+RowSums = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@functools.cache
+def cpu_row_sums() -> RowSums | None:
+    """The C++ row sums (lanes [rows, WIDTH], offsets [WIDTH] -> [rows]), built once per
+    machine; None where they cannot be built (the torch ops then)."""
+    from dorarl.engine.cpu_kernels import load_library
+
+    if not load_library(_KERNEL_SOURCE, "dorarl_fingerprint", "the fingerprint's C++ row sums",
+                        "fingerprints run on torch ops"):  # fmt: skip
+        return None
+    return torch.ops.dorarl_fingerprint.row_sums
 
 
 def fingerprint(tensor: torch.Tensor) -> int:
@@ -119,23 +139,36 @@ def _hash(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _all_row_sums(lanes: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
-    """Every row's s_r: the full rows a chunk at a time, then the short last one. Written
-    into one tensor made first: small results kept between the chunks' temporaries would
-    fragment the CPU heap."""
+    """Every row's s_r: the full rows (in C++ on the CPU where it builds, else a chunk at a
+    time), then the short last one. Written into one tensor made first: small results kept
+    between the chunks' temporaries would fragment the CPU heap."""
     device = lanes.device
     offsets = _column_offsets(device)
     full = lanes.numel() // WIDTH
     rows = lanes[: full * WIDTH].view(full, WIDTH)
     last = torch.cat([lanes[full * WIDTH :], tail]).view(1, -1)
     sums = torch.empty(full + int(last.numel() > 0), dtype=torch.int64, device=device)
-    step = CPU_CHUNK_ROWS if device.type == "cpu" else DEVICE_CHUNK_ROWS
-    buffer = torch.empty((min(step, full), WIDTH), dtype=torch.int64, device=device)
-    for i in range(0, full, step):
-        _row_sums(rows[i : i + step], offsets, buffer, sums[i : min(i + step, full)])
+    kernel = cpu_row_sums() if device.type == "cpu" and full else None
+    if kernel is not None:
+        sums[:full] = kernel(rows, offsets)
+    else:
+        _chunked_row_sums(rows, offsets, sums[:full])
     if last.numel():
         width = last.shape[1]
-        _row_sums(last, offsets[:width], buffer.new_empty((1, width)), sums[full:])
+        _row_sums(last, offsets[:width], last.new_empty((1, width)), sums[full:])
     return sums
+
+
+def _chunked_row_sums(rows: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
+    """s_r of every row of `rows` into `out` with torch ops, a chunk of rows at a time mixed
+    in one reused buffer."""
+    count = rows.shape[0]
+    if not count:
+        return
+    step = CPU_CHUNK_ROWS if rows.device.type == "cpu" else DEVICE_CHUNK_ROWS
+    buffer = torch.empty((min(step, count), WIDTH), dtype=torch.int64, device=rows.device)
+    for i in range(0, count, step):
+        _row_sums(rows[i : i + step], offsets, buffer, out[i : i + step])
 
 
 def _row_sums(

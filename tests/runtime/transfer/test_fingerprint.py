@@ -139,8 +139,36 @@ def test_the_value_is_the_documented_formula_in_plain_integers(tensor):
 def test_the_value_does_not_depend_on_how_many_rows_are_mixed_at_once(monkeypatch):
     tensor = torch.randn(5 * ROW + 17)
     whole = fingerprint(tensor)
+    monkeypatch.setattr(module, "cpu_row_sums", lambda: None)  # the torch ops' chunks
     monkeypatch.setattr(module, "CPU_CHUNK_ROWS", 2)
     assert fingerprint(tensor) == whole
+
+
+needs_cpp = pytest.mark.skipif(
+    module.cpu_row_sums() is None, reason="the C++ row sums did not build here"
+)
+
+
+@needs_cpp
+def test_the_cpp_row_sums_are_the_torch_ops_sums_bit_for_bit():
+    gen = torch.Generator().manual_seed(3)
+    lanes = torch.randint(-(2**63), 2**63 - 1, (9, WIDTH), generator=gen, dtype=torch.int64)
+    lanes[0] = -(2**63)  # the extremes, where a signed shift or overflow would show
+    lanes[1] = 2**63 - 1
+    lanes[2] = -1
+    offsets = module._column_offsets(torch.device("cpu"))
+    want = torch.empty(9, dtype=torch.int64)
+    module._chunked_row_sums(lanes, offsets, want)
+    assert torch.equal(module.cpu_row_sums()(lanes, offsets), want)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fingerprints_with_and_without_the_cpp_row_sums_agree(dtype, monkeypatch):
+    tensors = [_weights(dtype, words, seed=words) for words in [1, ROW - 1, ROW, 5 * ROW + 17]]
+    with_cpp = [fingerprint(t) for t in tensors]
+    monkeypatch.setattr(module, "cpu_row_sums", lambda: None)
+    assert [fingerprint(t) for t in tensors] == with_cpp
 
 
 @pytest.mark.cuda
