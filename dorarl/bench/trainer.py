@@ -12,7 +12,8 @@ The two trainer modes' loss and gradient norm are compared (they must agree). Tw
 `train_step`s (packed) give the peak memory of a step: the first without AdamW state (it is
 made at the first update), the second with it, as every later step. Writes
 DIR/trainer.json and prints a table. Wall and CPU clocks are both given: on a CPU shared
-with other jobs the wall clock also measures their load.
+with other jobs the wall clock also measures their load. `--profile` adds the packed
+trainer's time by torch op over one more forward+backward (dorarl.bench.op_profile).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from transformers import PreTrainedModel
 from dorarl.bench.cli_args import write_json
 from dorarl.bench.clock import Laps, load_window
 from dorarl.bench.matmul_floor import MicroShape, floor_ms
+from dorarl.bench.op_profile import profile_ops
 from dorarl.bench.shapes import SHAPES, random_llama
 from dorarl.data import Group, Sample
 from dorarl.errors import UserInputError
@@ -181,9 +183,14 @@ def micro_shapes(trainer: Trainer, groups: list[Group], packing: Packing) -> lis
 
 # --- run and report -----------------------------------------------------------------------
 def run(
-    model: PreTrainedModel, config: TrainerConfig, work: Workload, console: Console
+    model: PreTrainedModel,
+    config: TrainerConfig,
+    work: Workload,
+    console: Console,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """Every contender on the workload's groups, the floor and two full steps: trainer.json."""
+    """Every contender on the workload's groups, the floor and two full steps: trainer.json;
+    with `profile`, the packed trainer's ops over one more forward+backward."""
     with load_window() as window:
         groups = make_groups(work, model.config.vocab_size)
         trainer = _packing_trainer(model, config)
@@ -194,6 +201,11 @@ def run(
         console.log("floor: the packed step's matrix multiplications")
         body_dtype = torch.bfloat16 if config.autocast == "bf16" else torch.float32
         floor = floor_ms(model.config, shapes["shared_prompt"], body_dtype=body_dtype)
+        if profile:
+            console.log("profile: the packed trainer's ops over one forward+backward")
+            report["profile"] = profile_ops(
+                lambda: trainer_forward_backward(trainer, groups, "shared_prompt")
+            )
         console.log("two full train_steps (AdamW included) for their peak memory")
         steps = _full_steps(trainer, groups)
         report.update(_results(report["workload"]["tokens"], timings, floor, steps))
@@ -379,6 +391,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     )
     console.print(table)
     _print_footer(report, console)
+    if "profile" in report:
+        _print_profile(report["profile"], console)
     _print_bars(report["bars"], console)
 
 
@@ -399,6 +413,18 @@ def _print_footer(report: dict[str, Any], console: Console) -> None:
         f"micro-batches, peak memory {per_step} GB (first step / with AdamW state); "
         f"load average {report['load_average_start']} -> {report['load_average']}"
     )
+
+
+def _print_profile(profile: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"packed trainer by op: {profile['self_ms']:,.0f} ms, matrix products "
+        f"{profile['matrix_products_share']:.0%}"
+    )
+    for col in ("op", "own ms", "share", "calls"):
+        table.add_column(col, justify="left" if col == "op" else "right")
+    for op in profile["ops"]:
+        table.add_row(op["op"], f"{op['self_ms']:,.0f}", f"{op['share']:.1%}", str(op["calls"]))
+    console.print(table)
 
 
 def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
@@ -437,6 +463,11 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one packed forward+backward by torch op (self CPU time)",
+    )
+    parser.add_argument(
         "--micro-batch-tokens", type=int, default=None, help="trainer.micro_batch_tokens"
     )
     parser.add_argument(
@@ -462,7 +493,7 @@ def main(argv: list[str]) -> int:
         config.micro_batch_tokens = args.micro_batch_tokens
     model = build_model(args.shape, args.model)
     work = QUICK if args.quick else ARITH if args.arith else FULL
-    report = run(model, config, work, Console(stderr=True))
+    report = run(model, config, work, Console(stderr=True), profile=args.profile)
     report["quick"] = args.quick
     report["source"] = args.model or f"random {args.shape}"
     write_json(args.out, "trainer.json", report)

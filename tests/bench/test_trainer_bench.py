@@ -13,7 +13,7 @@ from dorarl.errors import UserInputError
 
 
 def test_quick_bench_on_a_tiny_shape_writes_its_report(tmp_path, capsys):
-    assert bench.main(["--shape", "tiny", "--quick", "--out", str(tmp_path)]) == 0
+    assert bench.main(["--shape", "tiny", "--quick", "--profile", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "trainer.json").read_text())
     work = report["workload"]
     positions = work["positions"]
@@ -33,7 +33,13 @@ def test_quick_bench_on_a_tiny_shape_writes_its_report(tmp_path, capsys):
     assert set(report["bars"]) == {"trainer_vs_hf", "packed_vs_padded", "peak_memory_gb"}
     assert set(report["agreement"]) >= {"loss", "grad_norm", "entropy"}
     assert max(report["agreement"].values()) < 1e-4
-    assert "trainer bench" in capsys.readouterr().out
+    profile = report["profile"]  # one packed forward+backward by op, the largest first
+    ops = profile["ops"]
+    assert "aten::mm" in {op["op"] for op in ops} and 0 < profile["matrix_products_share"] < 1
+    assert [op["self_ms"] for op in ops] == sorted((op["self_ms"] for op in ops), reverse=True)
+    assert sum(op["self_ms"] for op in ops) <= profile["self_ms"] * (1 + 1e-9)
+    printed = capsys.readouterr().out
+    assert "trainer bench" in printed and "packed trainer by op" in printed
 
 
 def test_unknown_shape_is_a_user_error():
