@@ -445,7 +445,7 @@ def _print_bars(bars: dict[str, dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dorarl bench trainer", description=__doc__.splitlines()[0]
     )
@@ -483,7 +483,11 @@ def main(argv: list[str]) -> int:
         help="trainer.autocast (bf16: every contender's decoder products in bfloat16, and "
         "the floor's)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     config = TrainerConfig(
