@@ -465,7 +465,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="also profile one packed forward+backward by torch op (self CPU time)",
+        help="also profile one packed forward+backward by torch op (each op's own time)",
     )
     parser.add_argument(
         "--micro-batch-tokens", type=int, default=None, help="trainer.micro_batch_tokens"
