@@ -4,7 +4,9 @@ The contenders run in this process on the same model, samples and token budget: 
 is `Trainer.accumulate_gradients` (GRPO loss, chunked output layer, metrics) with shared-
 prompt packing (each prompt once per row, then its group's responses), `trainer_padded` the
 same with one right-padded row per response, `hf` is `model(input_ids, labels=...)` then
-`loss.backward()` on the padded rows, as HF users do it, and `floor` is the time of the packed
+`loss.backward()` on the padded rows, as HF users do it, `trainer_torch_ops` the packed
+trainer without its fused CPU kernels (`trainer.kernels=torch`; where they are on), and
+`floor` is the time of the packed
 step's own matrix multiplications on its shapes (dorarl.bench.matmul_floor). Tokens/s counts
 the samples' real prompt + response tokens (each prompt once per sample) for every
 contender, so packing's saving shows as a higher rate; `positions` is what each computes.
@@ -19,10 +21,11 @@ trainer's time by torch op over one more forward+backward (dorarl.bench.op_profi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import random
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -46,6 +49,7 @@ from dorarl.trainer import Trainer, TrainerConfig, load_model
 from dorarl.trainer.allocator import release_free_heap
 from dorarl.trainer.autocast import autocast_context
 from dorarl.trainer.batch import build_sequences, collate, plan_micro_batches
+from dorarl.trainer.kernels import own_forwards
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.packing import Packing, micro_batches
 
@@ -148,7 +152,8 @@ def hf_forward_backward(model: PreTrainedModel, trainer: Trainer, groups: list[G
         batch = collate([seqs[i] for i in indices], trainer.pad_id, trainer.device)
         labels = torch.full_like(batch.input_ids, -100)
         labels[:, 1:][batch.mask] = batch.targets[batch.mask]
-        with autocast_context(trainer.config.autocast, trainer.device):  # as the trainer's
+        # HF's own forward (not the trainer's fused kernels), autocast as the trainer's
+        with own_forwards(model), autocast_context(trainer.config.autocast, trainer.device):
             loss = model(input_ids=batch.input_ids, labels=labels, use_cache=False).loss
         loss.backward()
     model.zero_grad(set_to_none=True)
@@ -229,23 +234,43 @@ def _take_turns(
 ) -> tuple[dict[str, Timing], dict[str, dict[str, float]]]:
     """The trainer packed and padded and HF, after a warm-up: their timings, and each
     trainer mode's loss metrics."""
-    console.log("warm-up (two samples each)")
-    warm = [Group(0, 0, 0, groups[0].samples[:2])]
-    trainer_forward_backward(trainer, warm, "shared_prompt")
-    trainer_forward_backward(trainer, warm, "padded")
-    hf_forward_backward(model, trainer, warm)
-    console.log(f"trainer (packed, padded) and hf, taking turns, x{repeats}")
     step_metrics: dict[str, dict[str, float]] = {}
 
     def trainer_contender(mode: Packing) -> Callable[[], None]:
         return lambda: step_metrics.update({mode: trainer_forward_backward(trainer, groups, mode)})
+
+    def torch_ops_contender() -> None:
+        with torch_ops(trainer):
+            trainer_forward_backward(trainer, groups, "shared_prompt")
 
     contenders = {
         "trainer": trainer_contender("shared_prompt"),
         "trainer_padded": trainer_contender("padded"),
         "hf": lambda: hf_forward_backward(model, trainer, groups),
     }
+    if trainer.fused:
+        contenders["trainer_torch_ops"] = torch_ops_contender
+    console.log("warm-up (two samples each)")
+    warm = [Group(0, 0, 0, groups[0].samples[:2])]
+    trainer_forward_backward(trainer, warm, "shared_prompt")
+    trainer_forward_backward(trainer, warm, "padded")
+    hf_forward_backward(model, trainer, warm)
+    console.log(f"{', '.join(contenders)}, taking turns, x{repeats}")
     return _measure(contenders, repeats), step_metrics
+
+
+@contextlib.contextmanager
+def torch_ops(trainer: Trainer) -> Iterator[None]:
+    """The trainer as `trainer.kernels=torch` would run it, inside the block."""
+    split, fused = trainer.split, trainer.split is not None and trainer.split.fused
+    with own_forwards(trainer.model):
+        if split is not None:
+            split.fused = False
+        try:
+            yield
+        finally:
+            if split is not None:
+                split.fused = fused
 
 
 def _full_steps(trainer: Trainer, groups: list[Group]) -> list[dict[str, Any]]:
@@ -359,7 +384,12 @@ def compute_bars(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # Which micro-batch plan each contender computes.
-CONTENDER_PLAN = {"trainer": "shared_prompt", "trainer_padded": "padded", "hf": "padded"}
+CONTENDER_PLAN = {
+    "trainer": "shared_prompt",
+    "trainer_padded": "padded",
+    "hf": "padded",
+    "trainer_torch_ops": "shared_prompt",
+}
 CONTENDER_PLAN["floor"] = "shared_prompt"
 
 

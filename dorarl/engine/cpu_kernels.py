@@ -11,8 +11,9 @@ per-user extension cache (`TORCH_EXTENSIONS_DIR`, else ~/.cache/torch_extensions
 name that carries the CPU's vector ISA and a hash of the source, so later processes only load
 it. Where they cannot be built (no compiler, no ninja, a build error), `load_kernels` says so in
 one log line and returns None: `engine.attention=auto` then runs torch ops (attention.py).
-`load_library` builds and loads any such op library the same way (the weights' fingerprint
-has one, runtime/transfer/csrc).
+`load_library` builds and loads any such op library the same way (the trainer's fused kernels,
+trainer/csrc; the weights' fingerprint, runtime/transfer/csrc), each source beside the shared
+header csrc/lanes.h.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+# Headers every source may include (lanes.h), copied beside it into its build folder.
+HEADERS = (Path(__file__).with_name("csrc") / "lanes.h",)
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the kernel keeps a head row in whole 16-float vectors
 MAX_QUERIES_PER_KV = 32
 # Vector ISA flags per torch's own CPU capability: the kernel's sums run in the source's order
@@ -114,13 +117,16 @@ def _build(source_path: Path, prefix: str) -> None:
     # One folder per source, flags and torch (its ABI): builds never overwrite each other.
     key = f"{' '.join(flags)} {torch.__version__}".encode()
     source = source_path.read_bytes()
-    digest = hashlib.sha256(source + key).hexdigest()[:12]
+    headers = {path.name: path.read_bytes() for path in HEADERS}
+    digest = hashlib.sha256(source + b"".join(headers.values()) + key).hexdigest()[:12]
     name = f"{prefix}_{capability.lower()}_{digest}"
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     build_dir = Path(root) / name
     if not any(build_dir.glob("*.so")):
         logger.info("building %s once, into %s (16-40 s)", source_path.name, build_dir)
     with _exclusive(build_dir):
+        for header, text in headers.items():
+            _source_copy(build_dir, header, text)
         load(
             name,
             [str(_source_copy(build_dir, source_path.name, source))],
@@ -132,7 +138,7 @@ def _build(source_path: Path, prefix: str) -> None:
 
 
 def _source_copy(build_dir: Path, name: str, source: bytes) -> Path:
-    """The source, copied into its build folder (made and locked by `_exclusive`): torch's
+    """A source or header, copied into its build folder (made and locked by `_exclusive`): torch's
     build file records the source's path, so building from the checkout's own path would
     rebuild whenever another checkout (a second clone, a worktree) loaded the same kernels."""
     copy = build_dir / name

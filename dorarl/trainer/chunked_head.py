@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dorarl.trainer.kernels import load_ops, takes
+
 
 def _scaled_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
@@ -29,20 +31,18 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
     """(hidden (N, H), weight (V, H), bias, targets (N,)) -> (logp (N,), entropy (N,))."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens):
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_tokens, fused):
         n = hidden.shape[0]
         logp = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n, dtype=torch.float32)
         lse = hidden.new_empty(n, dtype=torch.float32)
+        stats = _fused_stats if fused else _torch_stats
         for start in range(0, n, chunk_tokens):
             rows = slice(start, start + chunk_tokens)
             scaled = _scaled_logits(hidden[rows], weight, bias, temperature)
-            lse[rows] = torch.logsumexp(scaled, dim=-1)
-            picked = scaled.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)
-            logp[rows] = picked - lse[rows]
-            entropy[rows] = _entropy(scaled, lse[rows])
+            lse[rows], logp[rows], entropy[rows] = stats(scaled, targets[rows])
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
+        ctx.temperature, ctx.chunk_tokens, ctx.fused = temperature, chunk_tokens, fused
         ctx.set_materialize_grads(False)
         return logp, entropy
 
@@ -57,19 +57,20 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=acc) if want_weight else None
         grad_bias = torch.zeros_like(bias, dtype=acc) if want_bias else None
         if grad_logp is None and grad_entropy is None:
-            return grad_hidden, grad_weight, grad_bias, None, None, None
+            return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        grad_of = _fused_grad if ctx.fused else _torch_grad
         for start in range(0, hidden.shape[0], ctx.chunk_tokens):
             rows = slice(start, start + ctx.chunk_tokens)
             scaled = _scaled_logits(hidden[rows], weight, bias, temperature)
-            grad_scaled = _grad_scaled(
+            grad_logits = grad_of(
                 scaled,
                 lse[rows],
                 targets[rows],
                 entropy[rows],
                 None if grad_logp is None else grad_logp[rows],
                 None if grad_entropy is None else grad_entropy[rows],
+                temperature,
             )
-            grad_logits = grad_scaled.div_(temperature)  # d scaled / d logits = 1 / T
             if want_hidden:
                 grad_hidden[rows] = grad_logits.to(weight.dtype) @ weight
             if want_weight:
@@ -78,7 +79,39 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
                 grad_bias += grad_logits.sum(0).to(acc)
         grad_weight = grad_weight.to(weight.dtype) if want_weight else None
         grad_bias = grad_bias.to(bias.dtype) if want_bias else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _torch_stats(scaled: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(lse, logp, entropy) of one chunk by torch ops."""
+    lse = torch.logsumexp(scaled, dim=-1)
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return lse, picked - lse, _entropy(scaled, lse)
+
+
+def _fused_stats(scaled: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same in one pass per row (dorarl.trainer.kernels)."""
+    return load_ops().head_stats(scaled, targets.contiguous())
+
+
+def _torch_grad(scaled, lse, targets, entropy, grad_logp, grad_entropy, temperature):
+    grad = _grad_scaled(scaled, lse, targets, entropy, grad_logp, grad_entropy)
+    return grad.div_(temperature)  # d scaled / d logits = 1 / T
+
+
+def _fused_grad(scaled, lse, targets, entropy, grad_logp, grad_entropy, temperature):
+    """The gradient over the logits, written over `scaled` in one pass per row."""
+    zero = torch.zeros_like(lse)
+    load_ops().head_grad_(
+        scaled,
+        lse.contiguous(),
+        targets.contiguous(),
+        entropy.contiguous(),
+        zero if grad_logp is None else grad_logp.float().contiguous(),
+        zero if grad_entropy is None else grad_entropy.float().contiguous(),
+        1.0 / temperature,
+    )
+    return scaled
 
 
 def _grad_scaled(
@@ -112,11 +145,14 @@ def chunked_head_logprobs(
     targets: torch.Tensor,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
+    fused: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of `targets` and entropies under softmax(head(hidden) / T).
 
     hidden (N, H) and targets (N,) are flat over tokens; returns two float32 (N,) tensors.
-    Both carry gradients to `hidden` and to the head's parameters.
+    Both carry gradients to `hidden` and to the head's parameters. `fused`: the softmax
+    statistics and their gradient by the trainer's C++ kernels where they take the logits
+    (float32 on the CPU, kernels built).
     """
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be > 0, got {chunk_tokens}")
@@ -131,4 +167,5 @@ def chunked_head_logprobs(
             targets,
             float(temperature),
             int(chunk_tokens),
+            fused and takes(head.weight) and load_ops() is not None,
         )

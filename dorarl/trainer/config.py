@@ -403,6 +403,14 @@ class TrainerConfig:
             "log-probs and loss; none: all float32 (trainer.dtype)"
         },
     )
+    kernels: Literal["auto", "torch"] = field(
+        default="auto",
+        metadata={
+            "help": "auto: the trainer's fused C++ CPU kernels (RMSNorm, SwiGLU, the output "
+            "layer's softmax) where the trainer computes in float32 on the CPU and they "
+            "build, each module checked against its own forward first; torch: torch ops only"
+        },
+    )
     skip_zero_advantage: bool = field(
         default=True,
         metadata={

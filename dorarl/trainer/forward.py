@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 class HeadSplit:
     body: torch.nn.Module
     head: torch.nn.Linear
+    fused: bool = False  # the head's softmax by the trainer's C++ kernels where they take it
 
 
-def split_head(model: PreTrainedModel) -> HeadSplit | None:
+def split_head(model: PreTrainedModel, fused: bool = False) -> HeadSplit | None:
     """The model's body and output layer, if logits are exactly head(body(ids)).
 
     Checked on a few tokens: a family that post-processes its logits (soft-capping, scaling)
@@ -40,7 +41,7 @@ def split_head(model: PreTrainedModel) -> HeadSplit | None:
     body = model.base_model
     if not isinstance(head, torch.nn.Linear) or body is model:
         return None
-    split = HeadSplit(body, head)
+    split = HeadSplit(body, head, fused)
     vocab = head.weight.shape[0]
     ids = torch.arange(8, device=head.weight.device).remainder(vocab).unsqueeze(0)
     training = model.training
@@ -85,7 +86,7 @@ def micro_batch_logprobs(
     hidden = _hidden(split, batch.input_ids)[:, :-1]
     mask = batch.mask
     logp, entropy = chunked_head_logprobs(
-        hidden[mask], split.head, batch.targets[mask], temperature, chunk_tokens
+        hidden[mask], split.head, batch.targets[mask], temperature, chunk_tokens, split.fused
     )
     return _scatter(mask, logp), _scatter(mask, entropy if entropy_grad else entropy.detach())
 
@@ -113,7 +114,7 @@ def _packed_logprobs(
             return logp, token_entropy(picked, temperature)
     hidden = _hidden(split, batch.input_ids, **inputs).flatten(0, 1)[batch.sources]
     logp, entropy = chunked_head_logprobs(
-        hidden, split.head, batch.targets, temperature, chunk_tokens
+        hidden, split.head, batch.targets, temperature, chunk_tokens, split.fused
     )
     return logp, entropy if entropy_grad else entropy.detach()
 

@@ -28,6 +28,7 @@ from dorarl.trainer.autocast import autocast_context
 from dorarl.trainer.batch import MicroBatch, TrainSequence, build_sequences
 from dorarl.trainer.config import LossConfig, TrainerConfig
 from dorarl.trainer.forward import micro_batch_logprobs, resolve_packing, split_head
+from dorarl.trainer.kernels import fuse_modules, load_ops
 from dorarl.trainer.loss import Spans, k3_kl, objective
 from dorarl.trainer.memory import PeakMemory
 from dorarl.trainer.metrics import batch_metrics
@@ -111,7 +112,7 @@ class Trainer:
         self.tokenizer_files = ckpt.read_tokenizer_files(self.source_dir) if source_dir else {}
         self.reference_path = str(reference_path) if reference_path is not None else None
         self._load_frozen()
-        self.split = split_head(self.model)
+        self._split_heads()
         models = [self.model, *(m for m in (self.reference, self.teacher) if m is not None)]
         self.packing = resolve_packing(models, config.packing)
         self.peak_memory = PeakMemory(self.device)
@@ -231,10 +232,27 @@ class Trainer:
     def _load_frozen(self) -> None:
         """The frozen models the loss reads: the KL reference, the distillation teacher."""
         self.reference = self._load_reference() if self.config.loss.kl_coef > 0 else None
-        self.reference_split = split_head(self.reference) if self.reference is not None else None
         teacher = self.config.teacher
         self.teacher = self._frozen(teacher) if teacher is not None else None
-        self.teacher_split = split_head(self.teacher) if self.teacher is not None else None
+
+    def _split_heads(self) -> None:
+        """Each model's body and output layer (forward.split_head), kernels fused first."""
+        self.fused = self._fuse_kernels()
+        self.split, self.reference_split, self.teacher_split = (
+            split_head(m, self.fused) if m is not None else None
+            for m in (self.model, self.reference, self.teacher)
+        )
+
+    def _fuse_kernels(self) -> bool:
+        """trainer.kernels=auto on the CPU: every model's RMSNorm and SwiGLU modules, and its
+        output layer's softmax, through the fused kernels (dorarl.trainer.kernels)."""
+        if self.config.kernels != "auto" or self.device.type != "cpu" or load_ops() is None:
+            return False
+        for model in (self.model, self.reference, self.teacher):
+            if model is not None:
+                fused = fuse_modules(model)
+                log.info("fused kernels on %s: %s", type(model).__name__, fused or "none")
+        return True
 
     def _load_reference(self) -> PreTrainedModel:
         if self.reference_path is None:

@@ -1,11 +1,15 @@
 """Chunked output-layer log-probs equal the full-logits computation, values and gradients,
-and no tensor of tokens x vocabulary is kept for backward."""
+by torch ops and by the trainer's fused kernels, and no tensor of tokens x vocabulary is kept
+for backward."""
 
 import pytest
 import torch
 
 from dorarl.trainer.chunked_head import chunked_head_logprobs
+from dorarl.trainer.kernels import load_ops
 from dorarl.trainer.loss import token_entropy, token_logprobs
+
+needs_kernels = pytest.mark.skipif(load_ops() is None, reason="the kernels did not build here")
 
 
 def _full(hidden, head, targets, temperature):
@@ -22,10 +26,14 @@ def _grads(fn, hidden, head, targets, temperature, g_logp, g_entropy):
     return logp.detach(), entropy.detach(), grads
 
 
+FUSED = [False, pytest.param(True, marks=needs_kernels)]
+
+
 @pytest.mark.parametrize("chunk", [1, 7, 37, 1000])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [False, True])
-def test_chunked_equals_full_logits(chunk, temperature, bias):
+@pytest.mark.parametrize("fused", FUSED)
+def test_chunked_equals_full_logits(chunk, temperature, bias, fused):
     torch.manual_seed(chunk)
     n, hidden_size, vocab = 37, 16, 300
     head = torch.nn.Linear(hidden_size, vocab, bias=bias)
@@ -34,7 +42,7 @@ def test_chunked_equals_full_logits(chunk, temperature, bias):
     g_logp, g_entropy = torch.randn(n), torch.randn(n)
 
     def chunked(h, hd, t, temp):
-        return chunked_head_logprobs(h, hd, t, temp, chunk_tokens=chunk)
+        return chunked_head_logprobs(h, hd, t, temp, chunk_tokens=chunk, fused=fused)
 
     got = _grads(chunked, hidden, head, targets, temperature, g_logp, g_entropy)
     want = _grads(_full, hidden, head, targets, temperature, g_logp, g_entropy)
@@ -44,12 +52,13 @@ def test_chunked_equals_full_logits(chunk, temperature, bias):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
-def test_logprob_only_gradient_and_no_entropy_gradient():
+@pytest.mark.parametrize("fused", FUSED)
+def test_logprob_only_gradient_and_no_entropy_gradient(fused):
     torch.manual_seed(1)
     head = torch.nn.Linear(8, 50, bias=False)
     hidden = torch.randn(10, 8, requires_grad=True)
     targets = torch.randint(0, 50, (10,))
-    logp, _ = chunked_head_logprobs(hidden, head, targets, 1.0, chunk_tokens=3)
+    logp, _ = chunked_head_logprobs(hidden, head, targets, 1.0, chunk_tokens=3, fused=fused)
     logp.sum().backward()
     reference = hidden.detach().clone().requires_grad_()
     token_logprobs(head(reference), targets).sum().backward()
@@ -74,7 +83,27 @@ def test_bad_chunk_size_is_refused():
         chunked_head_logprobs(torch.randn(2, 4), head, torch.zeros(2, dtype=torch.long), 1.0, 0)
 
 
-def test_only_hidden_states_and_per_token_values_are_saved_for_backward():
+@pytest.mark.parametrize("fused", FUSED)
+def test_entropy_only_gradient_over_a_large_vocabulary_and_far_apart_logits(fused):
+    """Entropy alone drives the gradient; logits tens apart, a vocabulary of full 16-float
+    vectors and a tail."""
+    torch.manual_seed(3)
+    head = torch.nn.Linear(8, 4099, bias=False)
+    hidden = torch.randn(6, 8) * 8
+    targets = torch.randint(0, 4099, (6,))
+    g_entropy = torch.randn(6)
+
+    def chunked(h, hd, t, temp):
+        return chunked_head_logprobs(h, hd, t, temp, chunk_tokens=4, fused=fused)
+
+    got = _grads(chunked, hidden, head, targets, 1.3, torch.zeros(6), g_entropy)
+    want = _grads(_full, hidden, head, targets, 1.3, torch.zeros(6), g_entropy)
+    for g, w in zip((got[0], got[1], *got[2]), (want[0], want[1], *want[2]), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("fused", FUSED)
+def test_only_hidden_states_and_per_token_values_are_saved_for_backward(fused):
     tokens, hidden_size, vocab = 96, 32, 4000
     head = torch.nn.Linear(hidden_size, vocab, bias=False)
     hidden = torch.randn(tokens, hidden_size, requires_grad=True)
@@ -86,7 +115,7 @@ def test_only_hidden_states_and_per_token_values_are_saved_for_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logp, entropy = chunked_head_logprobs(hidden, head, targets, 1.0, 16)
+        logp, entropy = chunked_head_logprobs(hidden, head, targets, 1.0, 16, fused=fused)
     assert sorted(saved) == sorted([tokens * hidden_size, vocab * hidden_size] + [tokens] * 3)
     (logp.sum() + entropy.sum()).backward()
     assert hidden.grad is not None and head.weight.grad is not None
