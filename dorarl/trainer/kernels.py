@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ def load_ops() -> Any | None:
 
 def takes(*tensors: torch.Tensor) -> bool:
     """Whether the kernels compute on these tensors: plain float32 CPU tensors."""
-    from torch.distributed.tensor import DTensor
-
     return all(
         t.device.type == "cpu" and t.dtype == torch.float32 and not isinstance(t, DTensor)
         for t in tensors

@@ -67,6 +67,18 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* name) {
   TORCH_CHECK(a.sizes() == b.sizes(), name, ": shape ", b.sizes(), " against ", a.sizes());
 }
 
+// One int64 target per row, each a column of the row: their data.
+const int64_t* checked_targets(const at::Tensor& targets, int64_t rows, int64_t width) {
+  TORCH_CHECK(targets.scalar_type() == at::kLong && targets.dim() == 1 &&
+                  targets.size(0) == rows && targets.is_contiguous(),
+              "targets: contiguous int64 [rows]");
+  const int64_t* tp = targets.const_data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(tp[r] >= 0 && tp[r] < width, "targets: ", tp[r], " outside [0, ", width, ")");
+  }
+  return tp;
+}
+
 float row_max(const float* z, int64_t width) {
   constexpr float low = -std::numeric_limits<float>::infinity();
   Lanes most = lanes_of(low);
@@ -107,14 +119,8 @@ RowStats softmax_row(const float* z, int64_t width, int64_t target) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> head_stats(const at::Tensor& scaled,
                                                           const at::Tensor& targets) {
   check_floats(scaled, "scaled", 2);
-  TORCH_CHECK(targets.scalar_type() == at::kLong && targets.dim() == 1 &&
-                  targets.size(0) == scaled.size(0) && targets.is_contiguous(),
-              "targets: contiguous int64 [rows]");
   const int64_t rows = scaled.size(0), width = scaled.size(1);
-  const int64_t* tp = targets.const_data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(tp[r] >= 0 && tp[r] < width, "targets: ", tp[r], " outside [0, ", width, ")");
-  }
+  const int64_t* tp = checked_targets(targets, rows, width);
   at::Tensor lse = at::empty({rows}, scaled.options());
   at::Tensor logp = at::empty({rows}, scaled.options());
   at::Tensor entropy = at::empty({rows}, scaled.options());
@@ -153,13 +159,7 @@ void head_grad_(at::Tensor scaled, const at::Tensor& lse, const at::Tensor& targ
     check_floats(*t, "row statistics", 1);
     TORCH_CHECK(t->size(0) == rows, "row statistics: ", t->size(0), " rows against ", rows);
   }
-  TORCH_CHECK(targets.scalar_type() == at::kLong && targets.dim() == 1 &&
-                  targets.size(0) == rows && targets.is_contiguous(),
-              "targets: contiguous int64 [rows]");
-  const int64_t* tp = targets.const_data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(tp[r] >= 0 && tp[r] < width, "targets: ", tp[r], " outside [0, ", width, ")");
-  }
+  const int64_t* tp = checked_targets(targets, rows, width);
   float* zp = scaled.mutable_data_ptr<float>();
   const float *lp = lse.const_data_ptr<float>(), *hp = entropy.const_data_ptr<float>();
   const float *gl = grad_logp.const_data_ptr<float>(), *gh = grad_entropy.const_data_ptr<float>();
