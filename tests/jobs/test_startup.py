@@ -19,6 +19,16 @@ def _lines() -> tuple[StartupLines, list[str], list[str]]:
     return StartupLines(said.append, phases.append), said, phases
 
 
+def test_actors_built_again_in_kept_processes_are_told_as_reused():
+    startup, said, _ = _lines()
+    engines = [ActorStartup(0.0, 0.2, 0.1, reused=True), ActorStartup(4.5, 0.3)]
+    trainer = [ActorStartup(0.0, 0.4, 0.3, reused=True)]
+    startup.actors_up({"engine": engines, "trainer": trainer})
+    assert said[0].endswith(
+        "2 engines (1 reused, process 0.0-4.5s, model 0.2-0.3s), trainer (reused, model 0.4s)"
+    )
+
+
 def test_each_phase_is_one_line_with_the_seconds_since_the_start():
     startup, said, phases = _lines()
     startup.ray_up(None)

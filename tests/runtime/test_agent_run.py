@@ -138,7 +138,7 @@ def test_an_agent_that_summarises_its_history_trains_on_both_segments_of_each_ep
     assert [m["new_segments"] for m in metrics] == [4.0 * 4] * 3
 
 
-@pytest.mark.usefixtures("shared_ray")
+@pytest.mark.usefixtures("shared_ray", "fresh_actors")  # it kills an engine by its title
 def test_agents_that_overrun_or_whose_engine_dies_end_or_restart_their_episodes(
     tmp_path, tiny_chat_model_dir, monkeypatch
 ):

@@ -76,7 +76,7 @@ class Killer(threading.Thread):
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-@pytest.mark.usefixtures("shared_ray")  # the run and its resume start no Ray of their own
+@pytest.mark.usefixtures("shared_ray", "fresh_actors")  # no Ray of their own; no idle actor to kill
 def test_a_run_survives_dead_workers_and_a_ctrl_c(tmp_path, tiny_model_dir, world_size, capfd):
     """On the default transport, collective, whose recovery has the more paths (replacements
     outside the group, a trainer replaying while engines ask it for versions); the object

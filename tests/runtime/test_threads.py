@@ -46,3 +46,20 @@ def test_apply_threads_lowers_every_thread_of_the_process():
     threads, before, after, lowest = map(int, out.stdout.split())
     assert threads == 1
     assert after == min(19, before + 5) and lowest >= min(19, before + 5)
+
+
+def test_lowering_again_keeps_the_niceness_a_new_process_would_have():
+    """An actor built again in its process (an idle one, reused) lowers to where it was, not
+    further: niceness is measured from the process's start."""
+    code = (
+        "import os\n"
+        "from dorarl.runtime.threads import START_NICENESS, lower_priority\n"
+        "lower_priority(5); once = os.getpriority(os.PRIO_PROCESS, 0)\n"
+        "lower_priority(5); lower_priority(3); again = os.getpriority(os.PRIO_PROCESS, 0)\n"
+        "print(START_NICENESS, once, again)\n"
+    )
+    if sys.platform != "linux":
+        pytest.skip("per-thread niceness is Linux's")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    start, once, again = map(int, out.stdout.split())
+    assert once == again == min(19, start + 5)

@@ -63,7 +63,7 @@ from dorarl.runtime.transfer.weight_group import (
     share,
 )
 from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused, flatten
-from dorarl.runtime.workers.startup import ActorStartup, StartupClock
+from dorarl.runtime.workers.startup import ActorStartup, Reusable, StartupClock
 
 log = logging.getLogger(__name__)
 NO_VERSION = -1  # what an engine hosts whose weights failed their check after a copy
@@ -102,7 +102,7 @@ class WeightsReport:
     ended_at: float
 
 
-class EngineWorker:
+class EngineWorker(Reusable):
     """Hosts one engine (one version at a time, or with adapters several) and executes the
     runtime's calls on it."""
 
@@ -166,6 +166,13 @@ class EngineWorker:
         self._engine = open_engine(self.model_folder, self.config, self.first_version)
         self.pacer = Pacer() if self.pace is not None else None
         return self.engine.version
+
+    def release(self) -> None:
+        """The engine, its KV and the weight group let go: the actor waits idle for a new run."""
+        self._close()
+        self.group = None
+        self._shared = {}
+        self.held_kv = kv_transfer.HeldKV()
 
     def _close(self) -> None:
         """Let the engine go (a vLLM engine's core is stopped: its KV cache is freed now)."""

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from dorarl.engine import EngineConfig
-from dorarl.engine.instance import open_engine
+from dorarl.engine.instance import close_engine, open_engine
 from dorarl.engine.lora import merge_adapter
 from dorarl.engine.weights import from_checkpoint, load_folder
 from dorarl.runtime.threads import apply_threads, lower_priority
 from dorarl.runtime.transfer.weight_layout import Manifest, WeightsRefused
 from dorarl.runtime.workers.engine_worker import in_worker, verify_hosted
-from dorarl.runtime.workers.startup import ActorStartup, StartupClock
+from dorarl.runtime.workers.startup import ActorStartup, Reusable, StartupClock
 from dorarl.tasks import Task
 from dorarl.tasks.evaluate import EvalSampling, evaluate
 from dorarl.trainer.lora import read_adapter
@@ -40,7 +40,7 @@ class EvalAdapters:
     first: str | None = None
 
 
-class EvalWorker:
+class EvalWorker(Reusable):
     def __init__(
         self,
         model_folder: str,
@@ -66,6 +66,11 @@ class EvalWorker:
 
     def startup(self) -> ActorStartup:
         return self._startup
+
+    def release(self) -> None:
+        """The engine let go: the actor waits idle for a new run."""
+        close_engine(self.engine)
+        self.engine = None
 
     def _merged(self, adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The folder's base with `adapter` merged in."""

@@ -35,12 +35,12 @@ from dorarl.runtime.transfer.weight_group import (
     own_host,
 )
 from dorarl.runtime.transfer.weight_layout import AdapterSpec, Manifest
-from dorarl.runtime.workers.startup import ActorStartup, StartupClock
+from dorarl.runtime.workers.startup import ActorStartup, Reusable, StartupClock
 from dorarl.trainer import checkpoint as ckpt
 from dorarl.trainer.config import TrainerConfig
 
 
-class TrainerWorker:
+class TrainerWorker(Reusable):
     def __init__(
         self,
         model_folder: str,
@@ -87,6 +87,14 @@ class TrainerWorker:
 
     def version(self) -> int:
         return self.trainer.version
+
+    def release(self) -> None:
+        """The model, its optimizer, the served versions and the weight group let go: the
+        actor waits idle for a new run."""
+        self.trainer = None
+        self.served = ServedVersions()
+        self.group = None
+        self._store = None
 
     def startup(self) -> ActorStartup:
         """How long this actor took to come up (with several ranks: theirs included)."""
