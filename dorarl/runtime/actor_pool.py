@@ -78,9 +78,11 @@ class IdlePool:
         actors = [a for kept in self.idle.values() for a in kept]
         self.idle.clear()
         self.keys.clear()
-        if ray.is_initialized():
-            for actor in actors:
+        for actor in actors if ray.is_initialized() else []:
+            try:
                 ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 -- a handle of a Ray left since: nothing to kill
+                continue
         return len(actors)
 
     def _check_node(self) -> None:
