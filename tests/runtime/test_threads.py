@@ -40,10 +40,7 @@ def test_apply_threads_lowers_every_thread_of_the_process():
         " os.getpriority(os.PRIO_PROCESS, t.native_id),"
         " min(os.getpriority(os.PRIO_PROCESS, tid) for tid in tids))\n"
     )
-    if sys.platform != "linux":
-        pytest.skip("per-thread niceness is Linux's")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    threads, before, after, lowest = map(int, out.stdout.split())
+    threads, before, after, lowest = _printed_by(code)
     assert threads == 1
     assert after == min(19, before + 5) and lowest >= min(19, before + 5)
 
@@ -58,8 +55,13 @@ def test_lowering_again_keeps_the_niceness_a_new_process_would_have():
         "lower_priority(5); lower_priority(3); again = os.getpriority(os.PRIO_PROCESS, 0)\n"
         "print(START_NICENESS, once, again)\n"
     )
+    start, once, again = _printed_by(code)
+    assert once == again == min(19, start + 5)
+
+
+def _printed_by(code: str) -> list[int]:
+    """The numbers a child process running `code` prints (niceness is per thread on Linux)."""
     if sys.platform != "linux":
         pytest.skip("per-thread niceness is Linux's")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    start, once, again = map(int, out.stdout.split())
-    assert once == again == min(19, start + 5)
+    return [int(word) for word in out.stdout.split()]
