@@ -46,6 +46,7 @@ from dorarl.record.pacing import DeviceModel
 from dorarl.report.console import table_console
 from dorarl.report.convergence_plot import plot_convergence
 from dorarl.report.run_curve import read_curve
+from dorarl.runtime.actor_pool import kept_ray
 from dorarl.tasks import Task
 from dorarl.tasks.assets import shipped_base_model
 from dorarl.trainer.objective_presets import check_objectives, objective_loss
@@ -230,11 +231,12 @@ def run_bench(cfg: ConvergenceConfig, out: Path, *, say=print) -> dict[str, Any]
     say(f"calibrated: decode step pace {device.decode_step_s * 1e3:.1f} ms, training step "
         f"{emulation['derivation']['train_step_s']:.2f} s")  # fmt: skip
     curves, summaries = {}, {}
-    for name, train_config in cfg.runs():
-        summaries[name] = run_ray(train_config, None, out / name, pace=device, defer_eval=True)
-        curves[name] = read_curve(out / name)
-        say(f"{name}: {cfg.steps} steps in {curves[name]['wall_time_s']:.1f}s, final held-out "
-            f"accuracy {curves[name]['eval'][-1]['accuracy']:.3f}")  # fmt: skip
+    with kept_ray(cfg.train.ray.address, cfg.train.ray.host):  # one start for all runs
+        for name, train_config in cfg.runs():
+            summaries[name] = run_ray(train_config, None, out / name, pace=device, defer_eval=True)
+            curves[name] = read_curve(out / name)
+            say(f"{name}: {cfg.steps} steps in {curves[name]['wall_time_s']:.1f}s, final "
+                f"held-out accuracy {curves[name]['eval'][-1]['accuracy']:.3f}")  # fmt: skip
     result = {
         "config": asdict(cfg),
         "emulation": emulation,

@@ -8,6 +8,8 @@ group are kept, and only those of a run that finished.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,3 +140,27 @@ def keep_idle_actors(on: bool = True) -> None:
 def idle_actors() -> IdlePool:
     """This process's pool of idle actors."""
     return POOL
+
+
+@contextmanager
+def kept_ray(address: str | None = None, host: str = "127.0.0.1") -> Iterator[None]:
+    """Runs in a row in one Ray, each run's actors kept idle for the next (a benchmark's runs):
+    this process's Ray if it has joined one, else the cluster at `address`, else a local one
+    on `host`; a Ray opened here is shut down at the end, and idle actors are killed unless
+    the process kept them before."""
+    from dorarl.runtime.local_ray import check_cluster_auth, join_ray, start_local_ray
+
+    opened = not ray.is_initialized()
+    if opened and address:
+        check_cluster_auth(address)
+        join_ray(address)
+    elif opened:
+        start_local_ray(host=host)
+    keeping = POOL.enabled
+    keep_idle_actors()
+    try:
+        yield
+    finally:
+        keep_idle_actors(keeping)
+        if opened:
+            ray.shutdown()

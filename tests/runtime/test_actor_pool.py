@@ -11,10 +11,11 @@ import re
 
 import psutil
 import pytest
+import ray
 
 from dorarl.errors import RunFailed
 from dorarl.jobs.train import main as train_main
-from dorarl.runtime.actor_pool import idle_actors, keep_idle_actors, pool_key
+from dorarl.runtime.actor_pool import idle_actors, keep_idle_actors, kept_ray, pool_key
 from dorarl.runtime.workers.engine_worker import EngineWorker
 
 SMALL = ["instances=1", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
@@ -101,3 +102,16 @@ def test_only_cpu_actors_outside_a_placement_group_are_kept():
     assert pool_key(EngineWorker, cpu, "nice=10") != pool_key(EngineWorker, cpu, "nice=0")
     assert pool_key(EngineWorker, cpu | {"num_gpus": 0.5}) is None
     assert pool_key(EngineWorker, cpu | {"scheduling_strategy": object()}) is None
+
+
+@pytest.mark.slow
+def test_a_benchmarks_ray_keeps_actors_for_its_runs_and_goes_with_them(tmp_path, tiny_model_dir):
+    """`kept_ray` (a benchmark's runs in a row) opens a Ray where none is joined, keeps the
+    runs' actors idle between them, and at its end kills them and shuts its Ray down."""
+    assert not ray.is_initialized()
+    with kept_ray():
+        assert idle_actors().enabled
+        _train(tiny_model_dir, tmp_path / "run")
+        assert idle_actors().size() == 3
+    assert not ray.is_initialized() and not idle_actors().enabled
+    assert idle_actors().size() == 0
