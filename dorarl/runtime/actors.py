@@ -82,10 +82,12 @@ def start_workers(
     trainer: TrainerSpec,
     pace: DeviceModel | None = None,
     placed: PlacedActors | None = None,
+    pool: IdlePool | None = None,
 ) -> tuple[list[Any], Any]:
-    """The engine actors and the trainer actor (local Ray or a cluster)."""
-    workers = [spawn_engine(i, engine, pace, placed) for i in range(num_instances)]
-    return workers, spawn_trainer(trainer, pace, placed)
+    """The engine actors and the trainer actor (local Ray or a cluster); with `pool`, idle
+    ones built again where it keeps them."""
+    workers = [spawn_engine(i, engine, pace, placed, pool) for i in range(num_instances)]
+    return workers, spawn_trainer(trainer, pace, placed, pool)
 
 
 def spawn_trainer(

@@ -15,8 +15,8 @@ from dorarl.jobs.train import main as train_main
 from dorarl.jobs.workload import build_task, rollout_settings
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import open_segment
+from dorarl.runtime.actor_pool import idle_actors
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, start_workers
-from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts, _describe
 
 pytestmark = pytest.mark.slow
@@ -200,7 +200,7 @@ def _dora_k1_runtime(
     task = build_task(config, folder)
     engine = EngineSpec(folder, config.engine)
     workers, trainer = start_workers(
-        config.instances, engine, TrainerSpec(folder, config.trainer), pace
+        config.instances, engine, TrainerSpec(folder, config.trainer), pace, pool=idle_actors()
     )
     restarts = Restarts(
         engines=max_restarts, respawn_engine=lambda i: spawn_engine(i, engine, pace)
@@ -216,8 +216,19 @@ def _dora_k1_runtime(
     return RayRuntime(plan, on_step=on_step)
 
 
+def _leave(runtime: RayRuntime | None, finished: bool = True) -> None:
+    """A runtime-driven test's end in the shared Ray: its actors go back idle to the test
+    process's pool (a run that finished; dorarl.runtime.actor_pool) or are killed."""
+    if runtime is None:
+        return
+    actors = [*runtime.engines.workers, runtime.trainer_client.actor]
+    for actor in idle_actors().park(actors) if finished else actors:
+        ray.kill(actor, no_restart=True)
+
+
+@pytest.mark.usefixtures("shared_ray")
 def test_a_dead_engine_stops_the_run_naming_it(tmp_path, tiny_model_dir):
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
         segment = open_segment(tmp_path, 0, instances=3, slots=8)
 
@@ -232,7 +243,7 @@ def test_a_dead_engine_stops_the_run_naming_it(tmp_path, tiny_model_dir):
             run_segment(runtime, tmp_path, segment)
         assert runtime.driver.controller.counts()["steps_done"] < 8
     finally:
-        ray.shutdown()
+        _leave(runtime, finished=False)
     # the failed segment is recorded as such, and the run's summary and trace with it
     (entry,) = json.loads((tmp_path / "summary.json").read_text())["segments"]
     assert entry["ended"] == "failed" and entry["end_version"] >= 2
@@ -255,11 +266,12 @@ def test_a_worker_error_leads_with_the_workers_own_exception():
 
 
 @pytest.mark.parametrize(("victim", "transport"), [(0, "collective"), (1, "object_store")])
+@pytest.mark.usefixtures("shared_ray")
 def test_a_dead_engine_is_replaced_and_the_run_completes(
     tmp_path, tiny_model_dir, victim, transport
 ):
     out = tmp_path / "run"
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
         transport = f"weights.transport={transport}"  # collective: the replacement is outside
@@ -273,7 +285,7 @@ def test_a_dead_engine_is_replaced_and_the_run_completes(
         runtime = _dora_k1_runtime(tiny_model_dir, out, pace, 2, transport, on_step=kill_once)
         summary = runtime.run()
     finally:
-        ray.shutdown()
+        _leave(runtime)
     assert killed and summary["steps"] == 8 and summary["engine_restarts"] == 1
     summary, trajectories, metrics, trace = _read(out)
     _check_invariants(summary, trajectories, k=1)

@@ -12,13 +12,12 @@ import logging
 
 import pytest
 import ray
-from test_ray_runtime import _check_invariants, _dora_k1_runtime, _read
+from test_ray_runtime import _check_invariants, _dora_k1_runtime, _leave, _read
 
 from dorarl.controller import Migrate
 from dorarl.runtime.calls import MigrateCall
-from dorarl.runtime.local_ray import start_local_ray
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shared_ray")]
 
 SHORT = ["instances=2", "tbs=2", "rbs=4", "forced_lengths.median=3", "forced_lengths.max_len=6",
          "forced_lengths.p99_ratio=2"]  # fmt: skip
@@ -50,7 +49,7 @@ def test_a_migration_into_a_dead_engine_that_fails_before_the_sources_report(
     ("group is incomplete"), or a zombie copy on the destination. Over the group, the KV
     the source holds goes to the replacement (outside the group) as a Ray object."""
     out = tmp_path / "run"
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
         overrides = (*SHORT, f"weights.transport={transport}")
         runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *overrides)
@@ -70,7 +69,7 @@ def test_a_migration_into_a_dead_engine_that_fails_before_the_sources_report(
         # the source held the KV for the dead destination until the replacement took it
         assert ray.get(runtime.engines.workers[0].held_tickets.remote()) == 0
     finally:
-        ray.shutdown()
+        _leave(runtime)
     assert summary["engine_restarts"] == 1 and summary["steps"] == 8
     assert _refused(caplog) == []  # no engine ran a request another had finished
     summary, trajectories, _, _ = _read(out)
@@ -82,7 +81,7 @@ def test_an_import_that_landed_on_an_engine_replaced_since(tmp_path, tiny_model_
     answer was read: the old runtime placed the requests on the replacement, which never
     had them (they were lost and the run could not finish)."""
     out = tmp_path / "run"
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
         runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *SHORT)
         runtime.start()
@@ -105,7 +104,7 @@ def test_an_import_that_landed_on_an_engine_replaced_since(tmp_path, tiny_model_
             runtime.answer(migration.ref)  # then the import's answer, from the dead actor
             summary = runtime.run()
     finally:
-        ray.shutdown()
+        _leave(runtime)
     assert summary["engine_restarts"] == 1 and summary["steps"] == 8
     assert _refused(caplog) == []
     summary, trajectories, _, _ = _read(out)
@@ -122,7 +121,7 @@ def test_a_replacement_that_cannot_take_its_version_back_is_replaced(tmp_path, t
     would serve under the hosted version's name. It is replaced in turn (two restarts),
     and the run finishes with its audit intact."""
     out = tmp_path / "run"
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
         runtime = _dora_k1_runtime(tiny_model_dir, out, None, 2, *SHORT)
         fleet, failed = runtime.engines, []
@@ -142,7 +141,7 @@ def test_a_replacement_that_cannot_take_its_version_back_is_replaced(tmp_path, t
         _kill(fleet.workers[1])
         summary = runtime.run()
     finally:
-        ray.shutdown()
+        _leave(runtime)
     assert failed and failed[0][0] == 1  # instance 1's restore was the one refused
     assert summary["engine_restarts"] == 2 and summary["steps"] == 8
     causes = [d["cause"] for d in summary["deaths"]]

@@ -7,7 +7,7 @@ import pytest
 import ray
 from hypothesis import given
 from hypothesis import strategies as st
-from test_ray_runtime import COMMON, DIRECT_LR, _check_invariants, _read
+from test_ray_runtime import COMMON, DIRECT_LR, _check_invariants, _leave, _read
 
 from dorarl.config import load_config
 from dorarl.data import Group
@@ -15,6 +15,7 @@ from dorarl.errors import WorkerFailed
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.workload import build_task, rollout_settings
 from dorarl.record.pacing import DeviceModel
+from dorarl.runtime.actor_pool import idle_actors
 from dorarl.runtime.actors import (
     EngineSpec,
     TrainerSpec,
@@ -22,7 +23,6 @@ from dorarl.runtime.actors import (
     spawn_trainer,
     start_workers,
 )
-from dorarl.runtime.local_ray import start_local_ray
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts
 from dorarl.runtime.recovery.trainer_log import SaveCall, TrainCall, TrainerLog
 from dorarl.runtime.recovery.trainer_recovery import newest_checkpoint
@@ -115,7 +115,7 @@ def _runtime(
     config = load_config(TrainConfig, overrides=overrides)
     task = build_task(config, folder)
     engine, trainer_spec = EngineSpec(folder, config.engine), TrainerSpec(folder, config.trainer)
-    workers, trainer = start_workers(3, engine, trainer_spec, pace)
+    workers, trainer = start_workers(3, engine, trainer_spec, pace, pool=idle_actors())
     replacements = []
 
     def respawn_trainer(ckpt):
@@ -156,6 +156,7 @@ def _kill_and_wait(actor):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 @pytest.mark.parametrize("transport", ["object_store", "collective"])
 def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
     tmp_path, tiny_model_dir, transport
@@ -163,7 +164,7 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
     """Killed as it publishes v4: on the collective transport the engines then load v4 from
     the dead trainer itself, and that failed load is what reveals its death."""
     out = tmp_path / "run"
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
         pace = DeviceModel(decode_step_s=0.02, train_fixed_s=0.05)  # keep requests in flight
         # killed as v4 is published, so v4's checkpoint is never written by it: the new
@@ -176,7 +177,7 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
         ray.get(runtime.trainer_client.save_checkpoint(out / "checkpoints" / "version_00008",
                 runtime.driver.controller.resume_state(), 0))  # fmt: skip
     finally:
-        ray.shutdown()
+        _leave(runtime)
     assert killed and runtime.trainer_client.actor is not killed[0]
     assert summary["steps"] == 8 and summary["trainer_restarts"] == 2
     assert summary["replayed_steps"] == 2 * 2  # v2 -> v3 -> v4 made again, twice
@@ -189,8 +190,9 @@ def test_a_dead_trainer_restarts_from_a_checkpoint_and_replays_the_lost_steps(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("shared_ray")
 def test_a_dead_trainer_stops_the_run_when_restarts_are_off(tmp_path, tiny_model_dir):
-    start_local_ray(num_cpus=2)
+    runtime = None
     try:
 
         def kill(row, groups):
@@ -201,4 +203,4 @@ def test_a_dead_trainer_stops_the_run_when_restarts_are_off(tmp_path, tiny_model
         with pytest.raises(WorkerFailed, match=r"^the trainer \(.*\) failed: ActorDied"):
             runtime.run()
     finally:
-        ray.shutdown()
+        _leave(runtime, finished=False)
