@@ -121,15 +121,8 @@ def spawn_engine(
     an idle engine of an earlier run of this process built again where one fits."""
     options = actor_options(f"engine{instance_id}", spec.config.device, placed)
     options["runtime_env"] = actor_env(spec.config.device, spec.preload, spec.threads)
-    args = (
-        instance_id,
-        spec.model_folder,
-        spec.config,
-        spec.threads,
-        pace,
-        spec.version,
-        spec.nice,
-    )
+    args = (instance_id, spec.model_folder, spec.config, spec.threads, pace, spec.version,
+            spec.nice)  # fmt: skip
     keeps = pool if spec.config.backend == "dorarl" else None  # a vLLM engine has its own core
     return _started(EngineWorker, options, args, {}, keeps, tag=f"nice={spec.nice}")
 
@@ -137,7 +130,8 @@ def spawn_engine(
 def spawn_evaluator(
     spec: EvaluatorSpec, placed: PlacedActors | None = None, pool: IdlePool | None = None
 ) -> Any:
-    """The evaluator actor."""
+    """The evaluator actor; with `pool`, an idle evaluator of an earlier run of this process
+    built again where one fits."""
     options = actor_options("evaluator", spec.config.device, placed)
     options["runtime_env"] = actor_env(spec.config.device, spec.preload, spec.threads)
     args = (spec.model_folder, spec.config, spec.task, spec.max_prompts, spec.threads, spec.nice,

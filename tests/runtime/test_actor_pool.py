@@ -15,8 +15,10 @@ import ray
 
 from dorarl.errors import RunFailed
 from dorarl.jobs.train import main as train_main
-from dorarl.runtime.actor_pool import idle_actors, keep_idle_actors, kept_ray, pool_key
+from dorarl.runtime.actor_pool import POOL, idle_actors, keep_idle_actors, kept_ray, pool_key
+from dorarl.runtime.actors import TrainerSpec, spawn_trainer
 from dorarl.runtime.workers.engine_worker import EngineWorker
+from dorarl.trainer import TrainerConfig
 
 SMALL = ["instances=1", "tbs=2", "rbs=4", "group_size=2", "engine.max_num_seqs=4",
          "eval.max_prompts=4", "progress=false", "steps=2", "mode=dora", "K=1"]  # fmt: skip
@@ -105,13 +107,13 @@ def test_only_cpu_actors_outside_a_placement_group_are_kept():
 
 
 @pytest.mark.slow
-def test_a_benchmarks_ray_keeps_actors_for_its_runs_and_goes_with_them(tmp_path, tiny_model_dir):
+def test_a_benchmarks_ray_keeps_actors_for_its_runs_and_goes_with_them(tiny_model_dir):
     """`kept_ray` (a benchmark's runs in a row) opens a Ray where none is joined, keeps the
-    runs' actors idle between them, and at its end kills them and shuts its Ray down."""
+    actors its runs give back, and at its end kills them and shuts its Ray down."""
     assert not ray.is_initialized()
     with kept_ray():
-        assert idle_actors().enabled
-        _train(tiny_model_dir, tmp_path / "run")
-        assert idle_actors().size() == 3
+        trainer = spawn_trainer(TrainerSpec(str(tiny_model_dir), TrainerConfig()), pool=POOL)
+        assert ray.get(trainer.version.remote(), timeout=120) == 0
+        assert idle_actors().park([trainer]) == [] and idle_actors().size() == 1
     assert not ray.is_initialized() and not idle_actors().enabled
     assert idle_actors().size() == 0
