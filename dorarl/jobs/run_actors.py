@@ -8,14 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from dorarl.jobs.config import TrainConfig
 from dorarl.jobs.engine_plan import engines_start_at
 from dorarl.jobs.eval_actor import evaluator_spec
 from dorarl.jobs.resume import ResumePoint
 from dorarl.record.pacing import DeviceModel
-from dorarl.runtime.actor_pool import IdlePool, idle_actors
+from dorarl.runtime.actor_pool import IdlePool, idle_actors, stop_actors
 from dorarl.runtime.actors import (
     EngineSpec,
     EvaluatorSpec,
@@ -108,10 +106,7 @@ class RayActors:
         run that finished gives its pool's actors back to it, idle, instead."""
         made = [a for a in (*self.workers, self.trainer, self.evaluator, *self.replacements)
                 if a is not None]  # fmt: skip
-        if self.finished and self.pool is not None:
-            made = self.pool.park(made)
-        for actor in made:
-            ray.kill(actor, no_restart=True)
+        stop_actors(made, self.pool, keep=self.finished)
 
     def restarts(self, config: TrainConfig, checkpoints: Path) -> Restarts:
         """Replacing dead actors with these, within the config's budgets."""

@@ -36,25 +36,25 @@ class IdlePool:
     keys: dict[str, str] = field(default_factory=dict)  # actor id -> its key, while it works
     node: str | None = None  # the Ray node the idle actors belong to
 
-    def reuse(
-        self, cls: type, options: dict[str, Any], args: tuple, kwargs: dict, tag: str = ""
-    ) -> Any:
-        """A kept actor of `cls` started with `options` (and `tag`: what else its process
-        keeps, its niceness), built again with `args`/`kwargs`; a new one where none is
-        kept (or the kept one fails to build); None where `options` cannot be kept at all
-        (a placement group, a GPU share): the caller starts its own."""
-        key = pool_key(cls, options, tag)
-        if not self.enabled or key is None:
-            return None
+    def key_of(self, cls: type, options: dict[str, Any], tag: str = "") -> str | None:
+        """The key an actor of `cls` started with `options` (and `tag`: what else its
+        process keeps, its niceness) is kept under; None while keeping is off or for an
+        actor never kept (a placement group, a GPU share)."""
+        return pool_key(cls, options, tag) if self.enabled else None
+
+    def take(self, key: str, args: tuple, kwargs: dict) -> Any | None:
+        """A kept actor of `key` built again with `args`/`kwargs`, or None where none is
+        kept (a kept one that fails to build is killed and the next tried)."""
         self._check_node()
         while self.idle.get(key):
             actor = self.idle[key].pop()
             if _rebuilt(actor, args, kwargs):
-                self.keys[_id(actor)] = key
                 return actor
-        actor = ray.remote(**options)(cls).remote(*args, **kwargs)
+        return None
+
+    def working(self, actor: Any, key: str) -> None:
+        """`actor` works for a run now: it may come back under `key` once the run is done."""
         self.keys[_id(actor)] = key
-        return actor
 
     def park(self, actors: list[Any]) -> list[Any]:
         """Ask each of `actors` this pool started to go idle and keep those that did (up to
@@ -102,6 +102,14 @@ def pool_key(cls: type, options: dict[str, Any], tag: str = "") -> str | None:
     if options.get("num_gpus") or options.get("scheduling_strategy") is not None:
         return None
     return f"{cls.__module__}.{cls.__qualname__} {sorted(options.items())!r} {tag}"
+
+
+def stop_actors(actors: list[Any], pool: IdlePool | None = None, keep: bool = False) -> None:
+    """Kill `actors`; with `keep` (their run finished), those `pool` started go back to it
+    idle instead."""
+    left = pool.park(actors) if keep and pool is not None else actors
+    for actor in left:
+        ray.kill(actor, no_restart=True)
 
 
 def _id(actor: Any) -> str:

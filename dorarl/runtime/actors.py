@@ -148,9 +148,14 @@ def _started(
     pool: IdlePool | None,
     tag: str = "",
 ) -> Any:
-    """An actor of `cls`: from `pool` where it keeps actors of this kind, else a new one."""
-    kept = pool.reuse(cls, options, args, kwargs, tag) if pool is not None else None
-    return kept if kept is not None else ray.remote(**options)(cls).remote(*args, **kwargs)
+    """An actor of `cls`: from `pool` where it keeps actors of this kind, else a new one
+    (which `pool` may keep once its run is done)."""
+    key = pool.key_of(cls, options, tag) if pool is not None else None
+    kept = pool.take(key, args, kwargs) if key is not None else None
+    actor = kept if kept is not None else ray.remote(**options)(cls).remote(*args, **kwargs)
+    if key is not None:
+        pool.working(actor, key)
+    return actor
 
 
 def actor_env(device: str, preload: str | None, threads: int | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dorarl.jobs.train import main as train_main
 from dorarl.jobs.workload import build_task, rollout_settings
 from dorarl.record.pacing import DeviceModel
 from dorarl.record.segments import open_segment
-from dorarl.runtime.actor_pool import idle_actors
+from dorarl.runtime.actor_pool import idle_actors, stop_actors
 from dorarl.runtime.actors import EngineSpec, TrainerSpec, spawn_engine, start_workers
 from dorarl.runtime.ray_runtime import RayRunPlan, RayRuntime, Restarts, _describe
 
@@ -222,8 +222,7 @@ def _leave(runtime: RayRuntime | None, finished: bool = True) -> None:
     if runtime is None:
         return
     actors = [*runtime.engines.workers, runtime.trainer_client.actor]
-    for actor in idle_actors().park(actors) if finished else actors:
-        ray.kill(actor, no_restart=True)
+    stop_actors(actors, idle_actors(), keep=finished)
 
 
 @pytest.mark.usefixtures("shared_ray")
