@@ -105,6 +105,7 @@ def test_partial_rollout_of_lora_versions_on_vllm_resumes_under_the_new_adapter(
     _check_invariants(summary, trajectories, k=1, one_version_per_group=False)
 
 
+@pytest.mark.usefixtures("fresh_actors")  # its agent kills an engine by its process title
 def test_an_agent_on_vllm_survives_a_killed_engine(tmp_path, chat_model_dir, monkeypatch):
     """The first agent to get a reply kills an engine process: the run restarts it (a new
     vLLM engine), its episodes start again under their version, the audit holds."""
